@@ -1,0 +1,45 @@
+# cgsvc developer commands. `make demo` and `make test` are the README quick start.
+# Both set up .venv on first use (and again when pyproject.toml changes).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint typecheck protos protos-check bench clean
+
+setup: $(STAMP)
+
+# torch first, pinned to the CPU build that this machine keeps on disk: a later
+# range resolution then finds it installed instead of pulling a CUDA build.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[worker,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/python -m cgsvc.demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check cgsvc clients workers tests bench scripts
+	$(VENV)/bin/buf lint protos
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+protos: $(STAMP)
+	$(PY) scripts/genproto.py
+
+protos-check: $(STAMP)
+	$(PY) scripts/genproto.py --check
+
+test: lint typecheck protos-check
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) bench/resolve_bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,67 @@
+"""Errors the resolver and the service answer with, in the shape of google.rpc.Status.
+
+The control plane raises `ResolveError` with a canonical code name and, for bad input,
+one `FieldViolation` per problem (the field path and what would be valid). The gRPC
+layer turns it into a rich status (BadRequest / ErrorInfo details); the CLI prints it as
+`{"error": {...}}`. Nothing here imports grpc.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# google.rpc.Code numbers for the codes we answer with.
+CODE_NUMBERS = {
+    "OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4,
+    "NOT_FOUND": 5, "ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8,
+    "FAILED_PRECONDITION": 9, "ABORTED": 10, "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12,
+    "INTERNAL": 13, "UNAVAILABLE": 14, "DATA_LOSS": 15, "UNAUTHENTICATED": 16,
+}
+CODE_NAMES = {v: k for k, v in CODE_NUMBERS.items()}
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    """One problem with one field: its dotted path and a description of what would be valid."""
+
+    field: str
+    description: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"field": self.field, "description": self.description}
+
+
+@dataclass
+class ResolveError(Exception):
+    """A refusal: canonical code, message, field violations and (for rule refusals) the rule id."""
+
+    code: str
+    message: str
+    violations: list[FieldViolation] = field(default_factory=list)
+    rule_id: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    @classmethod
+    def invalid(cls, violations: list[FieldViolation]) -> ResolveError:
+        first = violations[0]
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        return cls("INVALID_ARGUMENT", f"{first.field}: {first.description}{more}", list(violations))
+
+    @classmethod
+    def refused_by_rule(cls, rule_id: str, fields: list[str], message: str) -> ResolveError:
+        return cls(
+            "FAILED_PRECONDITION",
+            f"{rule_id}: {message}",
+            [FieldViolation(f, message) for f in fields],
+            rule_id=rule_id,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"code": self.code, "message": self.message,
+                               "field_violations": [v.to_dict() for v in self.violations]}
+        if self.rule_id:
+            out["rule_id"] = self.rule_id
+        return out

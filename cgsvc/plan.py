@@ -1,0 +1,108 @@
+"""The resolved plan and its parts: PhasePlan-like sections, Decision, PlanWarning, Estimates.
+
+`Plan.to_dict()` is the JSON form of DESIGN.md, in its field order; `canonical_json` is
+the byte form that `plan_hash` covers and that the audit log stores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+def canonical_json(value: Any) -> str:
+    """Compact JSON with sorted keys: the form every hash in cgsvc is taken over."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One step of resolution, naming the rule that took it."""
+
+    seq: int
+    rule_id: str
+    phase: str  # "prefill", "decode" or "" for plan-wide fields
+    field: str  # the plan key, e.g. "prefill.backend"
+    before: str
+    after: str
+    source: str
+    reason: str
+    forced: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "rule_id": self.rule_id, "phase": self.phase,
+                "field": self.field, "before": self.before, "after": self.after,
+                "source": self.source, "reason": self.reason, "forced": self.forced}
+
+
+@dataclass(frozen=True)
+class PlanWarning:
+    rule_id: str
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rule_id": self.rule_id, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Estimates:
+    graphs: int
+    capture_memory_bytes: int
+    capture_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"graphs": self.graphs, "capture_memory_bytes": self.capture_memory_bytes,
+                "capture_seconds": self.capture_seconds}
+
+
+@dataclass(frozen=True)
+class Plan:
+    policy_version: str
+    plan_hash: str
+    attention_prefill: str
+    attention_decode: str
+    prefill_backend: str
+    prefill_max_num_tokens: int
+    prefill_num_tokens: tuple[int, ...]
+    decode_backend: str
+    decode_max_bs: int
+    decode_bs: tuple[int, ...]
+    kv_cache_dtype: str
+    chunked_prefill_size: int
+    locked: tuple[str, ...]
+    decisions: tuple[Decision, ...]
+    warnings: tuple[PlanWarning, ...]
+    estimates: Estimates
+
+    def body(self) -> dict[str, Any]:
+        """The plan without its hash: what plan_hash is computed over."""
+        return {
+            "policy_version": self.policy_version,
+            "attention_backend": {"prefill": self.attention_prefill, "decode": self.attention_decode},
+            "prefill": {"backend": self.prefill_backend, "max_num_tokens": self.prefill_max_num_tokens,
+                        "num_tokens": list(self.prefill_num_tokens)},
+            "decode": {"backend": self.decode_backend, "max_bs": self.decode_max_bs,
+                       "bs": list(self.decode_bs)},
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "chunked_prefill_size": self.chunked_prefill_size,
+            "locked": list(self.locked),
+            "decisions": [d.to_dict() for d in self.decisions],
+            "warnings": [w.to_dict() for w in self.warnings],
+            "estimates": self.estimates.to_dict(),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form of DESIGN.md, in its field order."""
+        body = self.body()
+        return {"policy_version": self.policy_version, "plan_hash": self.plan_hash,
+                **{k: v for k, v in body.items() if k != "policy_version"}}
+
+    def decisions_for(self, field: str) -> list[Decision]:
+        """The decisions that shaped one plan field (e.g. "prefill.backend")."""
+        return [d for d in self.decisions if d.field == field]

@@ -1,0 +1,164 @@
+"""The resolver: a pure function from LaunchSpec to Plan (RULES.md).
+
+    resolve(spec):  ctx = validate_and_lock(spec)     # INVALID_ARGUMENT on bad input
+                    engine.run(policy.RULES, ctx)       # ordered by stage; attention first
+                    return build_plan(ctx)              # sizes, warnings, hashes, estimates
+
+No I/O (beyond reading `model.path`'s config.json), no clock, no randomness: the same
+spec gives a byte-identical plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cache
+from pathlib import Path
+
+from cgsvc import catalog
+from cgsvc.errors import FieldViolation, ResolveError
+from cgsvc.plan import Plan, canonical_json, sha256_hex
+from cgsvc.resolve import engine, estimates
+from cgsvc.resolve.engine import KEYS, Context
+from cgsvc.resolve.policy import RULES
+from cgsvc.spec import LaunchSpec
+
+__all__ = ["resolve", "policy_version", "validate_and_lock"]
+
+
+@cache
+def policy_version() -> str:
+    """Content hash of the rule table (its source and declarations) and the catalogs."""
+    h = hashlib.sha256()
+    here = Path(__file__).parent
+    for name in ("policy.py", "sizes.py", "engine.py", "estimates.py", "__init__.py"):
+        h.update((here / name).read_bytes())
+    h.update(canonical_json([r.describe() for r in RULES]).encode())
+    h.update(catalog.catalog_digest().encode())
+    return h.hexdigest()[:16]
+
+
+def _model_facts(spec: LaunchSpec, out: list[FieldViolation]) -> catalog.ModelFacts | None:
+    m = spec.model
+    if m.path is not None:
+        try:
+            return catalog.read_model_dir(m.path, m.name)
+        except ResolveError as exc:
+            out.extend(exc.violations)
+            return None
+    if m.name is None:
+        out.append(FieldViolation("model", "give model.name (a catalog id) or model.path (a checkpoint "
+                                           "directory with config.json)"))
+        return None
+    facts = catalog.find_model(m.name)
+    if facts is None:
+        out.append(FieldViolation("model.name", f"unknown model {m.name!r}; catalog models: "
+                                                f"{', '.join(catalog.canonical_model_names())}; or give "
+                                                "model.path to a directory with config.json"))
+    return facts
+
+
+def validate_and_lock(spec: LaunchSpec) -> Context:
+    """Cross-field validation and the user layer: every explicit key is set and locked.
+
+    Precedence, lowest to highest: policy defaults < disable_cuda_graph <
+    enforce_piecewise_cuda_graph < cuda_graph.{phase}.*.
+    """
+    out: list[FieldViolation] = []
+    model = _model_facts(spec, out)
+    hw = spec.hardware
+    gpu = None
+    if hw.gpu is None:
+        out.append(FieldViolation("hardware.gpu", f"required; one of {', '.join(catalog.gpus())}"))
+    else:
+        gpu = catalog.find_gpu(hw.gpu)
+        if gpu is None:
+            out.append(FieldViolation("hardware.gpu", f"unknown GPU {hw.gpu!r}; valid: "
+                                                      f"{', '.join(catalog.gpus())}"))
+    par = spec.parallelism
+    tp, pp, dp = par.tp or 1, par.pp or 1, par.dp or 1
+    nodes = hw.nodes or 1
+    per_node = hw.gpu_count if hw.gpu_count is not None else -(-(tp * pp) // nodes)
+    if tp * pp > per_node * nodes:
+        out.append(FieldViolation("parallelism.tp", f"tp x pp = {tp * pp} exceeds the {per_node * nodes} "
+                                                    "GPUs given (hardware.gpu_count x hardware.nodes); "
+                                                    "lower tp/pp or add GPUs"))
+    if par.enable_dp_attention and tp % dp != 0:
+        out.append(FieldViolation("parallelism.dp", f"with DP attention dp must divide tp ({tp}); got {dp}"))
+    if par.dp is not None and par.dp > 1 and not par.enable_dp_attention and dp * tp * pp > per_node * nodes:
+        out.append(FieldViolation("parallelism.dp", f"dp x tp x pp = {dp * tp * pp} exceeds the "
+                                                    f"{per_node * nodes} GPUs given"))
+    if model is not None and model.num_attention_heads and not par.enable_dp_attention \
+            and model.num_attention_heads % tp != 0:
+        out.append(FieldViolation("parallelism.tp", f"tp={tp} does not divide the model's "
+                                                    f"{model.num_attention_heads} attention heads"))
+
+    ov = spec.overrides
+    cg_p, cg_d = ov.cuda_graph.prefill, ov.cuda_graph.decode
+    if ov.enforce_piecewise_cuda_graph and cg_p.backend not in (None, "tc_piecewise"):
+        out.append(FieldViolation("overrides.enforce_piecewise_cuda_graph",
+                                  f"contradicts overrides.cuda_graph.prefill.backend={cg_p.backend!r}; "
+                                  "drop one, or set the backend to 'tc_piecewise'"))
+    if cg_d.bs and cg_d.max_bs is not None and cg_d.max_bs != max(cg_d.bs):
+        out.append(FieldViolation("overrides.cuda_graph.decode.max_bs",
+                                  f"{cg_d.max_bs} disagrees with max(bs) = {max(cg_d.bs)}; "
+                                  "give one of them or make them agree"))
+    if cg_p.num_tokens and cg_p.max_num_tokens is not None and cg_p.max_num_tokens != max(cg_p.num_tokens):
+        out.append(FieldViolation("overrides.cuda_graph.prefill.max_num_tokens",
+                                  f"{cg_p.max_num_tokens} disagrees with max(num_tokens) = "
+                                  f"{max(cg_p.num_tokens)}; give one of them or make them agree"))
+    if out:
+        raise ResolveError.invalid(out)
+    assert model is not None and gpu is not None
+
+    ctx = Context(spec=spec, model=model, gpu=gpu,
+                  memory_mib=hw.gpu_memory_mib or gpu.memory_mib, tp=tp, pp=pp, dp=dp,
+                  attn_cp=par.attn_cp or 1, dcp=par.dcp or 1,
+                  dp_attention=bool(par.enable_dp_attention))
+    if ov.disable_cuda_graph:
+        for key in ("prefill.backend", "decode.backend"):
+            ctx.set_user("user.disable_cuda_graph", key, "disabled", "disable_cuda_graph=true")
+    if ov.enforce_piecewise_cuda_graph:
+        ctx.set_user("user.enforce_piecewise_cuda_graph", "prefill.backend", "tc_piecewise",
+                     "enforce_piecewise_cuda_graph=true")
+    explicit = {
+        "prefill.backend": cg_p.backend, "prefill.num_tokens": cg_p.num_tokens,
+        "prefill.max_num_tokens": cg_p.max_num_tokens or (max(cg_p.num_tokens) if cg_p.num_tokens else None),
+        "decode.backend": cg_d.backend, "decode.bs": cg_d.bs,
+        "decode.max_bs": cg_d.max_bs or (max(cg_d.bs) if cg_d.bs else None),
+        "attention_backend.prefill": ov.prefill_attention_backend or ov.attention_backend,
+        "attention_backend.decode": ov.decode_attention_backend or ov.attention_backend,
+        "kv_cache_dtype": spec.features.kv_cache_dtype,
+        "chunked_prefill_size": spec.features.chunked_prefill_size,
+    }
+    for key, value in explicit.items():
+        if value is not None:
+            ctx.set_user(f"user.{key}", key, value, "explicit in the launch spec")
+    return ctx
+
+
+def resolve(spec: LaunchSpec) -> Plan:
+    """Resolve a launch spec into a plan. Raises ResolveError on refusal."""
+    ctx = validate_and_lock(spec)
+    engine.run(RULES, ctx)
+    return build_plan(ctx)
+
+
+def build_plan(ctx: Context) -> Plan:
+    v = ctx.values
+    prefill_on, decode_on = v["prefill.backend"] != "disabled", v["decode.backend"] != "disabled"
+    draft = Plan(
+        policy_version=policy_version(), plan_hash="",
+        attention_prefill=v["attention_backend.prefill"], attention_decode=v["attention_backend.decode"],
+        prefill_backend=v["prefill.backend"],
+        prefill_max_num_tokens=(v.get("prefill.max_num_tokens") or 0) if prefill_on or "prefill.max_num_tokens" in ctx.locked else 0,
+        prefill_num_tokens=tuple(v.get("prefill.num_tokens") or ()) if prefill_on else (),
+        decode_backend=v["decode.backend"],
+        decode_max_bs=(v.get("decode.max_bs") or 0) if decode_on or "decode.max_bs" in ctx.locked else 0,
+        decode_bs=tuple(v.get("decode.bs") or ()) if decode_on else (),
+        kv_cache_dtype=v["kv_cache_dtype"], chunked_prefill_size=v["chunked_prefill_size"],
+        locked=tuple(k for k in KEYS if k in ctx.locked),
+        decisions=tuple(ctx.decisions), warnings=tuple(ctx.warnings),
+        estimates=estimates.estimate(ctx),
+    )
+    digest = sha256_hex(canonical_json(draft.body()))
+    return Plan(**{**draft.__dict__, "plan_hash": digest})

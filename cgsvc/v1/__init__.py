@@ -1,0 +1,1 @@
+"""Generated wire contract of cgsvc.v1; regenerate with `make protos`."""
