@@ -12,7 +12,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from cgsvc.errors import FieldViolation, ResolveError
-from cgsvc.plan import Plan
+from cgsvc.plan import Decision, Estimates, Plan, PlanWarning
 from cgsvc.spec import LaunchSpec, parse_spec, spec_to_dict
 from cgsvc.v1 import launch_spec_pb2, plan_pb2
 
@@ -45,14 +45,21 @@ def plan_to_proto(plan: Plan) -> plan_pb2.Plan:
     return json_format.ParseDict(plan.to_dict(), plan_pb2.Plan())
 
 
-def plan_dict_from_proto(msg: plan_pb2.Plan, resource_fields: bool = False) -> dict[str, Any]:
-    """The JSON form of a plan message; with resource_fields, also name/create_time/spec/audit_record."""
-    out = json_format.MessageToDict(msg, preserving_proto_field_name=True,
-                                    always_print_fields_with_no_presence=True)
-    est = out.get("estimates", {})
-    est["capture_memory_bytes"] = int(est.get("capture_memory_bytes", 0))  # int64 is a string in proto JSON
-    est["capture_seconds"] = float(est.get("capture_seconds", 0.0))
-    if not resource_fields:
-        for name in PLAN_RESOURCE_FIELDS:
-            out.pop(name, None)
-    return out
+def plan_from_proto(msg: plan_pb2.Plan) -> Plan:
+    """The domain plan carried by a Plan message (resource fields dropped)."""
+    return Plan(
+        policy_version=msg.policy_version, plan_hash=msg.plan_hash,
+        attention_prefill=msg.attention_backend.prefill, attention_decode=msg.attention_backend.decode,
+        prefill_backend=msg.prefill.backend, prefill_max_num_tokens=msg.prefill.max_num_tokens,
+        prefill_num_tokens=tuple(msg.prefill.num_tokens),
+        decode_backend=msg.decode.backend, decode_max_bs=msg.decode.max_bs, decode_bs=tuple(msg.decode.bs),
+        kv_cache_dtype=msg.kv_cache_dtype, chunked_prefill_size=msg.chunked_prefill_size,
+        locked=tuple(msg.locked),
+        decisions=tuple(Decision(seq=d.seq, rule_id=d.rule_id, phase=d.phase, field=d.field,
+                                 before=d.before, after=d.after, source=d.source, reason=d.reason,
+                                 forced=d.forced) for d in msg.decisions),
+        warnings=tuple(PlanWarning(w.rule_id, w.message) for w in msg.warnings),
+        estimates=Estimates(graphs=msg.estimates.graphs,
+                            capture_memory_bytes=msg.estimates.capture_memory_bytes,
+                            capture_seconds=msg.estimates.capture_seconds),
+    )

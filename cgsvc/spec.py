@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,7 +146,7 @@ def _type_name(v: Any) -> str:
             list: "array", dict: "object"}.get(type(v), type(v).__name__)
 
 
-def _check_scalar(path: str, value: Any, kind: type, meta: dict[str, Any],
+def _check_scalar(path: str, value: Any, kind: type, meta: Mapping[str, Any],
                   out: list[FieldViolation]) -> Any:
     if kind is bool:
         if not isinstance(value, bool):
@@ -192,7 +193,7 @@ def _parse_section(cls: type, data: Any, path: str, out: list[FieldViolation]) -
             out.append(FieldViolation(fpath, f"unknown field; valid fields here: {', '.join(fields)}"))
             continue
         hint = hints[key]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             kwargs[key] = _parse_section(hint, value, fpath, out)
             continue
         if value is None:

@@ -10,6 +10,7 @@ spec gives a byte-identical plan.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from functools import cache
 from pathlib import Path
@@ -144,21 +145,21 @@ def resolve(spec: LaunchSpec) -> Plan:
 
 
 def build_plan(ctx: Context) -> Plan:
-    v = ctx.values
-    prefill_on, decode_on = v["prefill.backend"] != "disabled", v["decode.backend"] != "disabled"
+    """Freeze the draft into a Plan: a disabled phase captures nothing; hash the body last."""
+    prefill_on, decode_on = ctx.prefill != "disabled", ctx.decode != "disabled"
     draft = Plan(
         policy_version=policy_version(), plan_hash="",
-        attention_prefill=v["attention_backend.prefill"], attention_decode=v["attention_backend.decode"],
-        prefill_backend=v["prefill.backend"],
-        prefill_max_num_tokens=(v.get("prefill.max_num_tokens") or 0) if prefill_on or "prefill.max_num_tokens" in ctx.locked else 0,
-        prefill_num_tokens=tuple(v.get("prefill.num_tokens") or ()) if prefill_on else (),
-        decode_backend=v["decode.backend"],
-        decode_max_bs=(v.get("decode.max_bs") or 0) if decode_on or "decode.max_bs" in ctx.locked else 0,
-        decode_bs=tuple(v.get("decode.bs") or ()) if decode_on else (),
-        kv_cache_dtype=v["kv_cache_dtype"], chunked_prefill_size=v["chunked_prefill_size"],
+        attention_prefill=ctx.attn_prefill, attention_decode=ctx.attn_decode,
+        prefill_backend=ctx.prefill,
+        prefill_max_num_tokens=(ctx["prefill.max_num_tokens"] or 0)
+        if prefill_on or "prefill.max_num_tokens" in ctx.locked else 0,
+        prefill_num_tokens=tuple(ctx["prefill.num_tokens"] or ()) if prefill_on else (),
+        decode_backend=ctx.decode,
+        decode_max_bs=(ctx["decode.max_bs"] or 0) if decode_on or "decode.max_bs" in ctx.locked else 0,
+        decode_bs=tuple(ctx["decode.bs"] or ()) if decode_on else (),
+        kv_cache_dtype=ctx["kv_cache_dtype"], chunked_prefill_size=ctx["chunked_prefill_size"],
         locked=tuple(k for k in KEYS if k in ctx.locked),
         decisions=tuple(ctx.decisions), warnings=tuple(ctx.warnings),
         estimates=estimates.estimate(ctx),
     )
-    digest = sha256_hex(canonical_json(draft.body()))
-    return Plan(**{**draft.__dict__, "plan_hash": digest})
+    return dataclasses.replace(draft, plan_hash=sha256_hex(canonical_json(draft.body())))

@@ -26,11 +26,10 @@ TC_COMPILE_SECONDS = 30.0
 
 
 def estimate(ctx: Context) -> Estimates:
-    v = ctx.values
     layers, hidden = max(ctx.model.num_layers, 1), max(ctx.model.hidden_size, 1)
-    prefill = v["prefill.backend"]
-    p_sizes = tuple(v.get("prefill.num_tokens") or ()) if prefill != "disabled" else ()
-    d_sizes = tuple(v.get("decode.bs") or ()) if v["decode.backend"] != "disabled" else ()
+    prefill: str = ctx.prefill
+    p_sizes: tuple[int, ...] = tuple(ctx["prefill.num_tokens"] or ()) if prefill != "disabled" else ()
+    d_sizes: tuple[int, ...] = tuple(ctx["decode.bs"] or ()) if ctx.decode != "disabled" else ()
     pieces = {"breakable": layers + 1, "tc_piecewise": layers + 1, "full": 1}.get(prefill, 0)
     prefill_graphs = pieces * len(p_sizes)
     graphs = prefill_graphs + len(d_sizes)

@@ -132,11 +132,6 @@ RULES: tuple[Rule, ...] = (
                "MHA model on other CUDA GPUs (or Blackwell with speculative decoding): flashinfer"),
 
     # ------------------------------------------------------------------ 3. prefill cascade
-    Rule(id="graph.cpu_hardware", stage=Stage.PREFILL_CASCADE, source="compatibility", hard=True,
-         reads=(P, D, "hardware.gpu"), writes=(P, D),
-         when=lambda ctx: not ctx.gpu.cuda and (ctx.prefill != "disabled" or ctx.decode != "disabled"),
-         effect=lambda ctx: {P: "disabled", D: "disabled"},
-         reason="CUDA graphs cannot be captured on cpu hardware"),
     Rule(id="prefill.upgrade.multimodal_piecewise", stage=Stage.PREFILL_CASCADE, source="model",
          reads=(P, "model.arch", "features.enable_multimodal", AP), writes=(P,),
          when=lambda ctx: ctx.prefill == "breakable" and _piecewise_allowlisted(ctx)
@@ -165,7 +160,7 @@ RULES: tuple[Rule, ...] = (
     _tc_rule("tc_piecewise.pipeline_parallel", ("parallelism.pp",), lambda ctx: ctx.pp > 1,
              "pipeline parallelism (pp > 1) is not supported under tc_piecewise"),
     _tc_rule("tc_piecewise.non_cuda", ("hardware.gpu",), lambda ctx: not ctx.gpu.cuda,
-             "tc_piecewise needs CUDA hardware"),
+             "tc_piecewise needs CUDA hardware", hard=True),
     _tc_rule("tc_piecewise.moe_a2a", ("features.moe_a2a_backend",), lambda ctx: _a2a(ctx) != "none",
              "a MoE all-to-all backend is set"),
     _tc_rule("tc_piecewise.lora", ("features.lora",), lambda ctx: bool(ctx.features.lora),
@@ -215,6 +210,11 @@ RULES: tuple[Rule, ...] = (
                     "NemotronH hybrid layers cannot run breakable graphs"),
 
     # ------------------------------------------------------------------ 4. late rules
+    Rule(id="graph.cpu_hardware", stage=Stage.LATE, source="compatibility", hard=True,
+         reads=(P, D, "hardware.gpu"), writes=(P, D),
+         when=lambda ctx: not ctx.gpu.cuda and (ctx.prefill != "disabled" or ctx.decode != "disabled"),
+         effect=lambda ctx: {P: "disabled", D: "disabled"},
+         reason="CUDA graphs cannot be captured on cpu hardware"),
     Rule(id="prefill.deepseek_v3.trtllm_mla", stage=Stage.LATE, source="backend_exception",
          reads=(P, "model.arch", AP), writes=(P,),
          when=lambda ctx: ctx.model.deepseek_v3_family and ctx.attn_prefill == "trtllm_mla"

@@ -1,0 +1,1 @@
+"""The cgsvc client library and the `cgsvc-cli` command."""

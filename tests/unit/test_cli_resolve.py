@@ -1,0 +1,91 @@
+"""`cgsvc-cli resolve` as a user runs it: a real process, its output and exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import ROOT
+
+KIMI_SPEC = ROOT / "examples" / "kimi-k2.6-gb300-tp4.json"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cgsvc_client.cli", *args], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+
+
+def as_json(proc: subprocess.CompletedProcess[str]) -> Any:
+    return json.loads(proc.stdout)
+
+
+def test_resolve_json_prints_the_plan_and_exits_0() -> None:
+    proc = cli("resolve", "--spec", str(KIMI_SPEC), "--output", "json")
+    assert proc.returncode == 0, proc.stderr
+    plan = as_json(proc)["plan"]
+    assert list(plan)[:3] == ["policy_version", "plan_hash", "attention_backend"]
+    assert plan["prefill"]["backend"] == "disabled" and plan["decode"]["backend"] == "full"
+    assert [d["rule_id"] for d in plan["decisions"] if d["field"] == "prefill.backend"] == [
+        "default.prefill.backend", "prefill.exception.trtllm_mla", "breakable.mla"]
+
+
+def test_convenience_flags_build_the_same_spec() -> None:
+    by_file = as_json(cli("resolve", "--spec", str(KIMI_SPEC), "-o", "json"))
+    by_flags = as_json(cli("resolve", "--model", "nvidia/Kimi-K2.6-NVFP4", "--gpu", "GB300", "--gpus", "4",
+                           "--tp", "4", "-o", "json"))
+    assert by_file == by_flags
+    forced = as_json(cli("resolve", "--spec", str(KIMI_SPEC), "--prefill-graph", "tc_piecewise", "-o", "json"))
+    assert forced["plan"]["prefill"]["backend"] == "tc_piecewise"
+    assert forced["plan"]["locked"] == ["prefill.backend"]
+
+
+def test_table_marks_locks_and_warnings() -> None:
+    proc = cli("resolve", "--spec", str(KIMI_SPEC), "--enforce-piecewise", "--output", "table")
+    assert proc.returncode == 0
+    assert "tc_piecewise *locked" in proc.stdout
+    assert "WARNING [trtllm_mla.fp8_paged_fallback]" in proc.stdout
+    assert "prefill.deepseek_v3.trtllm_mla*" in proc.stdout  # the forced decision is marked
+
+
+def test_explain_prints_only_one_field() -> None:
+    proc = cli("resolve", "--spec", str(KIMI_SPEC), "--explain", "prefill.backend", "-o", "json")
+    out = as_json(proc)["explain"]
+    assert out["field"] == "prefill.backend"
+    assert {d["field"] for d in out["decisions"]} == {"prefill.backend"}
+    table = cli("resolve", "--spec", str(KIMI_SPEC), "--explain", "decode.bs", "-o", "table").stdout
+    assert "sizes.decode.bs" in table and "breakable.mla" not in table
+
+
+def test_refusals_print_an_error_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300"}, "parallelism": {"tq": 4}}')
+    proc = cli("resolve", "--spec", str(bad), "-o", "json")
+    assert proc.returncode == 2
+    err = as_json(proc)["error"]
+    assert err["code"] == "INVALID_ARGUMENT"
+    assert err["field_violations"][0]["field"] == "parallelism.tq"
+    assert "valid fields here" in err["field_violations"][0]["description"]
+
+    bad.write_text("{not json")
+    proc = cli("resolve", "--spec", str(bad), "-o", "json")
+    assert proc.returncode == 2 and as_json(proc)["error"]["field_violations"][0]["field"] == "spec"
+    assert "Traceback" not in proc.stderr
+
+    proc = cli("resolve", "--spec", str(tmp_path / "missing.json"), "-o", "json")
+    assert proc.returncode == 2 and "cannot read" in as_json(proc)["error"]["message"]
+
+    proc = cli("resolve", "--model", "deepseek-ai/DeepSeek-V3", "--gpu", "H100", "--gpus", "8", "--tp", "8",
+               "--attention-backend", "trtllm_mla", "-o", "json")
+    assert proc.returncode == 2
+    err = as_json(proc)["error"]
+    assert err["code"] == "FAILED_PRECONDITION" and err["rule_id"] == "attention.trtllm_mla.requires_blackwell"
+
+
+def test_rules_lists_the_table() -> None:
+    out = as_json(cli("rules", "-o", "json"))
+    ids = [r["id"] for r in out["rules"]]
+    assert "prefill.upgrade.multimodal_piecewise" in ids and "breakable.mla" in ids
+    assert ids.index("attention.deepseek_v3.blackwell") < ids.index("prefill.upgrade.multimodal_piecewise")

@@ -1,0 +1,120 @@
+"""The engine's guarantees and the catalog reader, tested as plain functions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cgsvc import catalog, codec
+from cgsvc.errors import ResolveError
+from cgsvc.resolve import engine, policy_version, resolve, validate_and_lock
+from cgsvc.resolve.engine import Rule, Stage
+from cgsvc.resolve.policy import RULES
+from cgsvc.spec import parse_spec
+
+KIMI = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300", "gpu_count": 4},
+        "parallelism": {"tp": 4}}
+
+
+def test_rule_ids_are_unique_and_stages_ordered() -> None:
+    ids = [r.id for r in RULES]
+    assert len(ids) == len(set(ids))
+    assert [r.stage for r in RULES] == sorted(r.stage for r in RULES)
+    first_graph = min(i for i, r in enumerate(RULES) if r.stage >= Stage.PREFILL_CASCADE)
+    assert all(r.stage == Stage.ATTENTION or i > first_graph or r.stage == Stage.DEFAULTS
+               for i, r in enumerate(RULES) if r.stage <= Stage.ATTENTION)
+    for r in RULES:
+        assert set(r.writes) <= set(engine.KEYS), r.id
+        assert r.source in engine.SOURCES, r.id
+        assert r.effect is not None or r.hard or r.warning is not None, r.id
+
+
+def test_engine_rejects_undeclared_writes() -> None:
+    ctx = validate_and_lock(parse_spec(KIMI))
+    rogue = Rule(id="rogue", stage=Stage.LATE, source="default", reads=(), writes=("prefill.backend",),
+                 when=lambda c: True, effect=lambda c: {"decode.backend": "disabled"}, reason="test")
+    with pytest.raises(AssertionError, match="undeclared"):
+        engine.apply(rogue, ctx)
+
+
+def test_engine_keeps_locks_and_records_forced_decisions() -> None:
+    spec = parse_spec({**KIMI, "overrides": {"cuda_graph": {"decode": {"backend": "disabled"}}}})
+    ctx = validate_and_lock(spec)
+    soft = Rule(id="soft.test", stage=Stage.LATE, source="compatibility", reads=(), writes=("decode.backend",),
+                when=lambda c: True, effect=lambda c: {"decode.backend": "full"}, reason="test")
+    engine.apply(soft, ctx)
+    assert ctx.values["decode.backend"] == "disabled"
+    assert ctx.decisions[-1].forced and ctx.decisions[-1].rule_id == "soft.test"
+    hard = Rule(id="hard.test", stage=Stage.LATE, source="compatibility", reads=(), writes=("decode.backend",),
+                when=lambda c: True, effect=lambda c: {"decode.backend": "full"}, reason="cannot work", hard=True)
+    with pytest.raises(ResolveError) as err:
+        engine.apply(hard, ctx)
+    assert err.value.code == "FAILED_PRECONDITION" and err.value.rule_id == "hard.test"
+    assert [v.field for v in err.value.violations] == ["decode.backend"]
+
+
+def test_plan_is_byte_identical_and_hash_covers_body() -> None:
+    a, b = resolve(parse_spec(KIMI)), resolve(parse_spec(json.loads(json.dumps(KIMI))))
+    assert json.dumps(a.to_dict()) == json.dumps(b.to_dict())
+    other = resolve(parse_spec({**KIMI, "features": {"kv_cache_dtype": "bfloat16"}}))
+    assert other.plan_hash != a.plan_hash
+    assert a.policy_version == policy_version() and len(a.policy_version) == 16
+
+
+def test_proto_codec_round_trips_plans_and_specs() -> None:
+    plan = resolve(parse_spec({**KIMI, "overrides": {"enforce_piecewise_cuda_graph": True}}))
+    again = codec.plan_from_proto(codec.plan_to_proto(plan))
+    assert json.dumps(again.to_dict()) == json.dumps(plan.to_dict())
+    spec = parse_spec({**KIMI, "overrides": {"cuda_graph": {"decode": {"bs": [4, 1]}}, "disable_cuda_graph": False}})
+    assert codec.spec_from_proto(codec.spec_to_proto(spec)) == spec
+
+
+def test_estimates_follow_the_documented_formula() -> None:
+    plan = resolve(parse_spec({"model": {"name": "moonshotai/Kimi-K2.6"}, "hardware": {"gpu": "H200", "gpu_count": 4},
+                               "parallelism": {"tp": 4}}))
+    layers, hidden = 61, 7168
+    pieces = (layers + 1) * len(plan.prefill_num_tokens)
+    assert plan.estimates.graphs == pieces + len(plan.decode_bs)
+    pool = (max(plan.prefill_num_tokens) + max(plan.decode_bs)) * hidden * 16
+    assert plan.estimates.capture_memory_bytes == pool + plan.estimates.graphs * 256 * 1024
+    assert plan.estimates.capture_seconds > 30  # includes the tc_piecewise compile
+
+
+def test_catalog_has_the_required_entries() -> None:
+    for gpu in ("GB300", "B300", "GB200", "B200", "H200", "H100", "H20", "A100-80G", "A100-40G", "A30",
+                "L40S", "RTX-PRO-6000", "cpu"):
+        assert catalog.find_gpu(gpu) is not None, gpu
+    assert catalog.find_gpu("gb300") == catalog.find_gpu("GB300")
+    kimi = catalog.find_model("nvidia/Kimi-K2.6-NVFP4")
+    assert kimi is not None and kimi.is_mla and kimi.is_multimodal and kimi.deepseek_v3_family
+    assert kimi.quantization == "nvfp4" and kimi.kv_cache_dtype == "fp8_e4m3"
+    for name in ("moonshotai/Kimi-K2.6", "Kimi-K2.5", "deepseek-ai/DeepSeek-V3", "DeepSeek-R1", "DeepSeek-V2-Lite",
+                 "DeepSeek-V3.2", "Qwen2.5-VL", "Cohere2Vision", "Llama-3.1-8B-Instruct", "Qwen3-8B"):
+        assert catalog.find_model(name) is not None, name
+    v32 = catalog.find_model("DeepSeek-V3.2")
+    assert v32 is not None and v32.is_dsa
+    llama = catalog.find_model("Llama-3.1-8B-Instruct")
+    assert llama is not None and not llama.is_mla and not llama.is_multimodal
+
+
+def test_reader_derives_the_same_facts_from_a_local_config(tmp_path: Path) -> None:
+    entry = json.loads((Path(catalog.__file__).parent / "data" / "models.json").read_text())["models"]
+    config = dict(entry["nvidia/Kimi-K2.6-NVFP4"]["config"])
+    qc = config.pop("quantization_config")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": qc}))
+    local = catalog.read_model_dir(str(tmp_path), "nvidia/Kimi-K2.6-NVFP4")
+    assert local == catalog.find_model("nvidia/Kimi-K2.6-NVFP4")
+    spec_path = {"model": {"path": str(tmp_path)}, "hardware": {"gpu": "GB300", "gpu_count": 4}, "parallelism": {"tp": 4}}
+    a, b = resolve(parse_spec(spec_path)), resolve(parse_spec(KIMI))
+    assert (a.prefill_backend, a.attention_prefill, a.kv_cache_dtype) == (b.prefill_backend, b.attention_prefill, b.kv_cache_dtype)
+
+
+def test_path_is_authoritative_over_name(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}))
+    plan = resolve(parse_spec({"model": {"name": "nvidia/Kimi-K2.6-NVFP4", "path": str(tmp_path)},
+                               "hardware": {"gpu": "H100"}}))
+    assert plan.attention_prefill == "fa3" and plan.prefill_backend == "breakable"  # a Llama, not Kimi
