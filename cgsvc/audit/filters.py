@@ -1,0 +1,74 @@
+"""List filters in the AIP-160 style, the subset cgsvc supports:
+
+    filter := term ( "AND" term )*
+    term   := FIELD OP VALUE          OP := = | != | < | <= | > | >=
+    VALUE  := "quoted string" | number | bare-word
+
+Parsing yields `Term`s; the store maps them to SQL for its own columns. Bad syntax or an
+unknown field is a `FilterError` naming what would be valid.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_TOKEN = re.compile(r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<op>!=|<=|>=|=|<|>)|(?P<word>[A-Za-z0-9_.:+\-/]+))')
+OPS = ("=", "!=", "<", "<=", ">", ">=")
+
+
+class FilterError(ValueError):
+    """A filter that cannot be parsed or names an unknown field."""
+
+
+@dataclass(frozen=True)
+class Term:
+    field: str
+    op: str
+    value: str | int
+
+
+def _tokens(text: str) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    pos = 0
+    text = text.rstrip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None or m.end() == pos:
+            raise FilterError(f"unexpected character at position {pos}: {text[pos:pos + 10]!r}")
+        kind = m.lastgroup or ""
+        out.append((kind, m.group(kind)))
+        pos = m.end()
+    return out
+
+
+def parse_filter(text: str, fields: dict[str, str]) -> list[Term]:
+    """Parse `text` against `fields` (name -> "str" | "int" | "time"); empty text is no filter."""
+    if not text.strip():
+        return []
+    toks = _tokens(text)
+    terms: list[Term] = []
+    i = 0
+    while True:
+        if i + 3 > len(toks):
+            raise FilterError("expected FIELD OP VALUE, e.g. model = \"deepseek-ai/DeepSeek-V3\"")
+        (k1, name), (k2, op), (k3, raw) = toks[i:i + 3]
+        if k1 != "word" or name not in fields:
+            raise FilterError(f"unknown field {name!r}; filterable fields: {', '.join(sorted(fields))}")
+        if k2 != "op":
+            raise FilterError(f"expected an operator after {name!r}; one of {' '.join(OPS)}")
+        if k3 not in ("str", "word"):
+            raise FilterError(f"expected a value after {name} {op}")
+        value: str | int = raw[1:-1].replace('\\"', '"') if k3 == "str" else raw
+        if fields[name] == "int":
+            try:
+                value = int(value)
+            except ValueError:
+                raise FilterError(f"{name} takes an integer, got {value!r}") from None
+        terms.append(Term(name, op, value))
+        i += 3
+        if i == len(toks):
+            return terms
+        if toks[i] != ("word", "AND"):
+            raise FilterError(f"expected AND between terms, got {toks[i][1]!r} (only AND is supported)")
+        i += 1

@@ -1,0 +1,113 @@
+"""Audit record contents and the hash chain over them.
+
+`record_hash = sha256(canonical_json(every stored field but record_hash))`, and each
+record carries the previous record's hash, so editing, deleting or reordering any record
+breaks the chain at that record. The genesis record's `prev_hash` is `GENESIS`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from cgsvc.plan import canonical_json, sha256_hex
+
+SCHEMA_VERSION = 1
+GENESIS = "0" * 64
+
+_SECRET_KEY = re.compile(r"token|secret|password|passwd|credential|api[_-]?key", re.I)
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
+
+
+def mask_secrets(value: Any) -> Any:
+    """A copy with secret-looking keys replaced by "***" and URL credentials removed."""
+    if isinstance(value, dict):
+        return {k: "***" if _SECRET_KEY.search(str(k)) else mask_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [mask_secrets(v) for v in value]
+    if isinstance(value, str):
+        return _URL_CREDENTIALS.sub(r"\g<scheme>***@", value)
+    return value
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """What a request contributes to its record; sequence, time and hashes come at append."""
+
+    principal: str
+    peer: str
+    method: str
+    request_id: str = ""
+    trace_id: str = ""
+    model: str = ""
+    gpu: str = ""
+    spec_json: str = ""
+    plan_json: str = ""
+    plan_hash: str = ""
+    rule_ids: tuple[str, ...] = ()
+    policy_version: str = ""
+    service_version: str = ""
+    outcome_code: int = 0
+    outcome_message: str = ""
+    launch_id: str = ""
+    plan_id: str = ""
+
+    @property
+    def spec_hash(self) -> str:
+        return sha256_hex(self.spec_json) if self.spec_json else ""
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """A stored, chained record."""
+
+    sequence: int
+    schema_version: int
+    time: str
+    principal: str
+    peer: str
+    method: str
+    request_id: str
+    trace_id: str
+    model: str
+    gpu: str
+    spec_json: str
+    spec_hash: str
+    plan_json: str
+    plan_hash: str
+    rule_ids: tuple[str, ...]
+    policy_version: str
+    service_version: str
+    outcome_code: int
+    outcome_message: str
+    launch_id: str
+    plan_id: str
+    prev_hash: str
+    record_hash: str = field(default="")
+
+    def hashed_fields(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("record_hash")
+        d["rule_ids"] = list(self.rule_ids)
+        return d
+
+    def compute_hash(self) -> str:
+        return sha256_hex(canonical_json(self.hashed_fields()))
+
+    @property
+    def name(self) -> str:
+        return f"auditRecords/{self.sequence}"
+
+
+def chain(entry: AuditEntry, sequence: int, time: str, prev_hash: str) -> AuditRecord:
+    """The record for an entry appended after prev_hash, with its hash filled in."""
+    base = AuditRecord(
+        sequence=sequence, schema_version=SCHEMA_VERSION, time=time, principal=entry.principal,
+        peer=entry.peer, method=entry.method, request_id=entry.request_id, trace_id=entry.trace_id,
+        model=entry.model, gpu=entry.gpu, spec_json=entry.spec_json, spec_hash=entry.spec_hash,
+        plan_json=entry.plan_json, plan_hash=entry.plan_hash, rule_ids=tuple(entry.rule_ids),
+        policy_version=entry.policy_version, service_version=entry.service_version,
+        outcome_code=entry.outcome_code, outcome_message=entry.outcome_message,
+        launch_id=entry.launch_id, plan_id=entry.plan_id, prev_hash=prev_hash)
+    return AuditRecord(**{**base.__dict__, "record_hash": base.compute_hash()})

@@ -1,0 +1,421 @@
+"""The audit store: one SQLAlchemy Core code path for SQLite and PostgreSQL.
+
+Appends are linearised on the `chain_head` row: PostgreSQL takes it `FOR UPDATE`, SQLite
+starts every write transaction with `BEGIN IMMEDIATE`. Several server replicas on one
+PostgreSQL database therefore append to one chain with no forks (sequence is the primary
+key), no gaps and no duplicates. A batch of appends shares one transaction: group commit,
+one fsync for the batch, and nobody is answered before that commit.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from cgsvc.audit import filters
+from cgsvc.audit.records import GENESIS, AuditEntry, AuditRecord, chain
+from cgsvc.errors import CODE_NUMBERS
+
+metadata = sa.MetaData()
+
+schema_migrations = sa.Table(
+    "schema_migrations", metadata,
+    sa.Column("version", sa.Integer, primary_key=True),
+    sa.Column("description", sa.Text, nullable=False),
+    sa.Column("applied_at", sa.Text, nullable=False),
+)
+audit_records = sa.Table(
+    "audit_records", metadata,
+    sa.Column("sequence", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("schema_version", sa.Integer, nullable=False),
+    sa.Column("time", sa.Text, nullable=False, index=True),
+    sa.Column("principal", sa.Text, nullable=False, index=True),
+    sa.Column("peer", sa.Text, nullable=False),
+    sa.Column("method", sa.Text, nullable=False, index=True),
+    sa.Column("request_id", sa.Text, nullable=False),
+    sa.Column("trace_id", sa.Text, nullable=False),
+    sa.Column("model", sa.Text, nullable=False, index=True),
+    sa.Column("gpu", sa.Text, nullable=False, index=True),
+    sa.Column("spec_json", sa.Text, nullable=False),
+    sa.Column("spec_hash", sa.Text, nullable=False),
+    sa.Column("plan_json", sa.Text, nullable=False),
+    sa.Column("plan_hash", sa.Text, nullable=False),
+    sa.Column("rule_ids", sa.Text, nullable=False),
+    sa.Column("policy_version", sa.Text, nullable=False),
+    sa.Column("service_version", sa.Text, nullable=False),
+    sa.Column("outcome_code", sa.Integer, nullable=False, index=True),
+    sa.Column("outcome_message", sa.Text, nullable=False),
+    sa.Column("launch_id", sa.Text, nullable=False, index=True),
+    sa.Column("plan_id", sa.Text, nullable=False, index=True),
+    sa.Column("prev_hash", sa.Text, nullable=False),
+    sa.Column("record_hash", sa.Text, nullable=False, unique=True),
+)
+audit_rule_ids = sa.Table(
+    "audit_rule_ids", metadata,
+    sa.Column("sequence", sa.BigInteger, primary_key=True),
+    sa.Column("rule_id", sa.Text, primary_key=True, index=True),
+)
+chain_head = sa.Table(
+    "chain_head", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("sequence", sa.BigInteger, nullable=False),
+    sa.Column("record_hash", sa.Text, nullable=False),
+)
+plans = sa.Table(
+    "plans", metadata,
+    sa.Column("plan_id", sa.Text, primary_key=True),
+    sa.Column("sequence", sa.BigInteger, nullable=False, unique=True),
+    sa.Column("create_time", sa.Text, nullable=False, index=True),
+    sa.Column("principal", sa.Text, nullable=False),
+    sa.Column("model", sa.Text, nullable=False, index=True),
+    sa.Column("gpu", sa.Text, nullable=False, index=True),
+    sa.Column("prefill_backend", sa.Text, nullable=False),
+    sa.Column("decode_backend", sa.Text, nullable=False),
+    sa.Column("attention_prefill", sa.Text, nullable=False),
+    sa.Column("attention_decode", sa.Text, nullable=False),
+    sa.Column("policy_version", sa.Text, nullable=False),
+    sa.Column("plan_hash", sa.Text, nullable=False, index=True),
+    sa.Column("spec_json", sa.Text, nullable=False),
+    sa.Column("plan_json", sa.Text, nullable=False),
+)
+idempotency = sa.Table(
+    "idempotency", metadata,
+    sa.Column("principal", sa.Text, primary_key=True),
+    sa.Column("method", sa.Text, primary_key=True),
+    sa.Column("request_id", sa.Text, primary_key=True),
+    sa.Column("sequence", sa.BigInteger, nullable=False),
+)
+
+# Migrations, in order. Each is (version, description, tables it creates). Later versions
+# add tables or columns; the applied set is recorded in schema_migrations.
+MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...]], ...] = (
+    (1, "audit log, chain head, plans and idempotency keys",
+     (audit_records, audit_rule_ids, chain_head, plans, idempotency)),
+)
+
+AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principal": "str", "outcome": "str",
+                       "method": "str", "time": "str", "request_id": "str", "plan_id": "str",
+                       "launch_id": "str", "sequence": "int", "policy_version": "str"}
+PLAN_FILTER_FIELDS = {"model": "str", "gpu": "str", "prefill_backend": "str", "decode_backend": "str",
+                      "attention_prefill": "str", "attention_decode": "str", "policy_version": "str",
+                      "plan_hash": "str", "principal": "str", "create_time": "str"}
+MAX_PAGE_SIZE = 1000
+DEFAULT_PAGE_SIZE = 50
+
+
+class PageTokenError(ValueError):
+    """A page token this store did not issue for this filter."""
+
+
+def utc_now() -> str:
+    """RFC 3339 UTC time with microseconds; sorts as text."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """The plan resource stored with an accepted ResolvePlan."""
+
+    plan_id: str
+    model: str
+    gpu: str
+    prefill_backend: str
+    decode_backend: str
+    attention_prefill: str
+    attention_decode: str
+    policy_version: str
+    plan_hash: str
+    spec_json: str
+    plan_json: str
+
+
+@dataclass(frozen=True)
+class StoredPlan:
+    row: PlanRow
+    sequence: int
+    create_time: str
+    principal: str
+
+
+@dataclass(frozen=True)
+class PendingAppend:
+    """One append: the entry, the plan resource it creates, and its idempotency key."""
+
+    entry: AuditEntry
+    plan: PlanRow | None = None
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    record: AuditRecord
+    replay_of: AuditRecord | None = None  # the first record for this request_id, when replayed
+    conflict: bool = False  # request_id reused with a different spec
+
+
+@dataclass(frozen=True)
+class Verification:
+    ok: bool
+    records_checked: int
+    first_bad_sequence: int
+    reason: str
+    head_hash: str
+
+
+def _sqlite_engines(url: str) -> tuple[Engine, Engine]:
+    def configure(engine: Engine, immediate: bool) -> Engine:
+        @event.listens_for(engine, "connect")
+        def on_connect(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=FULL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def on_begin(conn: Connection) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+        return engine
+
+    args = {"check_same_thread": False, "timeout": 30}
+    return (configure(sa.create_engine(url, connect_args=args), True),
+            configure(sa.create_engine(url, connect_args=args), False))
+
+
+def _row_to_record(row: Any) -> AuditRecord:
+    m = row._mapping
+    return AuditRecord(**{f.name: (tuple(json.loads(m[f.name])) if f.name == "rule_ids" else m[f.name])
+                          for f in dataclasses.fields(AuditRecord)})
+
+
+def _record_values(rec: AuditRecord) -> dict[str, Any]:
+    d = dataclasses.asdict(rec)
+    d["rule_ids"] = json.dumps(list(rec.rule_ids))
+    return d
+
+
+def _encode_token(after: int, filter_text: str) -> str:
+    raw = json.dumps({"after": after, "f": hashlib.sha256(filter_text.encode()).hexdigest()[:12]})
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_token(token: str, filter_text: str) -> int:
+    if not token:
+        return 0
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        after = int(data["after"])
+        digest = str(data["f"])
+    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise PageTokenError("page_token is not one this server issued") from None
+    if digest != hashlib.sha256(filter_text.encode()).hexdigest()[:12]:
+        raise PageTokenError("page_token was issued for a different filter")
+    return after
+
+
+def _where(table: sa.Table, terms: Sequence[filters.Term]) -> list[Any]:
+    ops = {"=": "__eq__", "!=": "__ne__", "<": "__lt__", "<=": "__le__", ">": "__gt__", ">=": "__ge__"}
+    out: list[Any] = []
+    for t in terms:
+        if t.field == "rule_id":
+            if t.op != "=":
+                raise filters.FilterError("rule_id supports only '='")
+            out.append(table.c.sequence.in_(
+                sa.select(audit_rule_ids.c.sequence).where(audit_rule_ids.c.rule_id == t.value)))
+            continue
+        if t.field == "outcome":
+            code = CODE_NUMBERS.get(str(t.value).upper())
+            if code is None:
+                raise filters.FilterError(f"unknown outcome {t.value!r}; one of {', '.join(CODE_NUMBERS)}")
+            out.append(getattr(table.c.outcome_code, ops[t.op])(code))
+            continue
+        out.append(getattr(table.c[t.field], ops[t.op])(t.value))
+    return out
+
+
+class AuditStore:
+    """The durable audit log and plan resources, on SQLite or PostgreSQL."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        if url.startswith("sqlite"):
+            self.write_engine, self.read_engine = _sqlite_engines(url)
+        else:
+            self.write_engine = sa.create_engine(url, pool_pre_ping=True)
+            self.read_engine = self.write_engine
+        self.dialect = self.write_engine.dialect.name
+        self.migrate()
+
+    # ------------------------------------------------------------------ schema
+    def migrate(self) -> list[int]:
+        """Apply pending migrations (serialised across replicas); return the versions applied."""
+        applied_now: list[int] = []
+        with self.write_engine.begin() as conn:
+            if self.dialect == "postgresql":
+                conn.exec_driver_sql("SELECT pg_advisory_xact_lock(727374)")
+            schema_migrations.create(conn, checkfirst=True)
+            done = set(conn.execute(sa.select(schema_migrations.c.version)).scalars())
+            for version, description, tables in MIGRATIONS:
+                if version in done:
+                    continue
+                for table in tables:
+                    table.create(conn, checkfirst=True)
+                if version == 1:
+                    conn.execute(chain_head.insert().values(id=1, sequence=0, record_hash=GENESIS))
+                conn.execute(schema_migrations.insert().values(
+                    version=version, description=description, applied_at=utc_now()))
+                applied_now.append(version)
+        return applied_now
+
+    def schema_version(self) -> int:
+        with self.read_engine.begin() as conn:
+            return int(conn.execute(sa.select(sa.func.max(schema_migrations.c.version))).scalar() or 0)
+
+    def close(self) -> None:
+        self.write_engine.dispose()
+        self.read_engine.dispose()
+
+    # ------------------------------------------------------------------ append
+    def append_batch(self, items: Sequence[PendingAppend]) -> list[AppendResult]:
+        """Append all items in one transaction, in order; durable when this returns."""
+        results: list[AppendResult] = []
+        with self.write_engine.begin() as conn:
+            head = conn.execute(sa.select(chain_head.c.sequence, chain_head.c.record_hash)
+                                .where(chain_head.c.id == 1).with_for_update()).one()
+            seq, prev = int(head.sequence), str(head.record_hash)
+            for item in items:
+                entry, plan_row, replay_of, conflict = item.entry, item.plan, None, False
+                if item.request_id:
+                    first = conn.execute(
+                        sa.select(audit_records).join(idempotency, idempotency.c.sequence == audit_records.c.sequence)
+                        .where(idempotency.c.principal == entry.principal, idempotency.c.method == entry.method,
+                               idempotency.c.request_id == item.request_id)).first()
+                    if first is not None:
+                        replay_of = _row_to_record(first)
+                        plan_row = None
+                        if replay_of.spec_hash != entry.spec_hash:
+                            conflict = True
+                            entry = dataclasses.replace(
+                                entry, plan_json="", plan_hash="", rule_ids=(), plan_id="",
+                                outcome_code=CODE_NUMBERS["INVALID_ARGUMENT"],
+                                outcome_message=f"request_id {item.request_id!r} was first used with a "
+                                                f"different spec ({replay_of.name})")
+                        else:
+                            entry = dataclasses.replace(
+                                entry, plan_id=replay_of.plan_id, plan_json=replay_of.plan_json,
+                                plan_hash=replay_of.plan_hash, rule_ids=replay_of.rule_ids,
+                                outcome_message=f"replay of {replay_of.name}")
+                seq += 1
+                record = chain(entry, seq, utc_now(), prev)
+                prev = record.record_hash
+                conn.execute(audit_records.insert().values(**_record_values(record)))
+                if record.rule_ids:
+                    conn.execute(audit_rule_ids.insert(), [{"sequence": seq, "rule_id": r}
+                                                           for r in sorted(set(record.rule_ids))])
+                if plan_row is not None:
+                    conn.execute(plans.insert().values(**dataclasses.asdict(plan_row), sequence=seq,
+                                                       create_time=record.time, principal=entry.principal))
+                if item.request_id and replay_of is None and record.outcome_code == 0:
+                    conn.execute(idempotency.insert().values(principal=entry.principal, method=entry.method,
+                                                             request_id=item.request_id, sequence=seq))
+                results.append(AppendResult(record, replay_of, conflict))
+            conn.execute(chain_head.update().where(chain_head.c.id == 1).values(sequence=seq, record_hash=prev))
+        return results
+
+    def append(self, entry: AuditEntry, plan: PlanRow | None = None, request_id: str = "") -> AppendResult:
+        return self.append_batch([PendingAppend(entry, plan, request_id)])[0]
+
+    # ------------------------------------------------------------------ read
+    def get_record(self, sequence: int) -> AuditRecord | None:
+        with self.read_engine.begin() as conn:
+            row = conn.execute(sa.select(audit_records).where(audit_records.c.sequence == sequence)).first()
+        return _row_to_record(row) if row is not None else None
+
+    def list_records(self, filter_text: str = "", page_size: int = 0,
+                     page_token: str = "") -> tuple[list[AuditRecord], str]:
+        terms = filters.parse_filter(filter_text, AUDIT_FILTER_FIELDS)
+        rows, next_token = self._page(audit_records, terms, filter_text, page_size, page_token)
+        return [_row_to_record(r) for r in rows], next_token
+
+    def get_plan(self, plan_id: str) -> StoredPlan | None:
+        with self.read_engine.begin() as conn:
+            row = conn.execute(sa.select(plans).where(plans.c.plan_id == plan_id)).first()
+        return self._stored_plan(row) if row is not None else None
+
+    def list_plans(self, filter_text: str = "", page_size: int = 0,
+                   page_token: str = "") -> tuple[list[StoredPlan], str]:
+        terms = filters.parse_filter(filter_text, PLAN_FILTER_FIELDS)
+        rows, next_token = self._page(plans, terms, filter_text, page_size, page_token)
+        return [self._stored_plan(r) for r in rows], next_token
+
+    @staticmethod
+    def _stored_plan(row: Any) -> StoredPlan:
+        m = row._mapping
+        fields = {f.name: m[f.name] for f in dataclasses.fields(PlanRow)}
+        return StoredPlan(PlanRow(**fields), int(m["sequence"]), m["create_time"], m["principal"])
+
+    def _page(self, table: sa.Table, terms: Sequence[filters.Term], filter_text: str, page_size: int,
+              page_token: str) -> tuple[list[Any], str]:
+        if page_size < 0:
+            raise PageTokenError("page_size must not be negative")
+        size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        after = _decode_token(page_token, filter_text)
+        query = (sa.select(table).where(table.c.sequence > after, *_where(table, terms))
+                 .order_by(table.c.sequence).limit(size + 1))
+        with self.read_engine.begin() as conn:
+            rows = list(conn.execute(query))
+        if len(rows) > size:
+            return rows[:size], _encode_token(int(rows[size - 1]._mapping["sequence"]), filter_text)
+        return rows, ""
+
+    # ------------------------------------------------------------------ verify
+    def iter_records(self, chunk: int = 2000) -> Iterator[AuditRecord]:
+        after = 0
+        while True:
+            with self.read_engine.begin() as conn:
+                rows = list(conn.execute(sa.select(audit_records).where(audit_records.c.sequence > after)
+                                         .order_by(audit_records.c.sequence).limit(chunk)))
+            if not rows:
+                return
+            for r in rows:
+                yield _row_to_record(r)
+            after = int(rows[-1]._mapping["sequence"])
+
+    def verify(self) -> Verification:
+        """Recompute the chain; name the first record that fails and why."""
+        expected_seq, prev, checked = 1, GENESIS, 0
+        for rec in self.iter_records():
+            problem = ""
+            if rec.sequence != expected_seq:
+                problem = f"sequence {expected_seq} is missing (next present is {rec.sequence})"
+                bad = expected_seq
+            elif rec.prev_hash != prev:
+                problem = "prev_hash does not match the previous record's hash (a record was removed or reordered)"
+                bad = rec.sequence
+            elif rec.compute_hash() != rec.record_hash:
+                problem = "record_hash does not match the record's contents (the record was modified)"
+                bad = rec.sequence
+            if problem:
+                return Verification(False, checked, bad, problem, prev)
+            checked += 1
+            expected_seq, prev = rec.sequence + 1, rec.record_hash
+        with self.read_engine.begin() as conn:
+            head = conn.execute(sa.select(chain_head).where(chain_head.c.id == 1)).one()
+        if int(head.sequence) != expected_seq - 1 or head.record_hash != prev:
+            return Verification(False, checked, expected_seq if int(head.sequence) >= expected_seq else int(head.sequence),
+                                f"chain head says sequence {head.sequence} but the log ends at {expected_seq - 1} "
+                                "(records at the end were removed or the head was altered)", prev)
+        return Verification(True, checked, 0, "", prev)

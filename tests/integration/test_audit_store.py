@@ -1,0 +1,158 @@
+"""The store suite, run against SQLite and against the PostgreSQL server on this machine."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from cgsvc.audit import filters
+from cgsvc.audit.records import AuditEntry, mask_secrets
+from cgsvc.audit.store import AuditStore, PageTokenError, PendingAppend, PlanRow
+from cgsvc.audit.writer import AuditWriter
+from tests.integration.pg import pg_url_or_skip
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AuditStore]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'audit.db'}"
+    else:
+        url = pg_url_or_skip(f"store_{uuid.uuid4().hex[:10]}")
+    s = AuditStore(url)
+    yield s
+    s.close()
+
+
+def entry(i: int, **kw: object) -> AuditEntry:
+    base: dict[str, object] = dict(principal="alice", peer="ipv4:127.0.0.1:1", method="/cgsvc.v1.PlanService/ResolvePlan",
+                                   model="deepseek-ai/DeepSeek-V3" if i % 2 else "Qwen/Qwen3-8B", gpu="H100",
+                                   spec_json=f'{{"i":{i}}}', rule_ids=("breakable.mla",) if i % 2 else ("attention.mha.hopper",))
+    base.update(kw)
+    return AuditEntry(**base)  # type: ignore[arg-type]
+
+
+def test_append_chain_and_verify(store: AuditStore) -> None:
+    for i in range(1, 6):
+        rec = store.append(entry(i)).record
+        assert rec.sequence == i
+    v = store.verify()
+    assert v.ok and v.records_checked == 5
+    got = store.get_record(3)
+    assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
+    assert store.schema_version() == 1
+    assert store.migrate() == []  # idempotent
+
+
+def test_filters_and_pagination(store: AuditStore) -> None:
+    for i in range(1, 12):
+        store.append(entry(i, outcome_code=3 if i == 4 else 0, principal="bob" if i > 8 else "alice"))
+    recs, tok = store.list_records('rule_id = "breakable.mla"', page_size=2)
+    seen = [r.sequence for r in recs]
+    while tok:
+        recs, tok = store.list_records('rule_id = "breakable.mla"', page_size=2, page_token=tok)
+        seen += [r.sequence for r in recs]
+    assert seen == [1, 3, 5, 7, 9, 11]
+    assert [r.sequence for r in store.list_records("outcome = INVALID_ARGUMENT")[0]] == [4]
+    assert [r.sequence for r in store.list_records('principal = "bob" AND model = "Qwen/Qwen3-8B"')[0]] == [10]
+    assert [r.sequence for r in store.list_records("sequence >= 10")[0]] == [10, 11]
+    t = store.get_record(5).time  # type: ignore[union-attr]
+    assert [r.sequence for r in store.list_records(f'time > "{t}"', page_size=100)[0]] == list(range(6, 12))
+    with pytest.raises(filters.FilterError, match="filterable fields"):
+        store.list_records("colour = red")
+    with pytest.raises(filters.FilterError):
+        store.list_records('model = "x" OR gpu = "y"')
+    with pytest.raises(filters.FilterError, match="outcome"):
+        store.list_records("outcome = MAYBE")
+    with pytest.raises(PageTokenError):
+        store.list_records("", page_token="garbage!")
+    _, tok = store.list_records("", page_size=1)
+    with pytest.raises(PageTokenError, match="different filter"):
+        store.list_records('gpu = "H100"', page_token=tok)
+
+
+def plan_row(plan_id: str) -> PlanRow:
+    return PlanRow(plan_id=plan_id, model="m", gpu="H100", prefill_backend="breakable", decode_backend="full",
+                   attention_prefill="fa3", attention_decode="fa3", policy_version="p", plan_hash="h",
+                   spec_json='{"i":1}', plan_json="{}")
+
+
+def test_idempotency_replays_and_conflicts(store: AuditStore) -> None:
+    first = store.append(entry(1, plan_id="p1"), plan_row("p1"), request_id="r-1")
+    again = store.append(entry(1, plan_id="p2"), plan_row("p2"), request_id="r-1")
+    assert again.replay_of is not None and again.replay_of.sequence == first.record.sequence
+    assert again.record.plan_id == "p1" and store.get_plan("p2") is None
+    other = store.append(entry(2, plan_id="p3"), plan_row("p3"), request_id="r-1")
+    assert other.conflict and other.record.outcome_code == 3
+    assert [p.row.plan_id for p in store.list_plans()[0]] == ["p1"]
+    assert store.verify().ok
+
+
+def test_tampering_is_located(store: AuditStore) -> None:
+    for i in range(1, 8):
+        store.append(entry(i))
+    t = sa.Table("audit_records", sa.MetaData(), autoload_with=store.write_engine)
+    with store.write_engine.begin() as conn:
+        conn.execute(t.update().where(t.c.sequence == 4).values(model="edited"))
+    v = store.verify()
+    assert not v.ok and v.first_bad_sequence == 4 and "modified" in v.reason
+    with store.write_engine.begin() as conn:  # undo, then delete a row in the middle
+        conn.execute(t.update().where(t.c.sequence == 4).values(model="deepseek-ai/DeepSeek-V3" if 4 % 2 else "Qwen/Qwen3-8B"))
+    assert store.verify().ok
+    with store.write_engine.begin() as conn:
+        conn.execute(t.delete().where(t.c.sequence == 3))
+    v = store.verify()
+    assert not v.ok and v.first_bad_sequence == 3 and "missing" in v.reason
+
+
+def test_swapped_and_truncated_rows_are_located(store: AuditStore) -> None:
+    for i in range(1, 8):
+        store.append(entry(i))
+    t = sa.Table("audit_records", sa.MetaData(), autoload_with=store.write_engine)
+    with store.write_engine.begin() as conn:
+        conn.execute(t.update().where(t.c.sequence == 5).values(sequence=-5))
+        conn.execute(t.update().where(t.c.sequence == 6).values(sequence=5))
+        conn.execute(t.update().where(t.c.sequence == -5).values(sequence=6))
+    v = store.verify()
+    assert not v.ok and v.first_bad_sequence == 5
+    with store.write_engine.begin() as conn:
+        conn.execute(t.update().where(t.c.sequence == 5).values(sequence=-5))
+        conn.execute(t.update().where(t.c.sequence == 6).values(sequence=5))
+        conn.execute(t.update().where(t.c.sequence == -5).values(sequence=6))
+        conn.execute(t.delete().where(t.c.sequence == 7))
+    v = store.verify()
+    assert not v.ok and v.first_bad_sequence == 7 and "chain head" in v.reason
+
+
+def test_group_commit_writer_concurrent(store: AuditStore) -> None:
+    batches: list[int] = []
+    writer = AuditWriter(store, observe=lambda n, _s: batches.append(n))
+    futures = []
+    lock = threading.Lock()
+
+    def client(k: int) -> None:
+        for i in range(25):
+            f = writer.submit(PendingAppend(entry(k * 100 + i)))
+            with lock:
+                futures.append(f)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    seqs = sorted(f.result(timeout=60).record.sequence for f in futures)
+    writer.close()
+    assert seqs == list(range(1, 201))
+    assert sum(batches) == 200
+    assert store.verify().ok
+
+
+def test_secrets_are_masked() -> None:
+    masked = mask_secrets({"model": {"path": "https://user:hunter2@hub.example/m"}, "api_token": "abc",
+                           "x": [{"password": "p"}]})
+    assert masked == {"model": {"path": "https://***@hub.example/m"}, "api_token": "***", "x": [{"password": "***"}]}
