@@ -63,3 +63,9 @@ def plan_from_proto(msg: plan_pb2.Plan) -> Plan:
                             capture_memory_bytes=msg.estimates.capture_memory_bytes,
                             capture_seconds=msg.estimates.capture_seconds),
     )
+
+
+def plan_dict_from_proto_resource(msg: plan_pb2.Plan) -> dict[str, Any]:
+    """A stored plan as JSON: the resource fields, then the plan's JSON form."""
+    return {"name": msg.name, "create_time": msg.create_time.ToJsonString(), "audit_record": msg.audit_record,
+            "spec": spec_dict_from_proto(msg.spec), **plan_from_proto(msg).to_dict()}

@@ -197,8 +197,9 @@ def _sqlite_engines(url: str) -> tuple[Engine, Engine]:
 
 def _row_to_record(row: Any) -> AuditRecord:
     m = row._mapping
-    return AuditRecord(**{f.name: (tuple(json.loads(m[f.name])) if f.name == "rule_ids" else m[f.name])
-                          for f in dataclasses.fields(AuditRecord)})
+    values: dict[str, Any] = {f.name: m[f.name] for f in dataclasses.fields(AuditRecord)}
+    values["rule_ids"] = tuple(json.loads(values["rule_ids"]))
+    return AuditRecord(**values)
 
 
 def _record_values(rec: AuditRecord) -> dict[str, Any]:

@@ -58,14 +58,18 @@ class AuditWriter:
                 batch.append(nxt)
             items = [b[0] for b in batch]  # type: ignore[index]
             futures: list[Future[AppendResult]] = [b[1] for b in batch]  # type: ignore[index]
+            # A caller that gave up (cancelled) is still audited; it just gets no answer.
+            live = [f.set_running_or_notify_cancel() for f in futures]
             t0 = time.perf_counter()
             try:
                 results = self.store.append_batch(items)
             except Exception as exc:  # noqa: BLE001 - every waiter must learn the batch failed
-                for fut in futures:
-                    fut.set_exception(exc)
+                for fut, ok in zip(futures, live, strict=True):
+                    if ok:
+                        fut.set_exception(exc)
                 continue
             if self.observe is not None:
                 self.observe(len(items), time.perf_counter() - t0)
-            for fut, res in zip(futures, results, strict=True):
-                fut.set_result(res)
+            for fut, ok, res in zip(futures, live, results, strict=True):
+                if ok:
+                    fut.set_result(res)

@@ -184,7 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = ns.func
     try:
-        return func(ns)
+        try:
+            return func(ns)
+        except ResolveError as err:  # a server's refusal or failure, decoded by the client
+            raise CliError.from_resolve(err) from None
     except CliError as exc:
         if _output_mode(ns) == "json":
             _print_json({"error": exc.error})

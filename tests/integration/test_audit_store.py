@@ -156,3 +156,14 @@ def test_secrets_are_masked() -> None:
     masked = mask_secrets({"model": {"path": "https://user:hunter2@hub.example/m"}, "api_token": "abc",
                            "x": [{"password": "p"}]})
     assert masked == {"model": {"path": "https://***@hub.example/m"}, "api_token": "***", "x": [{"password": "***"}]}
+
+
+def test_cancelled_waiter_is_still_audited_and_writer_survives(store: AuditStore) -> None:
+    """Regression: a caller whose deadline expired cancelled its future, set_result raised in the
+    writer thread, and every later append hung."""
+    writer = AuditWriter(store)
+    fut = writer.submit(PendingAppend(entry(1)))
+    fut.cancel()
+    assert writer.submit(PendingAppend(entry(2))).result(timeout=30).record.sequence == 2
+    writer.close()
+    assert store.get_record(1) is not None and store.verify().ok

@@ -1,0 +1,1 @@
+"""The gRPC server: configuration, auth, the request pipeline and the services."""

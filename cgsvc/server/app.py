@@ -1,0 +1,120 @@
+"""Assembles the server: store, audit writer, pipeline, services, health, reflection, TLS."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from cgsvc.audit.store import AuditStore
+from cgsvc.audit.writer import AuditWriter
+from cgsvc.server import metrics
+from cgsvc.server.auth import Authenticator
+from cgsvc.server.config import ServerConfig
+from cgsvc.server.interceptors import Pipeline
+from cgsvc.server.services import Auditor, AuditService, DiagnosticsService, PlanService
+from cgsvc.v1 import audit_pb2, diagnostics_pb2, plan_service_pb2
+
+SERVICES = {
+    "cgsvc.v1.PlanService": plan_service_pb2.DESCRIPTOR.services_by_name["PlanService"],
+    "cgsvc.v1.AuditService": audit_pb2.DESCRIPTOR.services_by_name["AuditService"],
+    "cgsvc.v1.DiagnosticsService": diagnostics_pb2.DESCRIPTOR.services_by_name["DiagnosticsService"],
+}
+
+
+class ConfigError(ValueError):
+    """A configuration the server refuses to start with."""
+
+
+def is_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def server_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
+    if not cfg.secure:
+        if cfg.tls_cert or cfg.tls_key:
+            raise ConfigError("TLS needs both tls_cert and tls_key")
+        if cfg.tls_client_ca:
+            raise ConfigError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+        return None
+    ca = _read(cfg.tls_client_ca) if cfg.tls_client_ca else None
+    return grpc.ssl_server_credentials([(_read(cfg.tls_key), _read(cfg.tls_cert))], root_certificates=ca,
+                                       require_client_auth=ca is not None)
+
+
+@dataclass
+class Running:
+    """A started server and what it owns."""
+
+    server: grpc.aio.Server
+    port: int
+    store: AuditStore
+    writer: AuditWriter
+    health: health.HealthServicer
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    async def stop(self, grace: float) -> None:
+        self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        for closer in self.extras.get("closers", []):
+            closer()
+        self.writer.close()
+        self.store.close()
+
+
+async def start(cfg: ServerConfig, extra_services: list[tuple[Any, Any]] | None = None) -> Running:
+    """Start serving; returns once the port is bound. Raises ConfigError on a bad configuration."""
+    if not cfg.secure and not cfg.authenticated and not is_loopback(cfg.address) and not cfg.allow_insecure_remote:
+        raise ConfigError(f"refusing to serve {cfg.address} without TLS and tokens; bind a loopback address, "
+                          "configure tls_cert/tls_key and token_file, or set allow_insecure_remote")
+    os.makedirs(cfg.data_dir, exist_ok=True)
+    creds = server_credentials(cfg)
+    store = AuditStore(cfg.effective_database_url)
+    writer = AuditWriter(store, max_batch=cfg.audit_max_batch, observe=metrics.observe_batch)
+    auditor = Auditor(store, writer)
+    pipeline = Pipeline(Authenticator(cfg.token_file, require=cfg.authenticated), on_rejected=auditor.rejected)
+
+    options = [("grpc.max_receive_message_length", cfg.max_message_bytes),
+               ("grpc.max_send_message_length", cfg.max_message_bytes),
+               ("grpc.so_reuseport", 0)]
+    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
+    servicers: dict[str, Any] = {
+        "cgsvc.v1.PlanService": PlanService(auditor),
+        "cgsvc.v1.AuditService": AuditService(store),
+        "cgsvc.v1.DiagnosticsService": DiagnosticsService(),
+    }
+    descriptors = dict(SERVICES)
+    for descriptor, servicer in extra_services or []:
+        descriptors[descriptor.full_name] = descriptor
+        servicers[descriptor.full_name] = servicer(auditor) if callable(servicer) else servicer
+    server.add_generic_rpc_handlers([pipeline.service_handler(descriptors[name], servicers[name])
+                                     for name in descriptors])
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in [*descriptors, ""]:
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection([*descriptors, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    port = server.add_secure_port(cfg.address, creds) if creds else server.add_insecure_port(cfg.address)
+    if port == 0:
+        writer.close()
+        store.close()
+        raise ConfigError(f"cannot bind {cfg.address}")
+    await server.start()
+    return Running(server, port, store, writer, health_servicer,
+                   {"servicers": servicers, "auditor": auditor, "closers": []})

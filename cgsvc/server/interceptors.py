@@ -1,0 +1,208 @@
+"""The request pipeline every cgsvc RPC passes through, in order:
+
+    decode (malformed bytes -> INVALID_ARGUMENT, never INTERNAL)
+    -> authenticate and authorise (UNAUTHENTICATED / PERMISSION_DENIED, audited)
+    -> bind the log context (request id, trace id, principal, method)
+    -> the service method (raises ResolveError for refusals)
+    -> rich status on error, one log line and metrics per call.
+
+Handlers are registered from the service descriptors, so the pipeline wraps every method
+of every service the same way, unary and server-streaming alike.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+import traceback
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import structlog
+from google.protobuf import message_factory
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import DecodeError, Message
+
+from cgsvc.errors import CODE_NAMES, CODE_NUMBERS, ResolveError
+from cgsvc.server import metrics
+from cgsvc.server.auth import Authenticator, AuthError, Principal
+from cgsvc.server.status import invalid, to_status
+
+log = structlog.get_logger("cgsvc.rpc")
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    method: str
+    principal: Principal
+    peer: str
+    request_id: str
+    trace_id: str
+    grpc_context: Any
+
+
+REQUEST: contextvars.ContextVar[RequestContext] = contextvars.ContextVar("cgsvc_request")
+
+# Called with (method, principal name, peer, request message or None, code, message) for a
+# request turned away before the service ran: denied, or malformed.
+RejectedHook = Callable[[str, str, str, Any, str, str], Awaitable[None]]
+
+
+class _Malformed:
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _safe_deserializer(cls: type[Message]) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except (DecodeError, UnicodeDecodeError, ValueError, RuntimeError) as exc:
+            return _Malformed(f"cannot decode {cls.DESCRIPTOR.full_name}: {exc}")
+    return decode
+
+
+def _trace_id(metadata: dict[str, str]) -> str:
+    tp = metadata.get("traceparent", "")
+    parts = tp.split("-")
+    if len(parts) == 4 and len(parts[1]) == 32:
+        return parts[1]
+    return uuid.uuid4().hex
+
+
+def _cert_common_name(context: Any) -> str | None:
+    names = (context.auth_context() or {}).get("x509_common_name") or []
+    return names[0].decode() if names else None
+
+
+class Pipeline:
+    """Builds grpc handlers that run the pipeline around servicer methods."""
+
+    def __init__(self, authenticator: Authenticator, on_rejected: RejectedHook | None = None) -> None:
+        self.auth = authenticator
+        self.on_rejected = on_rejected
+
+    async def _enter(self, method: str, request: Any, context: Any) -> RequestContext | None:
+        metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        peer = context.peer() or ""
+        try:
+            principal = self.auth.authenticate(metadata, _cert_common_name(context))
+            if not principal.may_call(method):
+                raise AuthError("PERMISSION_DENIED",
+                                f"principal {principal.name!r} (roles: {', '.join(principal.roles) or 'none'}) "
+                                f"may not call {method}")
+        except AuthError as exc:
+            name = "" if exc.code == "UNAUTHENTICATED" else principal.name
+            if self.on_rejected is not None:
+                await self.on_rejected(method, name, peer, None if isinstance(request, _Malformed) else request,
+                                     exc.code, exc.message)
+            metrics.RPC_TOTAL.labels(method, exc.code).inc()
+            log.warning("rpc denied", method=method, peer=peer, principal=name, code=exc.code)
+            await context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+            return None
+        request_id = getattr(request, "request_id", "") or metadata.get("x-request-id", "") or uuid.uuid4().hex
+        return RequestContext(method, principal, peer, request_id, _trace_id(metadata), context)
+
+    async def _malformed(self, rc: RequestContext, request: _Malformed) -> None:
+        if self.on_rejected is not None:
+            await self.on_rejected(rc.method, rc.principal.name, rc.peer, None, "INVALID_ARGUMENT", request.error)
+        raise invalid("request", request.error)
+
+    def _finish(self, rc: RequestContext, t0: float, code: str, error: str = "") -> None:
+        seconds = time.perf_counter() - t0
+        metrics.RPC_TOTAL.labels(rc.method, code).inc()
+        metrics.RPC_SECONDS.labels(rc.method).observe(seconds)
+        fields = dict(method=rc.method, principal=rc.principal.name, request_id=rc.request_id,
+                      trace_id=rc.trace_id, peer=rc.peer, duration_ms=round(seconds * 1000, 3), outcome=code)
+        if code == "OK":
+            log.info("rpc", **fields)
+        else:
+            log.warning("rpc", **fields, error=error)
+
+    def unary(self, method: str, fn: Callable[[Any, RequestContext], Awaitable[Any]]) -> Callable[..., Any]:
+        async def handler(request: Any, context: Any) -> Any:
+            t0 = time.perf_counter()
+            rc = await self._enter(method, request, context)
+            if rc is None:
+                return None
+            token = REQUEST.set(rc)
+            try:
+                if isinstance(request, _Malformed):
+                    await self._malformed(rc, request)
+                response = await fn(request, rc)
+            except ResolveError as err:
+                self._finish(rc, t0, err.code, err.message)
+                await context.abort_with_status(to_status(err))
+            except Exception as exc:
+                if _is_abort(exc):
+                    raise
+                self._finish(rc, t0, "INTERNAL", repr(exc))
+                log.error("rpc failed", method=method, error=traceback.format_exc())
+                await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+            else:
+                self._finish(rc, t0, "OK")
+                return response
+            finally:
+                REQUEST.reset(token)
+        return handler
+
+    def stream(self, method: str, fn: Callable[[Any, RequestContext], AsyncIterator[Any]]) -> Callable[..., Any]:
+        async def handler(request: Any, context: Any) -> AsyncIterator[Any]:
+            t0 = time.perf_counter()
+            rc = await self._enter(method, request, context)
+            if rc is None:
+                return
+            token = REQUEST.set(rc)
+            try:
+                if isinstance(request, _Malformed):
+                    await self._malformed(rc, request)
+                async for item in fn(request, rc):
+                    yield item
+            except ResolveError as err:
+                self._finish(rc, t0, err.code, err.message)
+                await context.abort_with_status(to_status(err))
+            except Exception as exc:
+                if _is_abort(exc):
+                    raise
+                self._finish(rc, t0, "INTERNAL", repr(exc))
+                log.error("rpc failed", method=method, error=traceback.format_exc())
+                await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+            else:
+                self._finish(rc, t0, "OK")
+            finally:
+                REQUEST.reset(token)
+        return handler
+
+    def service_handler(self, descriptor: ServiceDescriptor, servicer: Any) -> grpc.GenericRpcHandler:
+        """A generic handler for every method of the service, each wrapped by the pipeline."""
+        handlers: dict[str, grpc.RpcMethodHandler] = {}
+        for m in descriptor.methods:
+            req_cls = message_factory.GetMessageClass(m.input_type)
+            resp_cls = message_factory.GetMessageClass(m.output_type)
+            full = f"/{descriptor.full_name}/{m.name}"
+            fn = getattr(servicer, m.name)
+            if m.server_streaming:
+                handlers[m.name] = grpc.unary_stream_rpc_method_handler(
+                    self.stream(full, fn), request_deserializer=_safe_deserializer(req_cls),
+                    response_serializer=resp_cls.SerializeToString)
+            else:
+                handlers[m.name] = grpc.unary_unary_rpc_method_handler(
+                    self.unary(full, fn), request_deserializer=_safe_deserializer(req_cls),
+                    response_serializer=resp_cls.SerializeToString)
+        return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
+
+
+def _is_abort(exc: BaseException) -> bool:
+    # context.abort() raises AbortError, which the server must see to send the status.
+    return isinstance(exc, grpc.aio.AbortError)
+
+
+def code_name(number: int) -> str:
+    return CODE_NAMES.get(number, "UNKNOWN")
+
+
+def code_number(name: str) -> int:
+    return CODE_NUMBERS[name]

@@ -1,0 +1,115 @@
+"""`cgsvc`: the service command.
+
+    cgsvc serve [--config FILE.toml] [--address HOST:PORT] [--data-dir DIR] [--database-url URL]
+                [--tls-cert F --tls-key F [--tls-client-ca F]] [--token-file F] [--metrics-address HOST:PORT]
+    cgsvc token hash [TOKEN]        print the SHA-256 to put in a token file (reads stdin without TOKEN)
+
+Every setting can also come from the environment as CGSVC_<NAME> (e.g. CGSVC_DATABASE_URL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+import structlog
+from prometheus_client import start_http_server
+
+from cgsvc import __version__
+from cgsvc.server import app, metrics
+from cgsvc.server.auth import hash_token
+from cgsvc.server.config import ServerConfig, load_config
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(stream=sys.stderr, level=getattr(logging, level.upper(), logging.INFO), format="%(message)s")
+    structlog.configure(
+        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
+                    structlog.processors.TimeStamper(fmt="iso", utc=True), structlog.processors.JSONRenderer()],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr), cache_logger_on_first_use=True)
+
+
+def start_metrics(address: str) -> str:
+    if not address:
+        return ""
+    host, _, port = address.rpartition(":")
+    server, _thread = start_http_server(int(port), addr=host, registry=metrics.REGISTRY)
+    return f"http://{host}:{server.server_port}/metrics"
+
+
+async def serve(cfg: ServerConfig) -> int:
+    log = structlog.get_logger("cgsvc")
+    running = await app.start(cfg)
+    metrics_url = start_metrics(cfg.metrics_address)
+    host = cfg.address.rsplit(":", 1)[0]
+    mode = ("TLS" + (" + client certificates" if cfg.tls_client_ca else "")) if cfg.secure else "insecure (no TLS)"
+    auth = "bearer tokens" if cfg.token_file else ("client certificates" if cfg.tls_client_ca else "none")
+    # The first line is for people and scripts alike (port 0 prints the port picked).
+    print(f"cgsvc {__version__} listening on {host}:{running.port}", flush=True)
+    if not cfg.secure and not cfg.authenticated:
+        print("WARNING: insecure local mode: no TLS, no authentication; every caller is admin. "
+              "Configure tls_cert/tls_key and token_file before exposing this server.", flush=True)
+    print(f"transport: {mode}; authentication: {auth}; database: "
+          f"{running.store.dialect} ({_redact(cfg.effective_database_url)}); metrics: {metrics_url or 'off'}",
+          flush=True)
+    log.info("started", address=f"{host}:{running.port}", database=running.store.dialect)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("stopping", grace_seconds=cfg.shutdown_grace_seconds)
+    await running.stop(cfg.shutdown_grace_seconds)
+    log.info("stopped")
+    return 0
+
+
+def _redact(url: str) -> str:
+    from cgsvc.audit.records import mask_secrets
+
+    return str(mask_secrets(url))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="cgsvc", description="The cgsvc plan, audit and launch service.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the gRPC server")
+    s.add_argument("--config", help="TOML file ([server] table)")
+    for f in dataclasses.fields(ServerConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            s.add_argument(flag, action="store_const", const=True, default=None)
+        else:
+            s.add_argument(flag, default=None)
+    t = sub.add_parser("token", help="token file helpers")
+    tsub = t.add_subparsers(dest="token_command", required=True)
+    h = tsub.add_parser("hash", help="print the SHA-256 of a token for the token file")
+    h.add_argument("token", nargs="?")
+    ns = ap.parse_args(argv)
+
+    if ns.command == "token":
+        token = ns.token if ns.token is not None else sys.stdin.readline().strip()
+        print(hash_token(token))
+        return 0
+    try:
+        cfg = load_config(ns.config, overrides={f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerConfig)})
+    except (OSError, ValueError) as exc:
+        print(f"cgsvc: configuration error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(cfg.log_level)
+    try:
+        return asyncio.run(serve(cfg))
+    except app.ConfigError as exc:
+        print(f"cgsvc: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,49 @@
+"""ResolveError <-> google.rpc.Status with BadRequest and ErrorInfo details (AIP-193)."""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from cgsvc.errors import CODE_NUMBERS, FieldViolation, ResolveError
+
+DOMAIN = "cgsvc.v1"
+
+
+def to_status(err: ResolveError) -> grpc.Status:
+    st = status_pb2.Status(code=CODE_NUMBERS[err.code], message=err.message)
+    if err.violations:
+        detail = any_pb2.Any()
+        detail.Pack(error_details_pb2.BadRequest(field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+            for v in err.violations]))
+        st.details.append(detail)
+    info = error_details_pb2.ErrorInfo(domain=DOMAIN, reason="RULE_REFUSED" if err.rule_id else err.code)
+    if err.rule_id:
+        info.metadata["rule_id"] = err.rule_id
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    st.details.append(detail)
+    return rpc_status.to_status(st)
+
+
+def from_status(st: status_pb2.Status | None, code: str, message: str) -> ResolveError:
+    """Rebuild the ResolveError a server sent (the client side of to_status)."""
+    violations: list[FieldViolation] = []
+    rule_id = None
+    for detail in st.details if st is not None else []:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            br = error_details_pb2.BadRequest()
+            detail.Unpack(br)
+            violations += [FieldViolation(v.field, v.description) for v in br.field_violations]
+        elif detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            rule_id = info.metadata.get("rule_id") or None
+    return ResolveError(code, st.message if st is not None else message, violations, rule_id)
+
+
+def invalid(field: str, description: str) -> ResolveError:
+    return ResolveError.invalid([FieldViolation(field, description)])

@@ -1,0 +1,151 @@
+"""A typed Python client for cgsvc.
+
+    with Client("127.0.0.1:50051", token="...") as c:
+        plan = c.resolve({"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300"}})
+
+Deadlines on every call; retries of UNAVAILABLE through gRPC's service config for calls that
+are idempotent (ResolvePlan is made idempotent by the request_id the client always sends);
+TLS, mutual TLS and bearer tokens. Server refusals surface as `ResolveError` with the same
+code, message, field violations and rule id as an in-process resolution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import grpc
+from grpc_status import rpc_status
+
+from cgsvc import codec
+from cgsvc.errors import CODE_NUMBERS, ResolveError
+from cgsvc.plan import Plan
+from cgsvc.server.status import from_status
+from cgsvc.v1 import (
+    audit_pb2,
+    audit_pb2_grpc,
+    diagnostics_pb2,
+    diagnostics_pb2_grpc,
+    plan_pb2,
+    plan_service_pb2,
+    plan_service_pb2_grpc,
+)
+
+SERVICE_CONFIG = json.dumps({"methodConfig": [{
+    "name": [{"service": "cgsvc.v1.PlanService"}, {"service": "cgsvc.v1.AuditService"},
+             {"service": "cgsvc.v1.DiagnosticsService"},
+             {"service": "cgsvc.v1.LaunchService", "method": "GetLaunch"},
+             {"service": "cgsvc.v1.LaunchService", "method": "ListLaunches"},
+             {"service": "cgsvc.v1.LaunchService", "method": "CreateLaunch"}],
+    "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                    "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
+}]})
+
+T = TypeVar("T")
+
+
+def _read(path: str | None) -> bytes | None:
+    if not path:
+        return None
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def error_from_rpc(err: grpc.RpcError) -> ResolveError:
+    """The ResolveError a failed call carries (rich details decoded where present)."""
+    code = err.code().name if hasattr(err, "code") else "UNKNOWN"  # type: ignore[attr-defined]
+    details = err.details() if hasattr(err, "details") else str(err)  # type: ignore[attr-defined]
+    try:
+        st = rpc_status.from_call(err)  # type: ignore[arg-type]
+    except ValueError:
+        st = None
+    return from_status(st, code if code in CODE_NUMBERS else "UNKNOWN", details or code)
+
+
+class Client:
+    def __init__(self, target: str, token: str | None = None, tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None, timeout: float = 10.0,
+                 server_name: str | None = None) -> None:
+        self.timeout = timeout
+        self.token = token if token is not None else os.environ.get("CGSVC_TOKEN") or None
+        options: list[tuple[str, Any]] = [("grpc.service_config", SERVICE_CONFIG), ("grpc.enable_retries", 1)]
+        if server_name:
+            options.append(("grpc.ssl_target_name_override", server_name))
+        if tls_ca or tls_cert:
+            creds = grpc.ssl_channel_credentials(_read(tls_ca), _read(tls_key), _read(tls_cert))
+            self.channel = grpc.secure_channel(target, creds, options=options)
+        else:
+            self.channel = grpc.insecure_channel(target, options=options)
+        self.plans = plan_service_pb2_grpc.PlanServiceStub(self.channel)
+        self.audit = audit_pb2_grpc.AuditServiceStub(self.channel)
+        self.diagnostics = diagnostics_pb2_grpc.DiagnosticsServiceStub(self.channel)
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace) -> Client:
+        return cls(ns.server, token=ns.token, tls_ca=ns.tls_ca, tls_cert=ns.tls_cert, tls_key=ns.tls_key,
+                   timeout=ns.timeout)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def metadata(self) -> list[tuple[str, str]]:
+        return [("authorization", f"Bearer {self.token}")] if self.token else []
+
+    def call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+        try:
+            return method(request, timeout=timeout or self.timeout, metadata=self.metadata())
+        except grpc.RpcError as err:
+            raise error_from_rpc(err) from None
+
+    # ------------------------------------------------------------------ plans
+    def resolve_proto(self, spec: dict[str, Any], validate_only: bool = False,
+                      request_id: str | None = None) -> plan_pb2.Plan:
+        req = plan_service_pb2.ResolvePlanRequest(spec=codec.spec_proto_from_dict(spec), validate_only=validate_only,
+                                                  request_id=request_id or uuid.uuid4().hex)
+        return self.call(self.plans.ResolvePlan, req)  # type: ignore[no-any-return]
+
+    def resolve(self, spec: dict[str, Any], validate_only: bool = False, request_id: str | None = None) -> Plan:
+        return codec.plan_from_proto(self.resolve_proto(spec, validate_only, request_id))
+
+    def get_plan(self, name: str) -> plan_pb2.Plan:
+        return self.call(self.plans.GetPlan, plan_service_pb2.GetPlanRequest(name=name))  # type: ignore[no-any-return]
+
+    def list_plans(self, filter: str = "", page_size: int = 0,
+                   page_token: str = "") -> plan_service_pb2.ListPlansResponse:
+        req = plan_service_pb2.ListPlansRequest(filter=filter, page_size=page_size, page_token=page_token)
+        return self.call(self.plans.ListPlans, req)  # type: ignore[no-any-return]
+
+    def iter_plans(self, filter: str = "", page_size: int = 100) -> Iterator[plan_pb2.Plan]:
+        token = ""
+        while True:
+            page = self.list_plans(filter, page_size, token)
+            yield from page.plans
+            token = page.next_page_token
+            if not token:
+                return
+
+    # ------------------------------------------------------------------ audit
+    def get_audit_record(self, name: str) -> audit_pb2.AuditRecord:
+        return self.call(self.audit.GetAuditRecord, audit_pb2.GetAuditRecordRequest(name=name))  # type: ignore[no-any-return]
+
+    def list_audit_records(self, filter: str = "", page_size: int = 0,
+                           page_token: str = "") -> audit_pb2.ListAuditRecordsResponse:
+        req = audit_pb2.ListAuditRecordsRequest(filter=filter, page_size=page_size, page_token=page_token)
+        return self.call(self.audit.ListAuditRecords, req)  # type: ignore[no-any-return]
+
+    def verify_audit_log(self) -> audit_pb2.VerifyAuditLogResponse:
+        return self.call(self.audit.VerifyAuditLog, audit_pb2.VerifyAuditLogRequest(),  # type: ignore[no-any-return]
+                         timeout=max(self.timeout, 120))
+
+    def echo(self, payload: bytes = b"") -> bytes:
+        return self.call(self.diagnostics.Echo, diagnostics_pb2.EchoRequest(payload=payload)).payload  # type: ignore[no-any-return]

@@ -1,0 +1,108 @@
+"""Tokens, roles, TLS and mutual TLS against real server processes."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from cgsvc_client.client import Client
+
+from cgsvc.errors import ResolveError
+from cgsvc.server.auth import hash_token
+from tests.e2e.certs import ThrowawayPKI
+from tests.e2e.server import ServerProcess
+
+KIMI = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300", "gpu_count": 4}, "parallelism": {"tp": 4}}
+TOKENS = {"resolver": "tok-resolver-3f9a", "auditor": "tok-auditor-77c1", "admin": "tok-admin-0b2e"}
+
+
+def token_file(path: Path, certificates: dict[str, list[str]] | None = None) -> str:
+    lines = []
+    for role, tok in TOKENS.items():
+        lines += ["[[tokens]]", f'principal = "{role}-bot"', f'roles = ["{role}"]', f'sha256 = "{hash_token(tok)}"', ""]
+    for cn, roles in (certificates or {}).items():
+        lines += ["[[certificates]]", f'common_name = "{cn}"', f"roles = {roles!r}".replace("'", '"'), ""]
+    path.write_text("\n".join(lines))
+    return str(path)
+
+
+def test_tokens_and_roles(tmp_path: Path) -> None:
+    tf = token_file(tmp_path / "tokens.toml")
+    with ServerProcess(tmp_path / "srv", "--token-file", tf) as srv:
+        with Client(srv.address, token="") as anon:
+            anon.token = None
+            with pytest.raises(ResolveError) as e:
+                anon.resolve(KIMI)
+            assert e.value.code == "UNAUTHENTICATED"
+        with Client(srv.address, token="wrong") as c, pytest.raises(ResolveError) as e:
+            c.resolve(KIMI)
+        assert e.value.code == "UNAUTHENTICATED"
+        with Client(srv.address, token=TOKENS["resolver"]) as c:
+            plan = c.resolve_proto(KIMI)
+            assert plan.name
+            with pytest.raises(ResolveError) as e:
+                c.verify_audit_log()
+            assert e.value.code == "PERMISSION_DENIED" and "resolver-bot" in e.value.message
+        with Client(srv.address, token=TOKENS["auditor"]) as c:
+            with pytest.raises(ResolveError) as e:
+                c.resolve(KIMI)
+            assert e.value.code == "PERMISSION_DENIED"
+            assert c.get_plan(plan.name).plan_hash == plan.plan_hash
+            denied = c.list_audit_records("outcome = PERMISSION_DENIED").records
+            assert {r.principal for r in denied} == {"resolver-bot", "auditor-bot"}
+            assert any(r.method.endswith("ResolvePlan") and r.spec_json for r in denied)
+            unauth = c.list_audit_records("outcome = UNAUTHENTICATED").records
+            assert len(unauth) == 2 and all(r.principal == "" for r in unauth)
+            accepted = c.get_audit_record(plan.audit_record)
+            assert accepted.principal == "resolver-bot"
+            assert c.verify_audit_log().ok
+        assert "insecure local mode" not in "".join(srv.output)
+    # Secrets never reach the logs or the database.
+    log = (tmp_path / "srv" / "server.log").read_text()
+    db = sqlite3.connect(tmp_path / "srv" / "cgsvc.db").execute("SELECT * FROM audit_records").fetchall()
+    for tok in TOKENS.values():
+        assert tok not in log and tok not in repr(db)
+
+
+def test_insecure_mode_refuses_non_loopback_and_says_so(tmp_path: Path) -> None:
+    srv = ServerProcess(tmp_path / "a")
+    with srv:
+        assert any("insecure local mode" in line for line in srv.output)
+    bad = ServerProcess(tmp_path / "b")
+    bad.port = 0
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    proc = subprocess.run([sys.executable, "-m", "cgsvc.server.main", "serve", "--address", "0.0.0.0:0",
+                           "--data-dir", str(tmp_path / "b")], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2 and "refusing to serve" in proc.stderr
+
+
+def test_tls_and_mutual_tls(tmp_path: Path) -> None:
+    pki = ThrowawayPKI(tmp_path)
+    cert, key = pki.issue("server", "localhost", server=True)
+    with ServerProcess(tmp_path / "tls", "--tls-cert", cert, "--tls-key", key) as srv:
+        with Client(srv.address, tls_ca=pki.ca_path) as c:
+            assert c.resolve(KIMI).prefill_backend == "disabled"
+        with Client(srv.address, timeout=3) as plain, pytest.raises(ResolveError) as e:
+            plain.resolve(KIMI)
+        assert e.value.code == "UNAVAILABLE"
+
+    tf = token_file(tmp_path / "tokens.toml", certificates={"orchestrator": ["resolver"]})
+    ccert, ckey = pki.issue("client", "orchestrator", server=False)
+    scert, skey = pki.issue("stranger", "stranger", server=False)
+    with ServerProcess(tmp_path / "mtls", "--tls-cert", cert, "--tls-key", key, "--tls-client-ca", pki.ca_path,
+                       "--token-file", tf) as srv:
+        with Client(srv.address, tls_ca=pki.ca_path, tls_cert=ccert, tls_key=ckey) as c:
+            plan = c.resolve_proto(KIMI)
+            assert plan.name
+        with Client(srv.address, tls_ca=pki.ca_path, timeout=3) as nocert, pytest.raises(ResolveError) as e:
+            nocert.resolve(KIMI)
+        assert e.value.code == "UNAVAILABLE"  # handshake refused without a client certificate
+        with Client(srv.address, tls_ca=pki.ca_path, tls_cert=scert, tls_key=skey) as c, pytest.raises(ResolveError) as e:
+            c.resolve(KIMI)
+        assert e.value.code == "UNAUTHENTICATED"  # a valid certificate, but no roles for it
+        with Client(srv.address, tls_ca=pki.ca_path, tls_cert=scert, tls_key=skey, token=TOKENS["admin"]) as c:
+            assert c.get_audit_record(plan.audit_record).principal == "orchestrator"

@@ -1,0 +1,188 @@
+"""The service over real sockets with a real server process (SQLite under a temp data dir)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+import uuid
+from typing import Any
+
+import grpc
+import pytest
+from cgsvc_client.client import Client
+from google.protobuf import descriptor_pool
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
+
+from cgsvc.errors import ResolveError
+from cgsvc.v1 import plan_service_pb2
+from tests.conftest import ROOT
+from tests.e2e.server import ServerProcess
+
+KIMI: dict[str, Any] = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300", "gpu_count": 4},
+                        "parallelism": {"tp": 4}}
+SPEC_FILE = ROOT / "examples" / "kimi-k2.6-gb300-tp4.json"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cgsvc_client.cli", *args], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+
+
+def test_server_and_offline_output_are_identical(server: ServerProcess) -> None:
+    for extra in ([], ["--enforce-piecewise"], ["--explain", "prefill.backend"]):
+        offline = cli("resolve", "--spec", str(SPEC_FILE), "-o", "json", *extra)
+        remote = cli("resolve", "--spec", str(SPEC_FILE), "-o", "json", "--server", server.address, *extra)
+        assert offline.returncode == remote.returncode == 0, remote.stderr
+        assert offline.stdout == remote.stdout
+        t_off = cli("resolve", "--spec", str(SPEC_FILE), "-o", "table", *extra)
+        t_rem = cli("resolve", "--spec", str(SPEC_FILE), "-o", "table", "--server", server.address, *extra)
+        assert t_off.stdout == t_rem.stdout
+    bad = ["resolve", "--model", "deepseek-ai/DeepSeek-V3", "--gpu", "H100", "--gpus", "8", "--tp", "8",
+           "--attention-backend", "trtllm_mla", "-o", "json"]
+    offline, remote = cli(*bad), cli(*bad, "--server", server.address)
+    assert offline.returncode == remote.returncode == 2
+    assert offline.stdout == remote.stdout
+
+
+def test_resolve_get_list(client: Client) -> None:
+    plan = client.resolve_proto(KIMI)
+    assert plan.name.startswith("plans/") and plan.audit_record.startswith("auditRecords/")
+    assert plan.prefill.backend == "disabled" and plan.spec.model.name == "nvidia/Kimi-K2.6-NVFP4"
+    got = client.get_plan(plan.name)
+    assert got.plan_hash == plan.plan_hash and got.audit_record == plan.audit_record
+    rec = client.get_audit_record(plan.audit_record)
+    assert rec.plan_id == plan.name.split("/")[1] and rec.outcome_code == 0
+    assert "breakable.mla" in rec.rule_ids
+    assert json.loads(rec.plan_json)["plan_hash"] == plan.plan_hash
+
+    h200 = {**KIMI, "hardware": {"gpu": "H200", "gpu_count": 4}}
+    names = {client.resolve_proto(h200).name for _ in range(5)}
+    seen: list[str] = []
+    token = ""
+    while True:
+        page = client.list_plans('gpu = "H200" AND prefill_backend = "tc_piecewise"', page_size=2, page_token=token)
+        seen += [p.name for p in page.plans]
+        token = page.next_page_token
+        if not token:
+            break
+    assert names <= set(seen) and all(client.get_plan(n).spec.hardware.gpu == "H200" for n in seen)
+
+
+def test_validate_only_stores_no_plan_but_is_audited(client: Client) -> None:
+    before = len(list(client.iter_plans()))
+    plan = client.resolve_proto(KIMI, validate_only=True)
+    assert plan.name == "" and plan.audit_record
+    assert len(list(client.iter_plans())) == before
+    assert client.get_audit_record(plan.audit_record).outcome_message == "validate_only"
+
+
+def test_request_id_is_idempotent(client: Client) -> None:
+    rid = uuid.uuid4().hex
+    a = client.resolve_proto(KIMI, request_id=rid)
+    b = client.resolve_proto(KIMI, request_id=rid)
+    assert a.name == b.name and a.plan_hash == b.plan_hash
+    with pytest.raises(ResolveError) as err:
+        client.resolve_proto({**KIMI, "parallelism": {"tp": 2}}, request_id=rid)
+    assert err.value.code == "INVALID_ARGUMENT" and err.value.violations[0].field == "request_id"
+
+
+def test_refusals_carry_rich_details_and_are_audited(client: Client) -> None:
+    with pytest.raises(ResolveError) as err:
+        client.resolve({"model": {"name": "nope"}, "hardware": {"gpu": "GB300"}})
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert [v.field for v in err.value.violations] == ["model.name"]
+    with pytest.raises(ResolveError) as err:
+        client.resolve({**KIMI, "overrides": {"enforce_piecewise_cuda_graph": True}, "features": {"cpu_offload_gb": 8}})
+    assert err.value.code == "FAILED_PRECONDITION" and err.value.rule_id == "tc_piecewise.cpu_offload_or_hicache"
+    refused = client.list_audit_records('outcome = FAILED_PRECONDITION AND rule_id = "tc_piecewise.cpu_offload_or_hicache"')
+    assert refused.records and refused.records[-1].plan_json == ""
+    invalid = client.list_audit_records('outcome = INVALID_ARGUMENT AND model = "nope"')
+    assert len(invalid.records) == 1
+    assert client.verify_audit_log().ok
+
+
+def test_audit_cli_list_show_verify(server: ServerProcess, client: Client) -> None:
+    client.resolve(KIMI)
+    out = cli("audit", "list", "--server", server.address, "--filter", 'rule_id = "breakable.mla"', "-o", "json")
+    recs = json.loads(out.stdout)["records"]
+    assert recs and all("breakable.mla" in r["rule_ids"] for r in recs)
+    show = cli("audit", "show", recs[0]["name"], "--server", server.address, "-o", "json")
+    assert json.loads(show.stdout)["record"]["record_hash"] == recs[0]["record_hash"]
+    verify = cli("audit", "verify", "--server", server.address, "-o", "table")
+    assert verify.returncode == 0 and "audit chain OK" in verify.stdout
+    assert json.loads(cli("audit", "verify", "--server", server.address, "-o", "json").stdout)["verification"]["ok"]
+    plans = cli("plans", "list", "--server", server.address, "-o", "table")
+    assert plans.returncode == 0 and "nvidia/Kimi-K2.6-NVFP4" in plans.stdout
+    name = client.resolve_proto(KIMI).name
+    shown = json.loads(cli("plans", "show", name, "--server", server.address, "-o", "json").stdout)["plan"]
+    assert shown["name"] == name and shown["spec"]["hardware"]["gpu"] == "GB300" and shown["decode"]["backend"] == "full"
+    bad = cli("audit", "list", "--server", server.address, "--filter", "colour = red", "-o", "json")
+    assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field_violations"][0]["field"] == "filter"
+
+
+def test_health_and_reflection(server: ServerProcess) -> None:
+    with grpc.insecure_channel(server.address) as ch:
+        health = health_pb2_grpc.HealthStub(ch)
+        for service in ("", "cgsvc.v1.PlanService", "cgsvc.v1.AuditService"):
+            assert health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status == \
+                health_pb2.HealthCheckResponse.SERVING
+        db = ProtoReflectionDescriptorDatabase(ch)
+        services = set(db.get_services())
+        assert {"cgsvc.v1.PlanService", "cgsvc.v1.AuditService", "grpc.health.v1.Health"} <= services
+        pool = descriptor_pool.DescriptorPool(db)
+        method = pool.FindServiceByName("cgsvc.v1.PlanService").FindMethodByName("ResolvePlan")
+        assert method.input_type.full_name == "cgsvc.v1.ResolvePlanRequest"
+
+
+def test_bad_input_keeps_the_server_up(server: ServerProcess, client: Client) -> None:
+    with grpc.insecure_channel(server.address) as ch:
+        raw = ch.unary_unary("/cgsvc.v1.PlanService/ResolvePlan")
+        for payload in (b"\xff\xff\xff", b"\x0a\x05\x0a\x03\x0a\x01\xc3", b"\x0a\x02\x0a"):
+            with pytest.raises(grpc.RpcError) as err:
+                raw(payload, timeout=5)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            raw(b"\x0a" + b"\x80" * 5 * 1024 * 1024, timeout=10)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with pytest.raises(grpc.RpcError) as err:
+            ch.unary_unary("/cgsvc.v1.PlanService/ResolvePlan")(
+                plan_service_pb2.ResolvePlanRequest().SerializeToString(), timeout=0.000001)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    for bad in ({"filter": "model ="}, {"page_token": "zzz"}, {"page_size": -1}):
+        with pytest.raises(ResolveError) as e:
+            client.list_plans(**bad)  # type: ignore[arg-type]
+        assert e.value.code == "INVALID_ARGUMENT" and e.value.violations[0].field in ("filter", "page_token", "page_size")
+    for name in ("plans/", "x/1", "plans/a/b"):
+        with pytest.raises(ResolveError) as e:
+            client.get_plan(name)
+        assert e.value.code == "INVALID_ARGUMENT"
+    with pytest.raises(ResolveError) as e:
+        client.get_plan("plans/doesnotexist")
+    assert e.value.code == "NOT_FOUND"
+    with pytest.raises(ResolveError) as e:
+        client.get_audit_record("auditRecords/abc")
+    assert e.value.code == "INVALID_ARGUMENT"
+    assert server.alive() and client.verify_audit_log().ok
+    assert client.resolve(KIMI).prefill_backend == "disabled"
+
+
+def test_metrics_endpoint(server: ServerProcess, client: Client) -> None:
+    client.resolve(KIMI)
+    line = next(x for x in server.output if x.startswith("transport:"))
+    url = line.split("metrics: ")[1].strip()
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    assert 'cgsvc_rpc_total{code="OK",method="/cgsvc.v1.PlanService/ResolvePlan"}' in text
+    assert "cgsvc_audit_append_seconds_count" in text
+    assert 'cgsvc_plans_total{decode_backend="full",prefill_backend="disabled"}' in text
+
+
+def test_logs_are_json_with_request_fields(server: ServerProcess, client: Client) -> None:
+    client.resolve(KIMI, request_id="log-check-1")
+    lines = [json.loads(x) for x in server.log_path.read_text().splitlines() if x.startswith("{")]
+    rpc = [x for x in lines if x.get("request_id") == "log-check-1"]
+    assert rpc and {"method", "principal", "duration_ms", "outcome", "trace_id"} <= set(rpc[0])
