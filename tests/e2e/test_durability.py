@@ -92,3 +92,28 @@ def test_two_replicas_share_one_linear_chain_on_postgres(tmp_path: Path) -> None
     finally:
         a.stop()
         b.stop()
+
+
+def test_sigterm_finishes_in_flight_calls(tmp_path: Path) -> None:
+    srv = ServerProcess(tmp_path / "srv").start()
+    acked: list[tuple[str, str]] = []
+    errors: list[str] = []
+    stop = threading.Event()
+    threads = [threading.Thread(target=load, args=(srv.address, acked, stop, errors)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    while len(acked) < 100:
+        time.sleep(0.02)
+    assert srv.stop() == 0  # graceful: exit status 0
+    stop.set()
+    for t in threads:
+        t.join(10)
+    assert set(errors) <= {"UNAVAILABLE"}  # refused after shutdown began, never failed midway
+    srv.start()
+    try:
+        with Client(srv.address) as c:
+            assert c.verify_audit_log().ok
+            for name, _record in acked:
+                c.get_plan(name)
+    finally:
+        srv.stop()

@@ -1,0 +1,57 @@
+"""Server configuration precedence and errors; auth tables; filters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cgsvc.audit.filters import FilterError, Term, parse_filter
+from cgsvc.server.app import is_loopback
+from cgsvc.server.auth import AuthError, Authenticator, hash_token
+from cgsvc.server.config import load_config
+
+
+def test_precedence_file_env_flags(tmp_path: Path) -> None:
+    f = tmp_path / "cgsvc.toml"
+    f.write_text('[server]\naddress = "127.0.0.1:7000"\nmax_message_bytes = 1000\nallow_insecure_remote = true\n')
+    cfg = load_config(str(f), env={"CGSVC_MAX_MESSAGE_BYTES": "2000", "CGSVC_DATA_DIR": "/tmp/x"},
+                      overrides={"data_dir": "/tmp/y", "address": None})
+    assert cfg.address == "127.0.0.1:7000" and cfg.max_message_bytes == 2000 and cfg.data_dir == "/tmp/y"
+    assert cfg.allow_insecure_remote is True
+    assert cfg.effective_database_url == "sqlite:////tmp/y/cgsvc.db"
+    f.write_text('[server]\nadress = "x"\n')
+    with pytest.raises(ValueError, match="unknown keys \\['adress'\\]"):
+        load_config(str(f), env={})
+    with pytest.raises(ValueError, match="CGSVC_MAX_MESSAGE_BYTES: max_message_bytes must be a int"):
+        load_config(None, env={"CGSVC_MAX_MESSAGE_BYTES": "lots"})
+
+
+def test_loopback_detection() -> None:
+    assert is_loopback("127.0.0.1:0") and is_loopback("[::1]:50051") and is_loopback("localhost:1")
+    assert not is_loopback("0.0.0.0:50051") and not is_loopback("[::]:1") and not is_loopback("10.0.0.1:1")
+
+
+def test_authenticator(tmp_path: Path) -> None:
+    tf = tmp_path / "t.toml"
+    tf.write_text(f'[[tokens]]\nprincipal = "bot"\nroles = ["auditor"]\nsha256 = "{hash_token("s3cret")}"\n')
+    auth = Authenticator(str(tf))
+    p = auth.authenticate({"authorization": "Bearer s3cret"}, None)
+    assert p.name == "bot" and p.may_call("/cgsvc.v1.AuditService/VerifyAuditLog")
+    assert not p.may_call("/cgsvc.v1.PlanService/ResolvePlan")
+    for md in ({}, {"authorization": "Bearer nope"}, {"authorization": "Basic s3cret"}):
+        with pytest.raises(AuthError) as e:
+            auth.authenticate(md, None)
+        assert e.value.code == "UNAUTHENTICATED"
+    tf.write_text('[[tokens]]\nprincipal = "bot"\nroles = ["god"]\nsha256 = "x"\n')
+    with pytest.raises(ValueError, match="roles"):
+        Authenticator(str(tf))
+    assert Authenticator("").authenticate({}, None).roles == ("admin",)
+
+
+def test_filter_parser() -> None:
+    fields = {"model": "str", "sequence": "int"}
+    assert parse_filter('model = "a b" AND sequence >= 3', fields) == [Term("model", "=", "a b"), Term("sequence", ">=", 3)]
+    for bad in ("model", "model = ", 'model = "x" AND', "sequence = x", "colour = 1", 'model = "x" OR model = "y"', "model ~ 1"):
+        with pytest.raises(FilterError):
+            parse_filter(bad, fields)
