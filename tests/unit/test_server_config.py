@@ -8,7 +8,7 @@ import pytest
 
 from cgsvc.audit.filters import FilterError, Term, parse_filter
 from cgsvc.server.app import is_loopback
-from cgsvc.server.auth import AuthError, Authenticator, hash_token
+from cgsvc.server.auth import Authenticator, AuthError, hash_token
 from cgsvc.server.config import load_config
 
 
