@@ -1,0 +1,121 @@
+"""The workload driver: runs requests through an Engine with continuous batching and reports
+per-request TTFT/TPOT, aggregate throughput and percentiles, and what really ran.
+
+Closed loop: at most `concurrency` requests are in flight; a request arrives when a slot
+frees (all arrive at the start when concurrency >= requests). TTFT runs from arrival to the
+first generated token, TPOT is the mean time between later tokens.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from cgsvc_worker.engine import Engine
+
+
+@dataclass
+class Request:
+    rid: int
+    prompt: list[int]
+    max_new_tokens: int
+    arrival: float = 0.0
+    token_times: list[float] = field(default_factory=list)
+    output: list[int] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return len(self.output) >= self.max_new_tokens
+
+    def metrics(self) -> dict[str, Any]:
+        ttft = (self.token_times[0] - self.arrival) * 1000 if self.token_times else None
+        gaps = [b - a for a, b in zip(self.token_times, self.token_times[1:], strict=False)]
+        tpot = statistics.mean(gaps) * 1000 if gaps else None
+        return {"id": self.rid, "prompt_tokens": len(self.prompt), "output_tokens": self.output,
+                "tokens": len(self.output), "ttft_ms": _r(ttft), "tpot_ms": _r(tpot)}
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    v = sorted(values)
+
+    def pct(p: float) -> float:
+        return round(v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))], 3)
+
+    return {"mean": round(statistics.mean(v), 3), "p50": pct(50), "p90": pct(90), "p99": pct(99)}
+
+
+class Sampler:
+    """Greedy by default; temperature sampling from a seeded generator (identical on every rank)."""
+
+    def __init__(self, temperature: float = 0.0, seed: int = 0) -> None:
+        self.temperature = temperature
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor) -> list[int]:
+        if self.temperature <= 0:
+            return logits.argmax(-1).tolist()  # type: ignore[no-any-return]
+        probs = torch.softmax(logits.cpu() / self.temperature, dim=-1)
+        return torch.multinomial(probs, 1, generator=self.gen).squeeze(-1).tolist()  # type: ignore[no-any-return]
+
+
+def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int, concurrency: int, sampler: Sampler,
+        progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Serve every prompt; returns the report's workload part. Raises on engine errors."""
+    pending = [Request(i, p, max_new_tokens) for i, p in enumerate(prompts)]
+    pending.reverse()
+    active: list[Request] = []
+    finished: list[Request] = []
+    total = len(prompts) * max_new_tokens
+    produced = 0
+    t_start = time.perf_counter()
+    while pending or active:
+        admitted: list[Request] = []
+        while pending and len(active) + len(admitted) < concurrency:
+            r = pending.pop()
+            r.arrival = time.perf_counter()
+            admitted.append(r)
+        if admitted:
+            logits = engine.prefill([r.rid for r in admitted], [r.prompt for r in admitted])
+            now = time.perf_counter()
+            for r, tok in zip(admitted, sampler(logits), strict=True):
+                r.output.append(tok)
+                r.token_times.append(now)
+            produced += len(admitted)
+            active += admitted
+        else:
+            logits = engine.decode([r.rid for r in active], [r.output[-1] for r in active])
+            now = time.perf_counter()
+            for r, tok in zip(active, sampler(logits), strict=True):
+                r.output.append(tok)
+                r.token_times.append(now)
+            produced += len(active)
+        for r in [r for r in active if r.done]:
+            active.remove(r)
+            engine.release(r.rid)
+            finished.append(r)
+        if progress is not None:
+            progress(produced, total)
+    wall = time.perf_counter() - t_start
+    finished.sort(key=lambda r: r.rid)
+    reqs = [r.metrics() for r in finished]
+    return {
+        "requests": reqs,
+        "aggregate": {
+            "requests": len(reqs), "wall_s": round(wall, 4),
+            "output_tokens": sum(r["tokens"] for r in reqs),
+            "throughput_tok_s": round(sum(r["tokens"] for r in reqs) / wall, 3) if wall else 0.0,
+            "ttft_ms": percentiles([r["ttft_ms"] for r in reqs if r["ttft_ms"] is not None]),
+            "tpot_ms": percentiles([r["tpot_ms"] for r in reqs if r["tpot_ms"] is not None]),
+        },
+    }
