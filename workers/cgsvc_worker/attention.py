@@ -48,7 +48,7 @@ class StepBatch:
 
 
 class TorchNativeMLA:
-    """The reference backend: plain torch, CPU and GPU."""
+    """The reference backend: plain torch, CPU and GPU. Subclasses replace prefill or decode."""
 
     name = "torch_native"
 
@@ -59,8 +59,7 @@ class TorchNativeMLA:
             return self.prefill(attn, q_nope, q_rot, batch)
         return self.decode(attn, q_nope, q_rot, batch)
 
-    @staticmethod
-    def prefill(attn: Any, q_nope: torch.Tensor, q_rot: torch.Tensor, batch: StepBatch) -> torch.Tensor:
+    def prefill(self, attn: Any, q_nope: torch.Tensor, q_rot: torch.Tensor, batch: StepBatch) -> torch.Tensor:
         cfg, H = attn.cfg, attn.heads
         C, N, V = cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim
         outs, start = [], 0
@@ -80,18 +79,18 @@ class TorchNativeMLA:
             start += n
         return torch.cat(outs, dim=0)
 
-    @staticmethod
-    def decode(attn: Any, q_nope: torch.Tensor, q_rot: torch.Tensor, batch: StepBatch) -> torch.Tensor:
-        C = attn.cfg.kv_lora_rank
+    def decode(self, attn: Any, q_nope: torch.Tensor, q_rot: torch.Tensor, batch: StepBatch) -> torch.Tensor:
+        # Accumulate in fp32, as the GPU kernels do: the absorbed path multiplies more
+        # low-precision factors than the decompressed one and would drift in bf16.
+        C, f32 = attn.cfg.kv_lora_rank, torch.float32
         idx, mask = batch.padded_context()
-        ctx = batch.cache.pool[attn.layer][idx].to(q_nope.dtype)  # [B, L, C+R]
+        ctx = batch.cache.pool[attn.layer][idx].to(f32)  # [B, L, C+R]
         c, k_rot = ctx[..., :C], ctx[..., C:]
-        q_lat = torch.einsum("bhn,hnc->bhc", q_nope, attn.w_uk)  # W_UK absorbed into the query
-        scores = (torch.einsum("bhc,blc->bhl", q_lat, c) + torch.einsum("bhr,blr->bhl", q_rot, k_rot)) * attn.scale
-        scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
-        p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q_nope.dtype)
+        q_lat = torch.einsum("bhn,hnc->bhc", q_nope.to(f32), attn.w_uk.to(f32))  # W_UK absorbed into the query
+        scores = (torch.einsum("bhc,blc->bhl", q_lat, c) + torch.einsum("bhr,blr->bhl", q_rot.to(f32), k_rot)) * attn.scale
+        p = torch.softmax(scores.masked_fill(~mask[:, None, :], float("-inf")), dim=-1)
         o_lat = torch.einsum("bhl,blc->bhc", p, c)
-        return torch.einsum("bhc,hvc->bhv", o_lat, attn.w_uv)  # W_UV absorbed into the output
+        return torch.einsum("bhc,hvc->bhv", o_lat, attn.w_uv.to(f32)).to(q_nope.dtype)  # W_UV absorbed
 
 
 class FlashInferMLA(TorchNativeMLA):
@@ -102,7 +101,6 @@ class FlashInferMLA(TorchNativeMLA):
 
     def __init__(self, device: torch.device) -> None:
         import flashinfer  # noqa: F401 - imported for its side effect of failing early
-
         from flashinfer.mla import BatchMLAPagedAttentionWrapper
 
         self.workspace = torch.empty(128 * 1024 * 1024, dtype=torch.int8, device=device)

@@ -85,28 +85,29 @@ def random_tensors(cfg: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
         t[a + "o_proj.weight"] = w(D, H * cfg["v_head_dim"])
         m = p + "mlp."
         if cfg["n_routed_experts"] and i >= cfg["first_k_dense_replace"]:
-            E, I = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
+            E, inter = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
             t[m + "gate.weight"] = w(E, D)
             t[m + "gate.e_score_correction_bias"] = 0.01 * torch.randn(E, generator=g)
             for e in range(E):
-                t[m + f"experts.{e}.gate_proj.weight"] = w(I, D)
-                t[m + f"experts.{e}.up_proj.weight"] = w(I, D)
-                t[m + f"experts.{e}.down_proj.weight"] = w(D, I)
-            S = I * cfg["n_shared_experts"]
+                t[m + f"experts.{e}.gate_proj.weight"] = w(inter, D)
+                t[m + f"experts.{e}.up_proj.weight"] = w(inter, D)
+                t[m + f"experts.{e}.down_proj.weight"] = w(D, inter)
+            S = inter * cfg["n_shared_experts"]
             t[m + "shared_experts.gate_proj.weight"] = w(S, D)
             t[m + "shared_experts.up_proj.weight"] = w(S, D)
             t[m + "shared_experts.down_proj.weight"] = w(D, S)
         else:
-            I = cfg["intermediate_size"]
-            t[m + "gate_proj.weight"] = w(I, D)
-            t[m + "up_proj.weight"] = w(I, D)
-            t[m + "down_proj.weight"] = w(D, I)
+            inter = cfg["intermediate_size"]
+            t[m + "gate_proj.weight"] = w(inter, D)
+            t[m + "up_proj.weight"] = w(inter, D)
+            t[m + "down_proj.weight"] = w(D, inter)
     return t
 
 
-def make_checkpoint(out: str, preset: str = "tiny", seed: int = 0, dtype: str = "float32") -> str:
-    """Write a checkpoint directory; returns its path."""
-    cfg = text_config(preset)
+def make_checkpoint(out: str, preset: str = "tiny", seed: int = 0, dtype: str = "float32",
+                    overrides: dict[str, Any] | None = None) -> str:
+    """Write a checkpoint directory; returns its path. `overrides` replace config.json keys."""
+    cfg = {**text_config(preset), **(overrides or {})}
     tensors = random_tensors(cfg, seed)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     tensors = {k: v.to(torch_dtype) if not k.endswith(("gate.weight", "e_score_correction_bias")) else v

@@ -40,6 +40,7 @@ def emit(ns: argparse.Namespace, rank: int, event: dict[str, Any]) -> None:
 
 
 def load_prompts(ns: argparse.Namespace, vocab: int, context: int) -> list[list[int]]:
+    prompts: Any
     if ns.command == "bench":
         rng = random.Random(ns.seed)
         prompts = [[rng.randrange(2, vocab) for _ in range(ns.input_len)] for _ in range(ns.requests)]
@@ -197,7 +198,7 @@ def spawn_group(ns: argparse.Namespace) -> int:
             p.kill()
             p.join()
     codes = [p.exitcode for p in procs]
-    failed = [(i, c) for i, c in enumerate(codes) if c not in (0, None)]
+    failed: list[tuple[int, int | None]] = [(i, c) for i, c in enumerate(codes) if c not in (0, None)]
     if failed and ns.output:
         _merge_rank_errors(ns.output, failed)
     return code or next((c for _, c in failed if c and c > 0), EXIT_FAILED if failed else 0)

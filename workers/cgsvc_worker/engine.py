@@ -16,7 +16,12 @@ import torch
 from cgsvc_worker import loader
 from cgsvc_worker.attention import StepBatch, select_backend
 from cgsvc_worker.config import ModelConfig, load_model_config
-from cgsvc_worker.graphs import CompiledPieces, DecodeGraphs, PhaseMode, effective_decode, effective_prefill
+from cgsvc_worker.graphs import (
+    CompiledPieces,
+    DecodeGraphs,
+    effective_decode,
+    effective_prefill,
+)
 from cgsvc_worker.kv_cache import LatentKVCache
 from cgsvc_worker.model import DeepseekV3Model
 from cgsvc_worker.tp import TPGroup
@@ -145,7 +150,8 @@ class Engine:
             return m(ids, positions, batch, backend)
         x = m.embed_tokens(ids)
         cos, sin = m.rotary.cos_sin(positions, x.dtype)
-        for layer in m.layers:
+        layers: list[Any] = list(m.layers)
+        for layer in layers:
             h = pieces.pre(layer.input_layernorm, x)
             a = layer.self_attn(h, m.rotary, cos, sin, batch, backend)
             x = pieces.post(layer, x, a)

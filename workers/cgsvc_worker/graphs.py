@@ -76,7 +76,7 @@ def _pre_attention(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _post_attention(layer: torch.nn.Module, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-    return layer.post_attention(x, attn_out)  # type: ignore[no-any-return]
+    return layer.post_attention(x, attn_out)  # type: ignore[no-any-return,operator]
 
 
 class DecodeGraphs:

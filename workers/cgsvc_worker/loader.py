@@ -97,7 +97,7 @@ def load(model: DeepseekV3Model, path: str) -> LoadReport:
     tp, cfg = model.tp, model.cfg
     report = LoadReport()
     if ckpt.prefix:
-        other = {}
+        other: dict[str, int] = {}
         for k in ckpt.files:
             if not k.startswith(ckpt.prefix):
                 head = k.split(".", 1)[0]

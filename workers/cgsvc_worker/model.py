@@ -32,12 +32,12 @@ class MLAAttention(nn.Module):
         D, C, R = cfg.hidden_size, cfg.kv_lora_rank, cfg.qk_rope_head_dim
         if cfg.q_lora_rank:
             self.q_a_proj = Linear(D, cfg.q_lora_rank, tp, None, dtype)
-            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps, dtype)
             self.q_b_proj = Linear(cfg.q_lora_rank, cfg.num_heads * cfg.qk_head_dim, tp, "rows", dtype)
         else:
             self.q_proj = Linear(D, cfg.num_heads * cfg.qk_head_dim, tp, "rows", dtype)
         self.kv_a_proj_with_mqa = Linear(D, C + R, tp, None, dtype)
-        self.kv_a_layernorm = RMSNorm(C, cfg.rms_norm_eps)
+        self.kv_a_layernorm = RMSNorm(C, cfg.rms_norm_eps, dtype)
         self.kv_b_proj = Linear(C, cfg.num_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), tp, "rows", dtype)
         self.o_proj = Linear(cfg.num_heads * cfg.v_head_dim, D, tp, "cols", dtype)
         self.scale = cfg.softmax_scale
@@ -131,8 +131,8 @@ class DecoderLayer(nn.Module):
         self.self_attn = MLAAttention(cfg, tp, layer, dtype)
         self.mlp: nn.Module = MoE(cfg, tp, dtype) if cfg.is_moe_layer(layer) else MLP(
             cfg.hidden_size, cfg.intermediate_size, tp, dtype)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
     def forward(self, x: torch.Tensor, rotary: Rotary, cos: torch.Tensor, sin: torch.Tensor, batch: Any,
                 backend: Any) -> torch.Tensor:
@@ -154,7 +154,7 @@ class DeepseekV3Model(nn.Module):
         self.cfg, self.tp, self.dtype = cfg, tp, dtype
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, tp, dtype)
         self.layers = nn.ModuleList(DecoderLayer(cfg, tp, i, dtype) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, tp, dtype)
         self.rotary = Rotary(cfg.rope)
 

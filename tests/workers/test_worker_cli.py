@@ -1,0 +1,128 @@
+"""`cgsvc-worker` as a user runs it: real processes, reports, exit codes, bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import ROOT
+from tests.workers.reference import hf_greedy, hf_model
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [100, 200, 300]]
+
+
+def worker(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cgsvc_worker.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def generate(tmp: Path, model: str, *extra: str, tp: int = 1, prompts: Any = PROMPTS, new: int = 5) -> tuple[int, dict[str, Any]]:
+    pf, out = tmp / "prompts.json", tmp / f"out-{tp}.json"
+    pf.write_text(json.dumps(prompts))
+    proc = worker("generate", "--model-path", model, "--tp", str(tp), "--prompts", str(pf), "--max-new-tokens",
+                  str(new), "--output", str(out), *extra)
+    assert "Traceback" not in proc.stderr or proc.returncode != 0, proc.stderr
+    return proc.returncode, json.loads(out.read_text())
+
+
+def plan_file(tmp: Path, prefill: str = "disabled", decode: str = "full", attention: str = "trtllm_mla",
+              spec: dict[str, Any] | None = None) -> str:
+    plan = {"policy_version": "p", "plan_hash": "h", "attention_backend": {"prefill": attention, "decode": attention},
+            "prefill": {"backend": prefill, "max_num_tokens": 64, "num_tokens": [4, 8, 16] if prefill != "disabled" else []},
+            "decode": {"backend": decode, "max_bs": 8, "bs": [1, 2, 4, 8] if decode != "disabled" else []}}
+    path = tmp / "plan.json"
+    path.write_text(json.dumps({"plan": plan, **({"spec": spec} if spec else {})}))
+    return str(path)
+
+
+def test_tp4_generate_equals_tp1_and_transformers(checkpoints: dict[str, str], tmp_path: Path) -> None:
+    rc1, r1 = generate(tmp_path, checkpoints["tiny"])
+    rc4, r4 = generate(tmp_path, checkpoints["tiny"], tp=4)
+    assert rc1 == rc4 == 0 and r1["status"] == r4["status"] == "ok"
+    tokens = [r["output_tokens"] for r in r4["requests"]]
+    assert tokens == [r["output_tokens"] for r in r1["requests"]]
+    ref = hf_model(checkpoints["tiny"], torch.float32)
+    assert tokens == [hf_greedy(ref, p, 5)[0] for p in PROMPTS]
+    assert r4["tp"] == 4 and r4["aggregate"]["output_tokens"] == 10
+    for r in r4["requests"]:
+        assert r["ttft_ms"] > 0 and r["tpot_ms"] > 0
+
+
+def test_report_says_what_ran(checkpoints: dict[str, str], tmp_path: Path) -> None:
+    kimi_spec = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300"}}
+    rc, r = generate(tmp_path, checkpoints["tiny-kimi"], "--plan", plan_file(tmp_path, spec=kimi_spec))
+    assert rc == 0, r
+    assert r["modes"]["decode"] == {**r["modes"]["decode"], "requested": "full", "effective": "disabled"}
+    assert "CUDA" in r["modes"]["decode"]["reason"]
+    assert r["attention"]["prefill"]["requested"] == "trtllm_mla"
+    assert r["attention"]["prefill"]["effective"] == "torch_native" and r["attention"]["prefill"]["reason"]
+    assert r["kv_cache"]["values_per_token_per_layer"] == 64 + 32
+    assert any("vision" in n for n in r["notes"])
+    for key in ("ttft_ms", "tpot_ms"):
+        assert set(r["aggregate"][key]) == {"mean", "p50", "p90", "p99"}
+
+
+def test_tc_piecewise_prefill_compiles_on_cpu(checkpoints: dict[str, str], tmp_path: Path) -> None:
+    rc, eager = generate(tmp_path, checkpoints["tiny"])
+    rc2, compiled = generate(tmp_path, checkpoints["tiny"], "--plan", plan_file(tmp_path, prefill="tc_piecewise"))
+    assert rc == rc2 == 0, compiled
+    assert compiled["modes"]["prefill"]["effective"] == "tc_piecewise_nograph"
+    assert compiled["modes"]["prefill"]["capture_seconds"] > 0
+    assert [r["output_tokens"] for r in compiled["requests"]] == [r["output_tokens"] for r in eager["requests"]]
+
+
+def test_bench_command(checkpoints: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = worker("bench", "--model-path", checkpoints["tiny"], "--input-len", "32", "--output-len", "4",
+                  "--requests", "3", "--concurrency", "1", "--output", str(out))
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    assert r["workload"]["concurrency"] == 1 and len(r["requests"]) == 3
+    assert all(len(x["output_tokens"]) == 4 and x["prompt_tokens"] == 32 for x in r["requests"])
+
+
+@pytest.mark.parametrize("case", ["missing_tensor", "shape_mismatch", "unsupported_arch", "tp_heads", "other_model",
+                                  "too_long", "kv_exhausted", "bad_prompts"])
+def test_bad_input_fails_clearly(checkpoints: dict[str, str], tmp_path: Path, case: str) -> None:
+    model = str(tmp_path / "m")
+    shutil.copytree(checkpoints["tiny"], model)
+    cfg_path = Path(model) / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    extra: list[str] = []
+    tp, prompts, expect = 1, PROMPTS, ""
+    if case == "missing_tensor":
+        from safetensors.torch import load_file, save_file
+        t = load_file(f"{model}/model.safetensors")
+        del t["model.layers.2.self_attn.kv_b_proj.weight"]
+        save_file(t, f"{model}/model.safetensors")
+        expect = "missing tensor 'model.layers.2.self_attn.kv_b_proj.weight'"
+    elif case == "shape_mismatch":
+        cfg["kv_lora_rank"] = 48
+        expect = "the model expects"
+    elif case == "unsupported_arch":
+        cfg["architectures"] = ["LlamaForCausalLM"]
+        expect = "unsupported architecture 'LlamaForCausalLM'"
+    elif case == "tp_heads":
+        tp, expect = 3, "tp=3 does not divide"
+    elif case == "other_model":
+        extra = ["--plan", plan_file(tmp_path, spec={"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+                                                     "hardware": {"gpu": "H100"}})]
+        expect = "resolved for a LlamaForCausalLM model"
+    elif case == "too_long":
+        extra, expect = ["--context-length", "8"], "exceed the context of 8 tokens"
+    elif case == "kv_exhausted":
+        extra, expect = ["--kv-cache-mb", "0.01", "--page-size", "4"], "KV cache exhausted"
+    elif case == "bad_prompts":
+        prompts, expect = [[1, 2], "x"], "--prompts must be"
+    cfg_path.write_text(json.dumps(cfg))
+    rc, report = generate(tmp_path, model, *extra, tp=tp, prompts=prompts)
+    assert rc != 0
+    assert report["status"] == "failed" and expect in report["error"], report
+    assert "requests" not in report  # no partial output passed off as complete
