@@ -86,11 +86,11 @@ class TorchNativeMLA:
         idx, mask = batch.padded_context()
         ctx = batch.cache.pool[attn.layer][idx].to(f32)  # [B, L, C+R]
         c, k_rot = ctx[..., :C], ctx[..., C:]
-        q_lat = torch.einsum("bhn,hnc->bhc", q_nope.to(f32), attn.w_uk.to(f32))  # W_UK absorbed into the query
+        q_lat = torch.einsum("bhn,hnc->bhc", q_nope.to(f32), attn.w_uk)  # W_UK absorbed into the query
         scores = (torch.einsum("bhc,blc->bhl", q_lat, c) + torch.einsum("bhr,blr->bhl", q_rot.to(f32), k_rot)) * attn.scale
         p = torch.softmax(scores.masked_fill(~mask[:, None, :], float("-inf")), dim=-1)
         o_lat = torch.einsum("bhl,blc->bhc", p, c)
-        return torch.einsum("bhc,hvc->bhv", o_lat, attn.w_uv.to(f32)).to(q_nope.dtype)  # W_UV absorbed
+        return torch.einsum("bhc,hvc->bhv", o_lat, attn.w_uv).to(q_nope.dtype)  # W_UV absorbed
 
 
 class FlashInferMLA(TorchNativeMLA):
@@ -121,9 +121,9 @@ class FlashInferMLA(TorchNativeMLA):
                               cfg.qk_rope_head_dim, P, False, attn.scale, q_nope.dtype, cache.dtype)
             self.planned_for = batch
         pool = cache.pool[attn.layer].view(cache.num_pages, P, -1)
-        q_lat = torch.einsum("bhn,hnc->bhc", q_nope, attn.w_uk).contiguous()
+        q_lat = torch.einsum("bhn,hnc->bhc", q_nope.float(), attn.w_uk).to(q_nope.dtype).contiguous()
         o_lat = self.wrapper.run(q_lat, q_rot.contiguous(), pool[..., :C], pool[..., C:])
-        return torch.einsum("bhc,hvc->bhv", o_lat, attn.w_uv)
+        return torch.einsum("bhc,hvc->bhv", o_lat.float(), attn.w_uv).to(q_nope.dtype)
 
 
 @dataclass(frozen=True)

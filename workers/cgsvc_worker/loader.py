@@ -139,5 +139,7 @@ def load(model: DeepseekV3Model, path: str) -> LoadReport:
             report.bytes_read += sum(t.numel() * t.element_size() for t in (g, u, d))
     for m in model.modules():
         if isinstance(m, MLAAttention):
-            m.w_uk, m.w_uv = m.w_uk_uv()  # views of kv_b_proj for the absorbed decode path
+            w_uk, w_uv = m.w_uk_uv()
+            # fp32 copies for the absorbed decode path, which accumulates in fp32 (attention.py)
+            m.w_uk, m.w_uv = w_uk.float().contiguous(), w_uv.float().contiguous()
     return report
