@@ -97,12 +97,37 @@ idempotency = sa.Table(
     sa.Column("sequence", sa.BigInteger, nullable=False),
 )
 
+launches = sa.Table(
+    "launches", metadata,
+    sa.Column("launch_id", sa.Text, primary_key=True),
+    sa.Column("sequence", sa.BigInteger, nullable=False, unique=True),  # order of creation
+    sa.Column("plan_id", sa.Text, nullable=False, index=True),
+    sa.Column("state", sa.Text, nullable=False, index=True),
+    sa.Column("principal", sa.Text, nullable=False),
+    sa.Column("dispatcher", sa.Text, nullable=False),
+    sa.Column("tp", sa.Integer, nullable=False),
+    sa.Column("model_path", sa.Text, nullable=False),
+    sa.Column("workload_json", sa.Text, nullable=False),
+    sa.Column("create_time", sa.Text, nullable=False, index=True),
+    sa.Column("update_time", sa.Text, nullable=False),
+    sa.Column("tokens_done", sa.BigInteger, nullable=False, default=0),
+    sa.Column("tokens_total", sa.BigInteger, nullable=False, default=0),
+    sa.Column("error", sa.Text, nullable=False, default=""),
+    sa.Column("report_json", sa.Text, nullable=False, default=""),
+    sa.Column("run_dir", sa.Text, nullable=False),
+    sa.Column("handle_json", sa.Text, nullable=False, default=""),  # how to find the running group again
+    sa.Column("owner", sa.Text, nullable=False, default=""),  # the server instance supervising it
+)
+
 # Migrations, in order. Each is (version, description, tables it creates). Later versions
 # add tables or columns; the applied set is recorded in schema_migrations.
 MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...]], ...] = (
     (1, "audit log, chain head, plans and idempotency keys",
      (audit_records, audit_rule_ids, chain_head, plans, idempotency)),
+    (2, "launches", (launches,)),
 )
+LAUNCH_FILTER_FIELDS = {"state": "str", "plan": "str", "principal": "str", "dispatcher": "str",
+                        "create_time": "str", "model_path": "str"}
 
 AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principal": "str", "outcome": "str",
                        "method": "str", "time": "str", "request_id": "str", "plan_id": "str",
@@ -403,6 +428,35 @@ class AuditStore:
         if len(rows) > size:
             return rows[:size], _encode_token(int(rows[size - 1]._mapping["sequence"]), filter_text)
         return rows, ""
+
+    # ------------------------------------------------------------------ launches
+    def put_launch(self, row: dict[str, Any]) -> None:
+        with self.write_engine.begin() as conn:
+            seq = conn.execute(sa.select(sa.func.coalesce(sa.func.max(launches.c.sequence), 0))).scalar_one()
+            conn.execute(launches.insert().values(**row, sequence=int(seq) + 1))
+
+    def update_launch(self, launch_id: str, **values: Any) -> None:
+        with self.write_engine.begin() as conn:
+            conn.execute(launches.update().where(launches.c.launch_id == launch_id)
+                         .values(**values, update_time=utc_now()))
+
+    def get_launch(self, launch_id: str) -> dict[str, Any] | None:
+        with self.read_engine.begin() as conn:
+            row = conn.execute(sa.select(launches).where(launches.c.launch_id == launch_id)).first()
+        return dict(row._mapping) if row is not None else None
+
+    def list_launches(self, filter_text: str = "", page_size: int = 0,
+                      page_token: str = "") -> tuple[list[dict[str, Any]], str]:
+        terms = [filters.Term("plan_id", t.op, str(t.value).removeprefix("plans/")) if t.field == "plan" else t
+                 for t in filters.parse_filter(filter_text, LAUNCH_FILTER_FIELDS)]
+        rows, token = self._page(launches, terms, filter_text, page_size, page_token)
+        return [dict(r._mapping) for r in rows], token
+
+    def launches_in_states(self, states: Sequence[str]) -> list[dict[str, Any]]:
+        with self.read_engine.begin() as conn:
+            rows = conn.execute(sa.select(launches).where(launches.c.state.in_(list(states)))
+                                .order_by(launches.c.sequence))
+            return [dict(r._mapping) for r in rows]
 
     # ------------------------------------------------------------------ verify
     def iter_records(self, chunk: int = 2000) -> Iterator[AuditRecord]:

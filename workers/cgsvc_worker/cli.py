@@ -9,7 +9,8 @@
 With --tp N and no WORLD_SIZE in the environment, N ranks are spawned on this machine; under
 `torchrun` (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) this process is one rank. Rank 0
 writes the report; a failure writes a report with status "failed" and exits non-zero.
-`--events` prints JSON lines (state changes and progress) on stdout for a supervisor.
+`--events FILE` appends JSON lines (state changes and progress) for a supervisor to follow;
+`--log-dir DIR` sends each rank's stdout and stderr to DIR/rank{N}.log.
 """
 
 from __future__ import annotations
@@ -36,7 +37,21 @@ class BadInput(ValueError):
 
 def emit(ns: argparse.Namespace, rank: int, event: dict[str, Any]) -> None:
     if ns.events and rank == 0:
-        print(json.dumps({"time": time.time(), **event}), flush=True)
+        with open(ns.events, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"time": time.time(), **event}) + "\n")
+
+
+def redirect_logs(ns: argparse.Namespace, rank: int) -> None:
+    """Send this rank's stdout and stderr (fds 1 and 2, so native libraries too) to its log file."""
+    if not ns.log_dir:
+        return
+    os.makedirs(ns.log_dir, exist_ok=True)
+    fd = os.open(os.path.join(ns.log_dir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def load_prompts(ns: argparse.Namespace, vocab: int, context: int) -> list[list[int]]:
@@ -143,6 +158,7 @@ def failure(exc: BaseException) -> tuple[dict[str, Any], int]:
 
 def rank_entry(ns: argparse.Namespace) -> int:
     rank = int(os.environ.get("RANK", "0"))
+    redirect_logs(ns, rank)
     try:
         report = run_rank(ns)
     except BaseException as exc:  # noqa: BLE001 - every failure must end in a report and an exit code
@@ -245,7 +261,8 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--context-length", type=int, default=0, help="0: the model's max_position_embeddings")
         p.add_argument("--concurrency", type=int, default=0, help="requests in flight (0: all)")
         p.add_argument("--no-compile", action="store_true", help="do not torch.compile tc_piecewise prefill")
-        p.add_argument("--events", action="store_true", help="JSON-lines state and progress events on stdout")
+        p.add_argument("--events", help="append JSON-lines state and progress events to this file")
+        p.add_argument("--log-dir", help="write each rank's output to DIR/rank{N}.log")
         p.add_argument("--debug", action="store_true", help="include tracebacks in failure reports")
         if name == "generate":
             p.add_argument("--prompts", required=True, help="JSON list of token-id lists")

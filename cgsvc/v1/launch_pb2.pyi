@@ -1,0 +1,199 @@
+import datetime
+
+from cgsvc.v1 import launch_spec_pb2 as _launch_spec_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class LaunchWorkload(_message.Message):
+    __slots__ = ("input_len", "output_len", "requests", "concurrency", "seed")
+    INPUT_LEN_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_LEN_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    input_len: int
+    output_len: int
+    requests: int
+    concurrency: int
+    seed: int
+    def __init__(self, input_len: _Optional[int] = ..., output_len: _Optional[int] = ..., requests: _Optional[int] = ..., concurrency: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class LaunchReport(_message.Message):
+    __slots__ = ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "throughput_tok_s", "output_tokens", "prefill_requested", "prefill_effective", "decode_requested", "decode_effective", "attention_prefill_effective", "attention_decode_effective", "capture_seconds", "capture_bytes", "kv_bytes_per_token", "substitutions")
+    TTFT_MS_P50_FIELD_NUMBER: _ClassVar[int]
+    TTFT_MS_P99_FIELD_NUMBER: _ClassVar[int]
+    TPOT_MS_P50_FIELD_NUMBER: _ClassVar[int]
+    TPOT_MS_P99_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_TOK_S_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_EFFECTIVE_FIELD_NUMBER: _ClassVar[int]
+    DECODE_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    DECODE_EFFECTIVE_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_PREFILL_EFFECTIVE_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_DECODE_EFFECTIVE_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SUBSTITUTIONS_FIELD_NUMBER: _ClassVar[int]
+    ttft_ms_p50: float
+    ttft_ms_p99: float
+    tpot_ms_p50: float
+    tpot_ms_p99: float
+    throughput_tok_s: float
+    output_tokens: int
+    prefill_requested: str
+    prefill_effective: str
+    decode_requested: str
+    decode_effective: str
+    attention_prefill_effective: str
+    attention_decode_effective: str
+    capture_seconds: float
+    capture_bytes: int
+    kv_bytes_per_token: int
+    substitutions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ttft_ms_p50: _Optional[float] = ..., ttft_ms_p99: _Optional[float] = ..., tpot_ms_p50: _Optional[float] = ..., tpot_ms_p99: _Optional[float] = ..., throughput_tok_s: _Optional[float] = ..., output_tokens: _Optional[int] = ..., prefill_requested: _Optional[str] = ..., prefill_effective: _Optional[str] = ..., decode_requested: _Optional[str] = ..., decode_effective: _Optional[str] = ..., attention_prefill_effective: _Optional[str] = ..., attention_decode_effective: _Optional[str] = ..., capture_seconds: _Optional[float] = ..., capture_bytes: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., substitutions: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Launch(_message.Message):
+    __slots__ = ("name", "plan", "state", "workload", "model_path", "tp", "dispatcher", "create_time", "update_time", "tokens_done", "tokens_total", "error", "report", "report_json", "plan_audit_record", "audit_records", "principal")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    TP_FIELD_NUMBER: _ClassVar[int]
+    DISPATCHER_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_DONE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    PLAN_AUDIT_RECORD_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    plan: str
+    state: str
+    workload: LaunchWorkload
+    model_path: str
+    tp: int
+    dispatcher: str
+    create_time: _timestamp_pb2.Timestamp
+    update_time: _timestamp_pb2.Timestamp
+    tokens_done: int
+    tokens_total: int
+    error: str
+    report: LaunchReport
+    report_json: str
+    plan_audit_record: str
+    audit_records: _containers.RepeatedScalarFieldContainer[str]
+    principal: str
+    def __init__(self, name: _Optional[str] = ..., plan: _Optional[str] = ..., state: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., tp: _Optional[int] = ..., dispatcher: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tokens_done: _Optional[int] = ..., tokens_total: _Optional[int] = ..., error: _Optional[str] = ..., report: _Optional[_Union[LaunchReport, _Mapping]] = ..., report_json: _Optional[str] = ..., plan_audit_record: _Optional[str] = ..., audit_records: _Optional[_Iterable[str]] = ..., principal: _Optional[str] = ...) -> None: ...
+
+class CreateLaunchRequest(_message.Message):
+    __slots__ = ("spec", "plan", "workload", "model_path", "request_id", "dispatcher", "wait_for_resources")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DISPATCHER_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FOR_RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    spec: _launch_spec_pb2.LaunchSpec
+    plan: str
+    workload: LaunchWorkload
+    model_path: str
+    request_id: str
+    dispatcher: str
+    wait_for_resources: bool
+    def __init__(self, spec: _Optional[_Union[_launch_spec_pb2.LaunchSpec, _Mapping]] = ..., plan: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., request_id: _Optional[str] = ..., dispatcher: _Optional[str] = ..., wait_for_resources: _Optional[bool] = ...) -> None: ...
+
+class Operation(_message.Message):
+    __slots__ = ("name", "done", "metadata", "error_code", "error_message")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    done: bool
+    metadata: Launch
+    error_code: int
+    error_message: str
+    def __init__(self, name: _Optional[str] = ..., done: _Optional[bool] = ..., metadata: _Optional[_Union[Launch, _Mapping]] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class GetLaunchRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ListLaunchesRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "filter")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    filter: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., filter: _Optional[str] = ...) -> None: ...
+
+class ListLaunchesResponse(_message.Message):
+    __slots__ = ("launches", "next_page_token")
+    LAUNCHES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    launches: _containers.RepeatedCompositeFieldContainer[Launch]
+    next_page_token: str
+    def __init__(self, launches: _Optional[_Iterable[_Union[Launch, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CancelLaunchRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class WatchLaunchRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class LaunchEvent(_message.Message):
+    __slots__ = ("kind", "launch")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    launch: Launch
+    def __init__(self, kind: _Optional[str] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ...) -> None: ...
+
+class GetLaunchLogsRequest(_message.Message):
+    __slots__ = ("name", "rank", "tail_lines")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    TAIL_LINES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    rank: int
+    tail_lines: int
+    def __init__(self, name: _Optional[str] = ..., rank: _Optional[int] = ..., tail_lines: _Optional[int] = ...) -> None: ...
+
+class RankLog(_message.Message):
+    __slots__ = ("name", "text")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    text: str
+    def __init__(self, name: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
+
+class LaunchLogs(_message.Message):
+    __slots__ = ("logs",)
+    LOGS_FIELD_NUMBER: _ClassVar[int]
+    logs: _containers.RepeatedCompositeFieldContainer[RankLog]
+    def __init__(self, logs: _Optional[_Iterable[_Union[RankLog, _Mapping]]] = ...) -> None: ...
