@@ -44,8 +44,18 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 1
+    assert store.schema_version() == 2
     assert store.migrate() == []  # idempotent
+
+
+def test_migrations_upgrade_an_older_schema(store: AuditStore) -> None:
+    store.append(entry(1))
+    with store.write_engine.begin() as conn:  # back to schema 1, as a database from before launches
+        conn.execute(sa.text("DROP TABLE launches"))
+        conn.execute(sa.text("DELETE FROM schema_migrations WHERE version = 2"))
+    assert store.migrate() == [2]
+    assert store.schema_version() == 2 and store.list_launches()[0] == []
+    assert store.get_record(1) is not None and store.verify().ok
 
 
 def test_filters_and_pagination(store: AuditStore) -> None:
