@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -13,17 +14,21 @@ from grpc_reflection.v1alpha import reflection
 
 from cgsvc.audit.store import AuditStore
 from cgsvc.audit.writer import AuditWriter
+from cgsvc.launch.dispatch import LocalDispatcher
+from cgsvc.launch.manager import LaunchManager
+from cgsvc.launch.service import LaunchService
 from cgsvc.server import metrics
 from cgsvc.server.auth import Authenticator
 from cgsvc.server.config import ServerConfig
 from cgsvc.server.interceptors import Pipeline
 from cgsvc.server.services import Auditor, AuditService, DiagnosticsService, PlanService
-from cgsvc.v1 import audit_pb2, diagnostics_pb2, plan_service_pb2
+from cgsvc.v1 import audit_pb2, diagnostics_pb2, launch_pb2, plan_service_pb2
 
 SERVICES = {
     "cgsvc.v1.PlanService": plan_service_pb2.DESCRIPTOR.services_by_name["PlanService"],
     "cgsvc.v1.AuditService": audit_pb2.DESCRIPTOR.services_by_name["AuditService"],
     "cgsvc.v1.DiagnosticsService": diagnostics_pb2.DESCRIPTOR.services_by_name["DiagnosticsService"],
+    "cgsvc.v1.LaunchService": launch_pb2.DESCRIPTOR.services_by_name["LaunchService"],
 }
 
 
@@ -72,13 +77,14 @@ class Running:
     async def stop(self, grace: float) -> None:
         self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+        await self.extras["launches"].close()
         for closer in self.extras.get("closers", []):
             closer()
         self.writer.close()
         self.store.close()
 
 
-async def start(cfg: ServerConfig, extra_services: list[tuple[Any, Any]] | None = None) -> Running:
+async def start(cfg: ServerConfig) -> Running:
     """Start serving; returns once the port is bound. Raises ConfigError on a bad configuration."""
     if not cfg.secure and not cfg.authenticated and not is_loopback(cfg.address) and not cfg.allow_insecure_remote:
         raise ConfigError(f"refusing to serve {cfg.address} without TLS and tokens; bind a loopback address, "
@@ -94,15 +100,16 @@ async def start(cfg: ServerConfig, extra_services: list[tuple[Any, Any]] | None 
                ("grpc.max_send_message_length", cfg.max_message_bytes),
                ("grpc.so_reuseport", 0)]
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
+    plans = PlanService(auditor)
+    launches = LaunchManager(store, auditor, Path(cfg.data_dir).resolve() / "launches",
+                             LocalDispatcher(cfg.local_slots))
     servicers: dict[str, Any] = {
-        "cgsvc.v1.PlanService": PlanService(auditor),
+        "cgsvc.v1.PlanService": plans,
         "cgsvc.v1.AuditService": AuditService(store),
         "cgsvc.v1.DiagnosticsService": DiagnosticsService(),
+        "cgsvc.v1.LaunchService": LaunchService(launches, plans),
     }
     descriptors = dict(SERVICES)
-    for descriptor, servicer in extra_services or []:
-        descriptors[descriptor.full_name] = descriptor
-        servicers[descriptor.full_name] = servicer(auditor) if callable(servicer) else servicer
     server.add_generic_rpc_handlers([pipeline.service_handler(descriptors[name], servicers[name])
                                      for name in descriptors])
     health_servicer = health.HealthServicer()
@@ -116,5 +123,7 @@ async def start(cfg: ServerConfig, extra_services: list[tuple[Any, Any]] | None 
         store.close()
         raise ConfigError(f"cannot bind {cfg.address}")
     await server.start()
+    recovered = await launches.recover()
     return Running(server, port, store, writer, health_servicer,
-                   {"servicers": servicers, "auditor": auditor, "closers": []})
+                   {"servicers": servicers, "auditor": auditor, "closers": [], "launches": launches,
+                    "recovered": recovered})

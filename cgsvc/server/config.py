@@ -27,6 +27,7 @@ class ServerConfig:
     allow_insecure_remote: bool = False
     log_level: str = "info"
     audit_max_batch: int = 256
+    local_slots: int = 4  # devices (ranks) the local dispatcher may run at once
 
     @property
     def effective_database_url(self) -> str:

@@ -59,6 +59,8 @@ async def serve(cfg: ServerConfig) -> int:
           f"{running.store.dialect} ({_redact(cfg.effective_database_url)}); metrics: {metrics_url or 'off'}",
           flush=True)
     log.info("started", address=f"{host}:{running.port}", database=running.store.dialect)
+    for note in running.extras["recovered"]:
+        print(f"launch recovery: {note}", flush=True)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

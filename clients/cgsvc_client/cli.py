@@ -72,16 +72,16 @@ def build_spec(ns: argparse.Namespace) -> dict[str, Any]:
             raise CliError.from_resolve(ResolveError.invalid(
                 [FieldViolation("spec", "must be a JSON object")]))
     for flag, path, _typ, _help in SPEC_FLAGS:
-        value = getattr(ns, flag.lstrip("-").replace("-", "_"))
+        value = getattr(ns, flag.lstrip("-").replace("-", "_"), None)
         if value is None:
             continue
         node = spec
         for part in path[:-1]:
             node = node.setdefault(part, {})
         node[path[-1]] = value
-    if ns.enforce_piecewise:
+    if getattr(ns, "enforce_piecewise", False):
         spec.setdefault("overrides", {})["enforce_piecewise_cuda_graph"] = True
-    if ns.disable_cuda_graph:
+    if getattr(ns, "disable_cuda_graph", False):
         spec.setdefault("overrides", {})["disable_cuda_graph"] = True
     return spec
 
@@ -141,6 +141,16 @@ def cmd_rules(ns: argparse.Namespace) -> int:
     return 0
 
 
+def add_spec_flags(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+    """--spec FILE and the convenience flags that build or amend a spec."""
+    p.add_argument("--spec", help="launch spec JSON file (DESIGN.md form)")
+    for flag, _path, typ, help_text in SPEC_FLAGS:
+        if flag not in exclude:
+            p.add_argument(flag, type=typ, help=help_text)
+    p.add_argument("--enforce-piecewise", action="store_true", help="set enforce_piecewise_cuda_graph")
+    p.add_argument("--disable-cuda-graph", action="store_true", help="set disable_cuda_graph")
+
+
 def add_output(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", "-o", choices=("table", "json"),
                    help="table (default on a terminal) or json (default otherwise)")
@@ -160,11 +170,7 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("resolve", help="resolve a launch spec into a plan")
-    r.add_argument("--spec", help="launch spec JSON file (DESIGN.md form)")
-    for flag, _path, typ, help_text in SPEC_FLAGS:
-        r.add_argument(flag, type=typ, help=help_text)
-    r.add_argument("--enforce-piecewise", action="store_true", help="set enforce_piecewise_cuda_graph")
-    r.add_argument("--disable-cuda-graph", action="store_true", help="set disable_cuda_graph")
+    add_spec_flags(r)
     r.add_argument("--explain", metavar="FIELD", help="only the decisions that shaped FIELD, e.g. prefill.backend")
     add_output(r)
     add_server(r)
@@ -174,9 +180,10 @@ def parser() -> argparse.ArgumentParser:
     add_output(rl)
     rl.set_defaults(func=cmd_rules)
 
-    from cgsvc_client import remote_commands
+    from cgsvc_client import launch_commands, remote_commands
 
     remote_commands.register(sub, add_output, add_server)
+    launch_commands.register(sub, add_output, add_server, lambda p: add_spec_flags(p, exclude=("--model-path",)))
     return ap
 
 

@@ -30,6 +30,8 @@ from cgsvc.v1 import (
     audit_pb2_grpc,
     diagnostics_pb2,
     diagnostics_pb2_grpc,
+    launch_pb2,
+    launch_pb2_grpc,
     plan_pb2,
     plan_service_pb2,
     plan_service_pb2_grpc,
@@ -83,6 +85,7 @@ class Client:
         self.plans = plan_service_pb2_grpc.PlanServiceStub(self.channel)
         self.audit = audit_pb2_grpc.AuditServiceStub(self.channel)
         self.diagnostics = diagnostics_pb2_grpc.DiagnosticsServiceStub(self.channel)
+        self.launches = launch_pb2_grpc.LaunchServiceStub(self.channel)
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> Client:
@@ -146,6 +149,41 @@ class Client:
     def verify_audit_log(self) -> audit_pb2.VerifyAuditLogResponse:
         return self.call(self.audit.VerifyAuditLog, audit_pb2.VerifyAuditLogRequest(),  # type: ignore[no-any-return]
                          timeout=max(self.timeout, 120))
+
+    # ------------------------------------------------------------------ launches
+    def create_launch(self, model_path: str, workload: dict[str, int], spec: dict[str, Any] | None = None,
+                      plan: str = "", wait_for_resources: bool = False, dispatcher: str = "",
+                      request_id: str | None = None) -> launch_pb2.Operation:
+        req = launch_pb2.CreateLaunchRequest(model_path=model_path, workload=launch_pb2.LaunchWorkload(**workload),
+                                             wait_for_resources=wait_for_resources, dispatcher=dispatcher,
+                                             request_id=request_id or uuid.uuid4().hex)
+        if spec is not None:
+            req.spec.CopyFrom(codec.spec_proto_from_dict(spec))
+        else:
+            req.plan = plan
+        return self.call(self.launches.CreateLaunch, req, timeout=max(self.timeout, 60))  # type: ignore[no-any-return]
+
+    def get_launch(self, name: str) -> launch_pb2.Launch:
+        return self.call(self.launches.GetLaunch, launch_pb2.GetLaunchRequest(name=name))  # type: ignore[no-any-return]
+
+    def list_launches(self, filter: str = "", page_size: int = 0, page_token: str = "") -> launch_pb2.ListLaunchesResponse:
+        req = launch_pb2.ListLaunchesRequest(filter=filter, page_size=page_size, page_token=page_token)
+        return self.call(self.launches.ListLaunches, req)  # type: ignore[no-any-return]
+
+    def cancel_launch(self, name: str) -> launch_pb2.Launch:
+        return self.call(self.launches.CancelLaunch, launch_pb2.CancelLaunchRequest(name=name),  # type: ignore[no-any-return]
+                         timeout=max(self.timeout, 60))
+
+    def watch_launch(self, name: str, timeout: float = 3600) -> Iterator[launch_pb2.LaunchEvent]:
+        try:
+            yield from self.launches.WatchLaunch(launch_pb2.WatchLaunchRequest(name=name), timeout=timeout,
+                                                 metadata=self.metadata())
+        except grpc.RpcError as err:
+            raise error_from_rpc(err) from None
+
+    def launch_logs(self, name: str, rank: int = -1, tail_lines: int = 0) -> launch_pb2.LaunchLogs:
+        req = launch_pb2.GetLaunchLogsRequest(name=name, rank=rank, tail_lines=tail_lines)
+        return self.call(self.launches.GetLaunchLogs, req)  # type: ignore[no-any-return]
 
     def echo(self, payload: bytes = b"") -> bytes:
         return self.call(self.diagnostics.Echo, diagnostics_pb2.EchoRequest(payload=payload)).payload  # type: ignore[no-any-return]

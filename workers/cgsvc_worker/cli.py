@@ -263,6 +263,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--no-compile", action="store_true", help="do not torch.compile tc_piecewise prefill")
         p.add_argument("--events", help="append JSON-lines state and progress events to this file")
         p.add_argument("--log-dir", help="write each rank's output to DIR/rank{N}.log")
+        p.add_argument("--launch-id", help="a tag on the command line by which a supervisor finds this group")
         p.add_argument("--debug", action="store_true", help="include tracebacks in failure reports")
         if name == "generate":
             p.add_argument("--prompts", required=True, help="JSON list of token-id lists")

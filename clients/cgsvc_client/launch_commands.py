@@ -1,0 +1,191 @@
+"""`cgsvc-cli launch` and `cgsvc-cli launches list|show|cancel|logs`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf import json_format
+
+from cgsvc.errors import FieldViolation, ResolveError
+from cgsvc_client import render
+from cgsvc_client.client import Client
+
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "LOST")
+
+
+def launch_dict(msg: Any) -> dict[str, Any]:
+    d = json_format.MessageToDict(msg, preserving_proto_field_name=True)
+    for key in ("tokens_done", "tokens_total"):
+        d[key] = int(d.get(key, 0))
+    if d.get("report_json"):
+        d["report"] = {**d.get("report", {}), "worker": json.loads(d.pop("report_json"))}
+    return d
+
+
+def _out(ns: argparse.Namespace) -> str:
+    return str(ns.output or ("table" if sys.stdout.isatty() else "json"))
+
+
+def _print(value: Any) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+class Progress:
+    """A progress bar fed by WatchLaunch (a line per change when not on a terminal)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.last = ""
+
+    def update(self, launch: Any) -> None:
+        total, done = launch.tokens_total or 0, launch.tokens_done
+        width = 30
+        fill = int(width * done / total) if total else 0
+        line = f"{launch.state:<10} [{'#' * fill}{'.' * (width - fill)}] {done}/{total} tokens"
+        if self.tty:
+            print(f"\r{line}", end="" if launch.state not in TERMINAL else "\n", file=sys.stderr, flush=True)
+        elif line != self.last and (launch.state != self.last.split(" ")[0] or launch.state in TERMINAL
+                                    or done == total):
+            print(line, file=sys.stderr, flush=True)
+        self.last = line
+
+
+def report_table(launch: Any) -> str:
+    r = launch.report
+    rows = [("launch", f"{launch.name} ({launch.state})"), ("plan", f"{launch.plan} (audit {launch.plan_audit_record})"),
+            ("workers", f"{launch.tp} ranks, {launch.dispatcher} dispatcher, {launch.model_path}")]
+    if launch.error:
+        rows.append(("error", launch.error))
+    if launch.state == "SUCCEEDED":
+        rows += [("prefill graph", f"requested {r.prefill_requested} -> effective {r.prefill_effective}"),
+                 ("decode graph", f"requested {r.decode_requested} -> effective {r.decode_effective}"),
+                 ("attention", f"effective {r.attention_prefill_effective} / {r.attention_decode_effective}"),
+                 ("TTFT ms", f"p50 {r.ttft_ms_p50:.1f}  p99 {r.ttft_ms_p99:.1f}"),
+                 ("TPOT ms", f"p50 {r.tpot_ms_p50:.1f}  p99 {r.tpot_ms_p99:.1f}"),
+                 ("throughput", f"{r.throughput_tok_s:.1f} tokens/s ({r.output_tokens} tokens)"),
+                 ("capture", f"{r.capture_seconds:.2f} s, {r.capture_bytes} bytes"),
+                 ("KV cache", f"{r.kv_bytes_per_token} bytes/token (latent only)")]
+        rows += [("substituted", s) for s in r.substitutions]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def cmd_launch(ns: argparse.Namespace) -> int:
+    from cgsvc_client.cli import build_spec
+
+    spec = build_spec(ns) if (ns.spec or ns.model) else None
+    if spec is not None and ns.plan:
+        raise ResolveError.invalid([FieldViolation("plan", "give a spec or --plan, not both")])
+    if spec is None and not ns.plan:
+        raise ResolveError.invalid([FieldViolation("spec", "give --spec FILE (or --model/--gpu flags) or --plan plans/ID")])
+    workload = {"input_len": ns.input_len, "output_len": ns.output_len, "requests": ns.requests,
+                "concurrency": ns.concurrency, "seed": ns.seed}
+    with Client.from_args(ns) as c:
+        op = c.create_launch(ns.checkpoint, workload, spec=spec, plan=ns.plan or "",
+                             wait_for_resources=ns.wait_for_resources, dispatcher=ns.dispatcher or "")
+        launch = op.metadata
+        if ns.wait:
+            bar = Progress()
+            for event in c.watch_launch(launch.name):
+                bar.update(event.launch)
+                if event.kind == "state":
+                    launch = event.launch
+            launch = c.get_launch(launch.name)
+    if _out(ns) == "json":
+        _print({"launch": launch_dict(launch)})
+    else:
+        print(report_table(launch))
+    return 0 if not ns.wait or launch.state == "SUCCEEDED" else 4
+
+
+def launches_list(ns: argparse.Namespace) -> int:
+    with Client.from_args(ns) as c:
+        page = c.list_launches(ns.filter or "", ns.page_size, ns.page_token or "")
+    if _out(ns) == "json":
+        _print({"launches": [launch_dict(x) for x in page.launches], "next_page_token": page.next_page_token})
+        return 0
+    print(render.table(["name", "state", "plan", "tp", "tokens", "created", "error"],
+                       [(x.name, x.state, x.plan, x.tp, f"{x.tokens_done}/{x.tokens_total}",
+                         x.create_time.ToJsonString(), x.error.splitlines()[0] if x.error else "")
+                        for x in page.launches]))
+    return 0
+
+
+def _name(raw: str) -> str:
+    return raw if raw.startswith("launches/") else f"launches/{raw}"
+
+
+def launches_show(ns: argparse.Namespace) -> int:
+    with Client.from_args(ns) as c:
+        launch = c.get_launch(_name(ns.name))
+    if _out(ns) == "json":
+        _print({"launch": launch_dict(launch)})
+    else:
+        print(report_table(launch))
+    return 0
+
+
+def launches_cancel(ns: argparse.Namespace) -> int:
+    with Client.from_args(ns) as c:
+        launch = c.cancel_launch(_name(ns.name))
+    if _out(ns) == "json":
+        _print({"launch": launch_dict(launch)})
+    else:
+        print(f"{launch.name}: {launch.state}")
+    return 0
+
+
+def launches_logs(ns: argparse.Namespace) -> int:
+    with Client.from_args(ns) as c:
+        logs = c.launch_logs(_name(ns.name), ns.rank, ns.tail)
+    if _out(ns) == "json":
+        _print({"logs": [{"name": x.name, "text": x.text} for x in logs.logs]})
+    else:
+        for x in logs.logs:
+            print(f"==> {x.name} <==\n{x.text}")
+    return 0
+
+
+def register(sub: Any, add_output: Callable[..., None], add_server: Callable[..., None],
+             spec_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+    la = sub.add_parser("launch", help="resolve (or take) a plan and run it on a worker group")
+    spec_flags(la)
+    la.add_argument("--plan", help="plans/ID of a stored plan instead of a spec")
+    la.add_argument("--model-path", dest="checkpoint", required=True, help="checkpoint directory for the workers")
+    la.add_argument("--input-len", type=int, default=128)
+    la.add_argument("--output-len", type=int, default=32)
+    la.add_argument("--requests", type=int, default=4)
+    la.add_argument("--concurrency", type=int, default=1)
+    la.add_argument("--seed", type=int, default=0)
+    la.add_argument("--dispatcher", help="local (default) or ray")
+    la.add_argument("--wait", action="store_true", help="follow progress until the launch ends")
+    la.add_argument("--wait-for-resources", action="store_true", help="queue when devices are busy instead of failing")
+    la.set_defaults(func=cmd_launch)
+    add_output(la)
+    add_server(la, required=True)
+
+    ls = sub.add_parser("launches", help="launches").add_subparsers(dest="launches_command", required=True)
+    p = ls.add_parser("list")
+    p.add_argument("--filter", help='e.g. state = "RUNNING"')
+    p.add_argument("--page-size", type=int, default=50)
+    p.add_argument("--page-token")
+    p.set_defaults(func=launches_list)
+    p2 = ls.add_parser("show")
+    p2.add_argument("name")
+    p2.set_defaults(func=launches_show)
+    p3 = ls.add_parser("cancel")
+    p3.add_argument("name")
+    p3.set_defaults(func=launches_cancel)
+    p4 = ls.add_parser("logs")
+    p4.add_argument("name")
+    p4.add_argument("--rank", type=int, default=-1, help="one rank (default: every rank and the supervisor)")
+    p4.add_argument("--tail", type=int, default=50, help="last N lines (0: all)")
+    p4.set_defaults(func=launches_logs)
+    for parser in (p, p2, p3, p4):
+        add_output(parser)
+        add_server(parser, required=True)
+

@@ -1,0 +1,254 @@
+"""Launches end to end: real server, real worker processes, real gloo; faults and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cgsvc.errors import ResolveError
+from cgsvc.launch.dispatch import session_members
+from cgsvc_client.client import Client
+from cgsvc_worker.checkpoint import make_checkpoint
+from tests.conftest import ROOT
+from tests.e2e.server import ServerProcess
+
+KIMI = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300", "gpu_count": 4},
+        "parallelism": {"tp": 4}}
+SHORT = {"input_len": 12, "output_len": 6, "requests": 2, "concurrency": 1, "seed": 7}
+LONG = {"input_len": 12, "output_len": 400, "requests": 1, "concurrency": 1, "seed": 3}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_checkpoint(str(tmp_path_factory.mktemp("kimi") / "tiny-kimi"), "tiny-kimi")
+
+
+@pytest.fixture()
+def srv(tmp_path: Path) -> Iterator[ServerProcess]:
+    with ServerProcess(tmp_path / "srv") as s:
+        yield s
+
+
+def wait_state(c: Client, name: str, states: tuple[str, ...], timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        launch = c.get_launch(name)
+        if launch.state in states:
+            return launch
+        time.sleep(0.1)
+    raise AssertionError(f"{name} never reached {states}; last {launch.state}")
+
+
+def wait_tokens(c: Client, name: str, tokens: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while c.get_launch(name).tokens_done < tokens:
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.1)
+
+
+def handle(srv: ServerProcess, name: str) -> dict[str, Any]:
+    db = sqlite3.connect(srv.data_dir / "cgsvc.db")
+    row = db.execute("SELECT handle_json FROM launches WHERE launch_id = ?", (name.split("/")[1],)).fetchone()
+    db.close()
+    return dict(json.loads(row[0]))
+
+
+def no_processes_left(pgid: int, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not session_members(pgid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_launch_watch_succeeds_and_matches_offline_run(srv: ServerProcess, ckpt: str, tmp_path: Path) -> None:
+    with Client(srv.address) as c:
+        op = c.create_launch(ckpt, SHORT, spec=KIMI)
+        assert op.name.startswith("operations/") and not op.done
+        states = [e.launch.state for e in c.watch_launch(op.metadata.name) if e.kind == "state"]
+        assert states[-1] == "SUCCEEDED", c.get_launch(op.metadata.name).error
+        assert {"LOADING", "RUNNING"} <= set(states)
+        launch = c.get_launch(op.metadata.name)
+        report = json.loads(launch.report_json)
+        assert launch.report.decode_requested == "full" and launch.report.decode_effective == "disabled"
+        assert launch.report.ttft_ms_p50 > 0 and launch.report.tpot_ms_p50 > 0 and launch.report.substitutions
+        assert launch.tokens_done == launch.tokens_total == 12
+        # the audit trail: the plan's record, CreateLaunch and every state change, linked by ids
+        recs = [c.get_audit_record(n) for n in launch.audit_records]
+        assert [r.method.rsplit("/", 1)[-1] for r in recs][:1] == ["CreateLaunch"]
+        assert sum(r.method == "launch.state" for r in recs) >= 4
+        assert all(r.plan_id == launch.plan.split("/")[1] for r in recs)
+        assert c.get_audit_record(launch.plan_audit_record).method.endswith("ResolvePlan")
+        assert c.verify_audit_log().ok
+        logs = c.launch_logs(launch.name)
+        assert {x.name for x in logs.logs} >= {"rank0.log", "rank3.log", "supervisor.log"}
+    # The workers' own offline run on the same prompts generates the same tokens.
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"plan": report_plan(srv, launch.plan)}))
+    out = tmp_path / "offline.json"
+    subprocess.run([sys.executable, "-m", "cgsvc_worker.cli", "bench", "--model-path", ckpt, "--tp", "4",
+                    "--plan", str(plan), "--input-len", "12", "--output-len", "6", "--requests", "2",
+                    "--concurrency", "1", "--seed", "7", "--output", str(out)], check=True, cwd=ROOT, timeout=300)
+    offline = json.loads(out.read_text())
+    assert [r["output_tokens"] for r in offline["requests"]] == [r["output_tokens"] for r in report["requests"]]
+
+
+def report_plan(srv: ServerProcess, name: str) -> dict[str, Any]:
+    with Client(srv.address) as c:
+        from cgsvc import codec
+
+        return codec.plan_from_proto(c.get_plan(name)).to_dict()
+
+
+def test_a_dead_rank_fails_the_launch_and_stops_the_group(srv: ServerProcess, ckpt: str) -> None:
+    with Client(srv.address) as c:
+        name = c.create_launch(ckpt, LONG, spec=KIMI).metadata.name
+        wait_tokens(c, name, 5)
+        pgid = handle(srv, name)["pgid"]
+        ranks = [p for p in session_members(pgid) if p != pgid]
+        victim = max(ranks)
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        launch = wait_state(c, name, ("FAILED",), timeout=30)
+        assert time.monotonic() - t0 < 10
+        assert "exited with code -9" in launch.error and "rank" in launch.error
+        assert no_processes_left(pgid)
+
+
+def test_cancel_stops_every_rank(srv: ServerProcess, ckpt: str) -> None:
+    with Client(srv.address) as c:
+        name = c.create_launch(ckpt, LONG, spec=KIMI).metadata.name
+        wait_tokens(c, name, 3)
+        pgid = handle(srv, name)["pgid"]
+        launch = c.cancel_launch(name)
+        assert launch.state == "CANCELLED" and "cancelled by local" in launch.error
+        assert no_processes_left(pgid)
+        with pytest.raises(ResolveError) as e:
+            c.cancel_launch(name)
+        assert e.value.code == "FAILED_PRECONDITION"
+
+
+def test_server_kill_9_and_restart_reattaches(srv: ServerProcess, ckpt: str) -> None:
+    work = {**LONG, "output_len": 60}
+    with Client(srv.address) as c:
+        name = c.create_launch(ckpt, work, spec=KIMI).metadata.name
+        wait_tokens(c, name, 3)
+    pgid = handle(srv, name)["pgid"]
+    srv.kill9()
+    assert session_members(pgid), "the worker group must survive the server"
+    srv.start()
+    assert any("re-attached" in line for line in srv.output + [srv.proc.stdout.readline()])  # type: ignore[union-attr]
+    with Client(srv.address) as c:
+        launch = wait_state(c, name, ("SUCCEEDED", "FAILED", "LOST"), timeout=180)
+        assert launch.state == "SUCCEEDED", launch.error
+        assert launch.tokens_done == 60
+        assert c.verify_audit_log().ok
+    assert no_processes_left(pgid)
+
+
+def test_server_restart_marks_a_vanished_group_lost(srv: ServerProcess, ckpt: str) -> None:
+    with Client(srv.address) as c:
+        name = c.create_launch(ckpt, LONG, spec=KIMI).metadata.name
+        wait_tokens(c, name, 2)
+    pgid = handle(srv, name)["pgid"]
+    srv.kill9()
+    os.killpg(pgid, signal.SIGKILL)  # the machine "restarted": the group is gone, no report
+    assert no_processes_left(pgid)
+    srv.start()
+    with Client(srv.address) as c:
+        launch = wait_state(c, name, ("LOST", "FAILED"), timeout=30)
+        assert launch.state == "LOST" and "no report" in launch.error
+
+
+def test_admission_refuses_or_queues(srv: ServerProcess, ckpt: str) -> None:
+    with Client(srv.address) as c:
+        first = c.create_launch(ckpt, {**LONG, "output_len": 30}, spec=KIMI).metadata.name
+        with pytest.raises(ResolveError) as e:
+            c.create_launch(ckpt, SHORT, spec=KIMI)
+        assert e.value.code == "RESOURCE_EXHAUSTED" and "free" in e.value.message
+        queued = c.create_launch(ckpt, SHORT, spec=KIMI, wait_for_resources=True).metadata
+        assert queued.state == "PLACING"
+        wait_state(c, first, ("SUCCEEDED",), timeout=180)
+        assert wait_state(c, queued.name, ("SUCCEEDED",), timeout=180).state == "SUCCEEDED"
+        too_big = {**KIMI, "hardware": {"gpu": "GB300", "gpu_count": 8}, "parallelism": {"tp": 8}}
+        with pytest.raises(ResolveError) as e:
+            c.create_launch(ckpt, SHORT, spec=too_big)
+        assert e.value.code == "FAILED_PRECONDITION" and "needs 8 devices" in e.value.message
+
+
+def test_bad_launches_start_nothing_and_are_audited(srv: ServerProcess, ckpt: str, tmp_path: Path) -> None:
+    llama_ckpt = tmp_path / "llama"
+    llama_ckpt.mkdir()
+    (llama_ckpt / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                                                        "num_attention_heads": 4, "num_hidden_layers": 2}))
+    cases: list[tuple[dict[str, Any], str, str]] = [
+        ({"spec": {**KIMI, "overrides": {"attention_backend": "fa3"}, "hardware": {"gpu": "cpu"}}},
+         "FAILED_PRECONDITION", ""),
+        ({"plan": "plans/doesnotexist"}, "NOT_FOUND", ""),
+        ({"spec": KIMI, "workload": {**SHORT, "output_len": 0}}, "INVALID_ARGUMENT", "workload.output_len"),
+        ({"spec": KIMI, "workload": {**SHORT, "input_len": 200_000}}, "INVALID_ARGUMENT", "workload.input_len"),
+        ({"spec": KIMI, "model_path": str(llama_ckpt)}, "FAILED_PRECONDITION", "model_path"),
+        ({"spec": KIMI, "model_path": str(tmp_path / "nothing")}, "INVALID_ARGUMENT", "model_path"),
+        ({"spec": KIMI, "dispatcher": "ray"}, "FAILED_PRECONDITION", "dispatcher"),
+    ]
+    with Client(srv.address) as c:
+        for case, code, field in cases:
+            kwargs: dict[str, Any] = {"spec": case.get("spec"), "plan": case.get("plan", ""),
+                                      "dispatcher": case.get("dispatcher", "")}
+            with pytest.raises(ResolveError) as e:
+                c.create_launch(case.get("model_path", ckpt), case.get("workload", SHORT), **kwargs)
+            assert e.value.code == code, (case, e.value.message)
+            if field:
+                assert field in [v.field for v in e.value.violations], e.value.violations
+        assert list(c.list_launches().launches) == []
+        refused = c.list_audit_records('method = "/cgsvc.v1.LaunchService/CreateLaunch"').records
+        assert len(refused) == len(cases) and all(r.outcome_code != 0 for r in refused)
+    assert not any((srv.data_dir / "launches").glob("*")) if (srv.data_dir / "launches").exists() else True
+
+
+def test_cli_launch_wait_and_launches_commands(srv: ServerProcess, ckpt: str) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cgsvc_client.cli", *args, "--server", srv.address],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+    proc = cli("launch", "--spec", str(ROOT / "examples" / "kimi-k2.6-gb300-tp4.json"), "--model-path", ckpt,
+               "--input-len", "8", "--output-len", "4", "--requests", "2", "--wait", "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    launch = json.loads(proc.stdout)["launch"]
+    assert launch["state"] == "SUCCEEDED" and "SUCCEEDED" in proc.stderr  # the progress lines
+    assert launch["report"]["worker"]["status"] == "ok"
+    listed = json.loads(cli("launches", "list", "--filter", 'state = "SUCCEEDED"', "-o", "json").stdout)
+    assert [x["name"] for x in listed["launches"]] == [launch["name"]]
+    shown = cli("launches", "show", launch["name"], "-o", "table").stdout
+    assert "requested full -> effective disabled" in shown
+    logs = cli("launches", "logs", launch["name"], "--rank", "2", "-o", "json")
+    assert [x["name"] for x in json.loads(logs.stdout)["logs"]] == ["rank2.log"]
+
+
+def test_watch_streams_progress(srv: ServerProcess, ckpt: str) -> None:
+    with Client(srv.address) as c:
+        name = c.create_launch(ckpt, {**LONG, "output_len": 40}, spec=KIMI).metadata.name
+        kinds: list[str] = []
+        done: list[int] = []
+
+        def watch() -> None:
+            for e in c.watch_launch(name):
+                kinds.append(e.kind)
+                done.append(e.launch.tokens_done)
+
+        t = threading.Thread(target=watch)
+        t.start()
+        t.join(180)
+        assert "progress" in kinds and done == sorted(done) and done[-1] == 40
