@@ -1,18 +1,23 @@
-"""The main job of the quick start (`make demo`), on the embedded defaults:
+"""The main job of the quick start (`make demo`): the whole mission on the embedded defaults.
 
 1. start `cgsvc serve` on a free loopback port (SQLite under var/demo),
 2. resolve the Kimi-K2.6 / 4xGB300 TP4 example through it and print the plan,
-3. list its audit record and verify the audit chain.
+3. generate a small Kimi-K2.6-shaped checkpoint (no downloads),
+4. launch that plan on 4 local CPU worker processes, watch it run, and print the
+   requested vs effective modes and the measured TTFT/TPOT,
+5. list the audit records and verify the audit chain.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "kimi-k2.6-gb300-tp4.json"
@@ -25,6 +30,12 @@ def step(title: str) -> None:
 
 def cli(*args: str) -> int:
     return subprocess.run([sys.executable, "-m", "cgsvc_client.cli", *args], cwd=ROOT).returncode
+
+
+def cli_json(*args: str) -> Any:
+    out = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", *args, "--output", "json"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
 
 
 def start_server() -> tuple[subprocess.Popen[str], str]:
@@ -52,7 +63,15 @@ def main() -> int:
     try:
         step(f"resolving {EXAMPLE.name} through the server at {address}")
         rc = cli("resolve", "--spec", str(EXAMPLE), "--server", address, "--output", "table")
-        step("the audit record of that request")
+        plan = cli_json("plans", "list", "--server", address)["plans"][-1]["name"]
+        step("generating a small Kimi-K2.6-shaped checkpoint (random weights, hub layout)")
+        ckpt = DATA / "tiny-kimi-k2.6"
+        rc |= subprocess.run([sys.executable, "-m", "cgsvc_worker.cli", "make-checkpoint", "--out", str(ckpt),
+                              "--preset", "tiny-kimi"], cwd=ROOT).returncode
+        step(f"launching {plan} on 4 local CPU worker processes (TP4 over gloo)")
+        rc |= cli("launch", "--plan", plan, "--model-path", str(ckpt), "--input-len", "64", "--output-len", "16",
+                  "--requests", "4", "--concurrency", "1", "--wait", "--server", address, "--output", "table")
+        step("the audit trail: the plan, the launch and its state changes")
         rc |= cli("audit", "list", "--server", address, "--output", "table")
         step("verifying the audit chain")
         rc |= cli("audit", "verify", "--server", address, "--output", "table")

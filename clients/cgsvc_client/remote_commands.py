@@ -61,7 +61,8 @@ def plans_show(ns: argparse.Namespace) -> int:
 def _record_row(r: Any) -> tuple[Any, ...]:
     return (r.sequence, r.time.ToJsonString(), r.principal or "-", r.method.rsplit("/", 1)[-1],
             json.loads(r.spec_json).get("model", {}).get("name", "-") if r.spec_json else "-",
-            CODE_NAMES.get(r.outcome_code, str(r.outcome_code)), r.plan_id or "-", r.record_hash[:12])
+            CODE_NAMES.get(r.outcome_code, str(r.outcome_code)), r.plan_id or "-", r.launch_id or "-",
+            (r.outcome_message.splitlines() or ["-"])[0][:60], r.record_hash[:12])
 
 
 def audit_list(ns: argparse.Namespace) -> int:
@@ -70,7 +71,7 @@ def audit_list(ns: argparse.Namespace) -> int:
     if _out(ns) == "json":
         _print({"records": [as_dict(r) for r in page.records], "next_page_token": page.next_page_token})
         return 0
-    print(render.table(["seq", "time", "principal", "method", "model", "outcome", "plan", "hash"],
+    print(render.table(["seq", "time", "principal", "method", "model", "outcome", "plan", "launch", "detail", "hash"],
                        [_record_row(r) for r in page.records]))
     if page.next_page_token:
         print(f"\nnext page: --page-token {page.next_page_token}")
