@@ -77,10 +77,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ns = ap.parse_args()
+    from cgsvc_worker.checkpoint import make_checkpoint
+
     from cgsvc import codec
     from cgsvc.resolve import resolve
     from cgsvc.spec import parse_spec
-    from cgsvc_worker.checkpoint import make_checkpoint
 
     work = Path(tempfile.mkdtemp(prefix="cgsvc-launch-bench-"))
     ckpt = make_checkpoint(str(work / "tiny-kimi"), "tiny-kimi")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -50,14 +51,19 @@ class DispatchError(Exception):
     """The dispatcher could not start a group (nothing was left running)."""
 
 
+def bench_args(launch_id: str, run_dir: Path, model_path: str, tp: int, workload: Workload) -> list[str]:
+    """`cgsvc-worker bench` arguments for a launch (every dispatcher runs the same worker code)."""
+    return ["bench", "--model-path", model_path, "--tp", str(tp), "--plan", str(run_dir / "plan.json"),
+            "--input-len", str(workload.input_len), "--output-len", str(workload.output_len),
+            "--requests", str(workload.requests), "--concurrency", str(workload.concurrency),
+            "--seed", str(workload.seed), "--launch-id", launch_id]
+
+
 def worker_command(launch_id: str, run_dir: Path, model_path: str, tp: int, workload: Workload,
                    python: str = sys.executable) -> list[str]:
-    return [python, "-m", "cgsvc_worker.cli", "bench", "--model-path", model_path, "--tp", str(tp),
-            "--plan", str(run_dir / "plan.json"), "--input-len", str(workload.input_len),
-            "--output-len", str(workload.output_len), "--requests", str(workload.requests),
-            "--concurrency", str(workload.concurrency), "--seed", str(workload.seed),
+    return [python, "-m", "cgsvc_worker.cli", *bench_args(launch_id, run_dir, model_path, tp, workload),
             "--output", str(run_dir / "report.json"), "--events", str(run_dir / "events.jsonl"),
-            "--log-dir", str(run_dir / "logs"), "--launch-id", launch_id]
+            "--log-dir", str(run_dir / "logs")]
 
 
 def _proc_alive(pid: int, marker: str) -> bool:
@@ -97,11 +103,18 @@ class LocalDispatcher:
         self.slots = slots
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
+    def command(self, launch_id: str, run_dir: Path, model_path: str, tp: int, workload: Workload) -> list[str]:
+        return worker_command(launch_id, run_dir, model_path, tp, workload)
+
+    def check(self) -> str:
+        """Why this dispatcher cannot take a launch now, or ''."""
+        return ""
+
     def start(self, launch_id: str, run_dir: Path, model_path: str, tp: int, workload: Workload) -> RunHandle:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         log = open(run_dir / "logs" / "supervisor.log", "ab")  # noqa: SIM115 - owned by the child
         try:
-            proc = subprocess.Popen(worker_command(launch_id, run_dir, model_path, tp, workload),
+            proc = subprocess.Popen(self.command(launch_id, run_dir, model_path, tp, workload),
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         except OSError as exc:
             raise DispatchError(f"cannot start the worker supervisor: {exc}") from None
@@ -141,3 +154,27 @@ class LocalDispatcher:
 
     def describe(self) -> dict[str, Any]:
         return {"dispatcher": self.name, "slots": self.slots}
+
+
+class RayDispatcher(LocalDispatcher):
+    """Worker groups as rank actors in a Ray placement group (`cgsvc_worker.ray_group`), driven
+    by a supervisor process in its own session; the server itself never imports Ray."""
+
+    name = "ray"
+
+    def __init__(self, address: str, slots: int, gpus_per_rank: float = 0.0) -> None:
+        super().__init__(slots)
+        self.address, self.gpus_per_rank = address, gpus_per_rank
+
+    def command(self, launch_id: str, run_dir: Path, model_path: str, tp: int, workload: Workload) -> list[str]:
+        return [sys.executable, "-m", "cgsvc_worker.ray_group", "--address", self.address, "--launch-id", launch_id,
+                "--run-dir", str(run_dir), "--gpus-per-rank", str(self.gpus_per_rank), "--",
+                *bench_args(launch_id, run_dir, model_path, tp, workload)]
+
+    def check(self) -> str:
+        host, _, port = self.address.rpartition(":")
+        try:
+            with socket.create_connection((host or "127.0.0.1", int(port)), timeout=2):
+                return ""
+        except (OSError, ValueError) as exc:
+            return f"the Ray cluster at {self.address} is not reachable ({exc})"

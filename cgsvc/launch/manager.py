@@ -58,11 +58,11 @@ def tail(path: Path, lines: int) -> str:
 
 
 class LaunchManager:
-    def __init__(self, store: AuditStore, auditor: Any, run_root: Path, dispatcher: LocalDispatcher,
+    def __init__(self, store: AuditStore, auditor: Any, run_root: Path, dispatchers: list[LocalDispatcher],
                  instance: str = "") -> None:
         self.store, self.auditor = store, auditor
         self.run_root = run_root
-        self.dispatchers: dict[str, Any] = {dispatcher.name: dispatcher}
+        self.dispatchers: dict[str, Any] = {d.name: d for d in dispatchers}
         self.instance = instance or uuid.uuid4().hex[:12]
         self.watched: dict[str, Watched] = {}
         self.poll_seconds = 0.1
@@ -109,6 +109,9 @@ class LaunchManager:
             raise ResolveError("FAILED_PRECONDITION", f"dispatcher {dispatcher!r} is not configured on this server; "
                                f"available: {', '.join(self.dispatchers)}",
                                [FieldViolation("dispatcher", f"one of {', '.join(self.dispatchers)}")])
+        problem = await asyncio.to_thread(disp.check)
+        if problem:
+            raise ResolveError("FAILED_PRECONDITION", problem, [FieldViolation("dispatcher", problem)])
         if tp > disp.slots:
             raise ResolveError("FAILED_PRECONDITION", f"the plan needs {tp} devices, the {dispatcher} dispatcher has "
                                f"{disp.slots} in all", [FieldViolation("plan", f"tp={tp} > {disp.slots} devices")])

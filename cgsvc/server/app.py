@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha import reflection
 
 from cgsvc.audit.store import AuditStore
 from cgsvc.audit.writer import AuditWriter
-from cgsvc.launch.dispatch import LocalDispatcher
+from cgsvc.launch.dispatch import LocalDispatcher, RayDispatcher
 from cgsvc.launch.manager import LaunchManager
 from cgsvc.launch.service import LaunchService
 from cgsvc.server import metrics
@@ -101,8 +101,10 @@ async def start(cfg: ServerConfig) -> Running:
                ("grpc.so_reuseport", 0)]
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
     plans = PlanService(auditor)
-    launches = LaunchManager(store, auditor, Path(cfg.data_dir).resolve() / "launches",
-                             LocalDispatcher(cfg.local_slots))
+    dispatchers = [LocalDispatcher(cfg.local_slots)]
+    if cfg.ray_address:
+        dispatchers.append(RayDispatcher(cfg.ray_address, cfg.ray_slots, cfg.ray_gpus_per_rank))
+    launches = LaunchManager(store, auditor, Path(cfg.data_dir).resolve() / "launches", dispatchers)
     servicers: dict[str, Any] = {
         "cgsvc.v1.PlanService": plans,
         "cgsvc.v1.AuditService": AuditService(store),

@@ -28,6 +28,9 @@ class ServerConfig:
     log_level: str = "info"
     audit_max_batch: int = 256
     local_slots: int = 4  # devices (ranks) the local dispatcher may run at once
+    ray_address: str = ""  # HOST:PORT of a Ray cluster's GCS; enables the Ray dispatcher
+    ray_slots: int = 8  # devices the Ray dispatcher may hold at once
+    ray_gpus_per_rank: float = 0.0  # 1 on GPU clusters; 0 places CPU bundles
 
     @property
     def effective_database_url(self) -> str:

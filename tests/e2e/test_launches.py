@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cgsvc_client.client import Client
+from cgsvc_worker.checkpoint import make_checkpoint
 
 from cgsvc.errors import ResolveError
 from cgsvc.launch.dispatch import session_members
-from cgsvc_client.client import Client
-from cgsvc_worker.checkpoint import make_checkpoint
 from tests.conftest import ROOT
 from tests.e2e.server import ServerProcess
 
