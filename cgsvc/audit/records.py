@@ -8,7 +8,7 @@ breaks the chain at that record. The genesis record's `prev_hash` is `GENESIS`.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from cgsvc.plan import canonical_json, sha256_hex
@@ -87,7 +87,8 @@ class AuditRecord:
     record_hash: str = field(default="")
 
     def hashed_fields(self) -> dict[str, Any]:
-        d = asdict(self)
+        # A shallow copy: dataclasses.asdict deep-copies every field and cost ~40 % of an append.
+        d = dict(self.__dict__)
         d.pop("record_hash")
         d["rule_ids"] = list(self.rule_ids)
         return d

@@ -228,7 +228,7 @@ def _row_to_record(row: Any) -> AuditRecord:
 
 
 def _record_values(rec: AuditRecord) -> dict[str, Any]:
-    d = dataclasses.asdict(rec)
+    d = dict(rec.__dict__)  # shallow: asdict's deep copy dominated the append path
     d["rule_ids"] = json.dumps(list(rec.rule_ids))
     return d
 
@@ -355,7 +355,7 @@ class AuditStore:
                 records.append(_record_values(record))
                 rule_rows += [{"sequence": seq, "rule_id": r} for r in sorted(set(record.rule_ids))]
                 if plan_row is not None:
-                    plan_rows.append({**dataclasses.asdict(plan_row), "sequence": seq, "create_time": record.time,
+                    plan_rows.append({**plan_row.__dict__, "sequence": seq, "create_time": record.time,
                                       "principal": entry.principal})
                 if item.request_id and replay_of is None and record.outcome_code == 0:
                     idem_rows.append({"principal": entry.principal, "method": entry.method,

@@ -7,8 +7,10 @@ and committed before the answer leaves.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format, timestamp_pb2
@@ -26,7 +28,7 @@ from cgsvc.audit.store import (
 )
 from cgsvc.audit.writer import AuditWriter
 from cgsvc.errors import CODE_NUMBERS, ResolveError
-from cgsvc.plan import canonical_json
+from cgsvc.plan import Plan, canonical_json
 from cgsvc.resolve import policy_version, resolve
 from cgsvc.server import metrics
 from cgsvc.server.interceptors import RequestContext
@@ -94,6 +96,29 @@ class Auditor:
         await self.append(self.entry(method, principal, peer, request_id, "", spec, code, message))
 
 
+@dataclass(frozen=True)
+class Resolution:
+    plan: Plan
+    plan_json: str
+    rule_ids: tuple[str, ...]
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolve_canonical(spec_key: str) -> Resolution:
+    plan = resolve(parse_spec(json.loads(spec_key)))
+    rule_ids = tuple(dict.fromkeys([d.rule_id for d in plan.decisions] + [w.rule_id for w in plan.warnings]))
+    return Resolution(plan, canonical_json(plan.to_dict()), rule_ids)
+
+
+def resolve_spec(spec: dict[str, Any]) -> Resolution:
+    """Resolve, memoised by the canonical spec: the resolver is pure and the policy fixed for the
+    life of the process. Specs naming a model.path are not memoised (the file may change)."""
+    key = canonical_json(spec)
+    if isinstance(spec.get("model"), dict) and "path" in spec["model"]:
+        return _resolve_canonical.__wrapped__(key)
+    return _resolve_canonical(key)
+
+
 def stored_plan_proto(stored: StoredPlan) -> plan_pb2.Plan:
     msg = codec.plan_to_proto(codec.plan_from_dict(json.loads(stored.row.plan_json)))
     msg.name = f"plans/{stored.row.plan_id}"
@@ -115,14 +140,12 @@ class PlanService:
                                       request.spec, code, message, **extra)
 
         try:
-            plan = resolve(parse_spec(codec.spec_dict_from_proto(request.spec)))
+            resolution = resolve_spec(codec.spec_dict_from_proto(request.spec))
         except ResolveError as err:
             rules = (err.rule_id,) if err.rule_id else ()
             await self.auditor.append(entry(err.code, err.message, rule_ids=rules))
             raise
-        body = plan.to_dict()
-        plan_json = canonical_json(body)
-        rule_ids = tuple(dict.fromkeys([d.rule_id for d in plan.decisions] + [w.rule_id for w in plan.warnings]))
+        plan, plan_json, rule_ids = resolution.plan, resolution.plan_json, resolution.rule_ids
         plan_id = "" if request.validate_only else uuid.uuid4().hex[:20]
         e = entry("OK", "validate_only" if request.validate_only else "", plan_json=plan_json,
                   plan_hash=plan.plan_hash, rule_ids=rule_ids, plan_id=plan_id)
