@@ -7,6 +7,7 @@ import subprocess
 import sys
 import urllib.request
 import uuid
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -186,3 +187,16 @@ def test_logs_are_json_with_request_fields(server: ServerProcess, client: Client
     lines = [json.loads(x) for x in server.log_path.read_text().splitlines() if x.startswith("{")]
     rpc = [x for x in lines if x.get("request_id") == "log-check-1"]
     assert rpc and {"method", "principal", "duration_ms", "outcome", "trace_id"} <= set(rpc[0])
+
+
+def test_model_path_specs_are_resolved_fresh(client: Client, tmp_path: Path) -> None:
+    """Regression guard for memoised resolution: a spec naming model.path reads config.json each
+    time, so an edited checkpoint config changes the plan."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+                               "num_attention_heads": 4}))
+    spec = {"model": {"path": str(tmp_path)}, "hardware": {"gpu": "B200"}}
+    assert client.resolve(spec).attention_prefill == "trtllm_mha"
+    cfg.write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+                               "num_attention_heads": 4, "kv_lora_rank": 32}))
+    assert client.resolve(spec).attention_prefill == "trtllm_mla"
