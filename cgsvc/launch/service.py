@@ -10,13 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from cgsvc import catalog
-from cgsvc.audit import filters
-from cgsvc.audit.store import PageTokenError
 from cgsvc.errors import FieldViolation, ResolveError
 from cgsvc.launch.dispatch import Workload
 from cgsvc.launch.manager import TERMINAL, LaunchManager, tail
 from cgsvc.server.interceptors import RequestContext
-from cgsvc.server.services import PlanService, list_errors, parse_name, timestamp
+from cgsvc.server.services import PlanService, list_page, parse_name, timestamp
 from cgsvc.server.status import invalid
 from cgsvc.v1 import launch_pb2, plan_service_pb2
 
@@ -135,11 +133,7 @@ class LaunchService:
 
     async def ListLaunches(self, request: launch_pb2.ListLaunchesRequest,  # noqa: N802
                            rc: RequestContext) -> launch_pb2.ListLaunchesResponse:
-        try:
-            rows, token = await asyncio.to_thread(self.store.list_launches, request.filter, request.page_size,
-                                                  request.page_token)
-        except (filters.FilterError, PageTokenError) as exc:
-            raise list_errors(exc) from None
+        rows, token = await list_page(self.store.list_launches, request)
         return launch_pb2.ListLaunchesResponse(launches=[launch_proto(r) for r in rows], next_page_token=token)
 
     async def CancelLaunch(self, request: launch_pb2.CancelLaunchRequest,  # noqa: N802

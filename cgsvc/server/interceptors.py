@@ -122,6 +122,15 @@ class Pipeline:
         else:
             log.warning("rpc", **fields, error=error)
 
+    async def _fail(self, rc: RequestContext, t0: float, exc: Exception, context: Any) -> None:
+        """Answer a failed call: a refusal with its rich status, anything else as INTERNAL."""
+        if isinstance(exc, ResolveError):
+            self._finish(rc, t0, exc.code, exc.message)
+            await context.abort_with_status(to_status(exc))
+        self._finish(rc, t0, "INTERNAL", repr(exc))
+        log.error("rpc failed", method=rc.method, error=traceback.format_exc())
+        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+
     def unary(self, method: str, fn: Callable[[Any, RequestContext], Awaitable[Any]]) -> Callable[..., Any]:
         async def handler(request: Any, context: Any) -> Any:
             t0 = time.perf_counter()
@@ -133,15 +142,10 @@ class Pipeline:
                 if isinstance(request, _Malformed):
                     await self._malformed(rc, request)
                 response = await fn(request, rc)
-            except ResolveError as err:
-                self._finish(rc, t0, err.code, err.message)
-                await context.abort_with_status(to_status(err))
             except Exception as exc:
                 if _is_abort(exc):
                     raise
-                self._finish(rc, t0, "INTERNAL", repr(exc))
-                log.error("rpc failed", method=method, error=traceback.format_exc())
-                await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+                await self._fail(rc, t0, exc, context)
             else:
                 self._finish(rc, t0, "OK")
                 return response
@@ -161,15 +165,10 @@ class Pipeline:
                     await self._malformed(rc, request)
                 async for item in fn(request, rc):
                     yield item
-            except ResolveError as err:
-                self._finish(rc, t0, err.code, err.message)
-                await context.abort_with_status(to_status(err))
             except Exception as exc:
                 if _is_abort(exc):
                     raise
-                self._finish(rc, t0, "INTERNAL", repr(exc))
-                log.error("rpc failed", method=method, error=traceback.format_exc())
-                await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+                await self._fail(rc, t0, exc, context)
             else:
                 self._finish(rc, t0, "OK")
             finally:

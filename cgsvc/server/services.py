@@ -10,6 +10,7 @@ import asyncio
 import functools
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,10 +55,14 @@ def parse_name(name: str, collection: str, field: str = "name") -> str:
     return name[len(prefix):]
 
 
-def list_errors(exc: Exception) -> ResolveError:
-    if isinstance(exc, filters.FilterError):
-        return invalid("filter", str(exc))
-    return invalid("page_token" if "page_token" in str(exc) else "page_size", str(exc))
+async def list_page(lister: Callable[[str, int, str], tuple[list[Any], str]], request: Any) -> tuple[list[Any], str]:
+    """Run a store listing for a List request; bad filters and page tokens name their field."""
+    try:
+        return await asyncio.to_thread(lister, request.filter, request.page_size, request.page_token)
+    except filters.FilterError as exc:
+        raise invalid("filter", str(exc)) from None
+    except PageTokenError as exc:
+        raise invalid("page_token" if "page_token" in str(exc) else "page_size", str(exc)) from None
 
 
 class Auditor:
@@ -180,11 +185,7 @@ class PlanService:
 
     async def ListPlans(self, request: plan_service_pb2.ListPlansRequest,  # noqa: N802
                         rc: RequestContext) -> plan_service_pb2.ListPlansResponse:
-        try:
-            rows, token = await asyncio.to_thread(self.store.list_plans, request.filter, request.page_size,
-                                                  request.page_token)
-        except (filters.FilterError, PageTokenError) as exc:
-            raise list_errors(exc) from None
+        rows, token = await list_page(self.store.list_plans, request)
         return plan_service_pb2.ListPlansResponse(plans=[stored_plan_proto(r) for r in rows], next_page_token=token)
 
 
@@ -215,11 +216,7 @@ class AuditService:
 
     async def ListAuditRecords(self, request: audit_pb2.ListAuditRecordsRequest,  # noqa: N802
                                rc: RequestContext) -> audit_pb2.ListAuditRecordsResponse:
-        try:
-            recs, token = await asyncio.to_thread(self.store.list_records, request.filter, request.page_size,
-                                                  request.page_token)
-        except (filters.FilterError, PageTokenError) as exc:
-            raise list_errors(exc) from None
+        recs, token = await list_page(self.store.list_records, request)
         return audit_pb2.ListAuditRecordsResponse(records=[record_proto(r) for r in recs], next_page_token=token)
 
     async def VerifyAuditLog(self, request: audit_pb2.VerifyAuditLogRequest,  # noqa: N802

@@ -96,16 +96,6 @@ def resolve_offline(spec: dict[str, Any]) -> Plan:
         raise CliError.from_resolve(exc) from None
 
 
-def _output_mode(ns: argparse.Namespace) -> str:
-    if ns.output:
-        return str(ns.output)
-    return "table" if sys.stdout.isatty() else "json"
-
-
-def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, ensure_ascii=False))
-
-
 def cmd_resolve(ns: argparse.Namespace) -> int:
     spec = build_spec(ns)
     if ns.server:
@@ -115,12 +105,12 @@ def cmd_resolve(ns: argparse.Namespace) -> int:
             plan = client.resolve(spec)
     else:
         plan = resolve_offline(spec)
-    if _output_mode(ns) == "json":
+    if render.output_mode(ns) == "json":
         if ns.explain:
-            _print_json({"explain": {"field": ns.explain,
+            render.print_json({"explain": {"field": ns.explain,
                                      "decisions": [d.to_dict() for d in plan.decisions_for(ns.explain)]}})
         else:
-            _print_json({"plan": plan.to_dict()})
+            render.print_json({"plan": plan.to_dict()})
     else:
         print(render.plan_table(plan, render.Style(sys.stdout.isatty()), ns.explain))
     return 0
@@ -131,8 +121,8 @@ def cmd_rules(ns: argparse.Namespace) -> int:
     from cgsvc.resolve.policy import RULES
 
     rules = [r.describe() for r in RULES]
-    if _output_mode(ns) == "json":
-        _print_json({"policy_version": policy_version(), "rules": rules})
+    if render.output_mode(ns) == "json":
+        render.print_json({"policy_version": policy_version(), "rules": rules})
     else:
         print(f"policy {policy_version()}: {len(rules)} rules, in evaluation order")
         print(render.table(["stage", "rule", "hardness", "writes", "reason"],
@@ -196,8 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ResolveError as err:  # a server's refusal or failure, decoded by the client
             raise CliError.from_resolve(err) from None
     except CliError as exc:
-        if _output_mode(ns) == "json":
-            _print_json({"error": exc.error})
+        if render.output_mode(ns) == "json":
+            render.print_json({"error": exc.error})
         else:
             print(render.error_text(exc.error, render.Style(sys.stderr.isatty())), file=sys.stderr)
         return exc.exit_code

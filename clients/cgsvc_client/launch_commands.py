@@ -26,14 +26,6 @@ def launch_dict(msg: Any) -> dict[str, Any]:
     return d
 
 
-def _out(ns: argparse.Namespace) -> str:
-    return str(ns.output or ("table" if sys.stdout.isatty() else "json"))
-
-
-def _print(value: Any) -> None:
-    print(json.dumps(value, indent=2, ensure_ascii=False))
-
-
 class Progress:
     """A progress bar fed by WatchLaunch (a line per change when not on a terminal)."""
 
@@ -95,8 +87,8 @@ def cmd_launch(ns: argparse.Namespace) -> int:
                 if event.kind == "state":
                     launch = event.launch
             launch = c.get_launch(launch.name)
-    if _out(ns) == "json":
-        _print({"launch": launch_dict(launch)})
+    if render.output_mode(ns) == "json":
+        render.print_json({"launch": launch_dict(launch)})
     else:
         print(report_table(launch))
     return 0 if not ns.wait or launch.state == "SUCCEEDED" else 4
@@ -105,8 +97,8 @@ def cmd_launch(ns: argparse.Namespace) -> int:
 def launches_list(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
         page = c.list_launches(ns.filter or "", ns.page_size, ns.page_token or "")
-    if _out(ns) == "json":
-        _print({"launches": [launch_dict(x) for x in page.launches], "next_page_token": page.next_page_token})
+    if render.output_mode(ns) == "json":
+        render.print_json({"launches": [launch_dict(x) for x in page.launches], "next_page_token": page.next_page_token})
         return 0
     print(render.table(["name", "state", "plan", "tp", "tokens", "created", "error"],
                        [(x.name, x.state, x.plan, x.tp, f"{x.tokens_done}/{x.tokens_total}",
@@ -122,8 +114,8 @@ def _name(raw: str) -> str:
 def launches_show(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
         launch = c.get_launch(_name(ns.name))
-    if _out(ns) == "json":
-        _print({"launch": launch_dict(launch)})
+    if render.output_mode(ns) == "json":
+        render.print_json({"launch": launch_dict(launch)})
     else:
         print(report_table(launch))
     return 0
@@ -132,8 +124,8 @@ def launches_show(ns: argparse.Namespace) -> int:
 def launches_cancel(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
         launch = c.cancel_launch(_name(ns.name))
-    if _out(ns) == "json":
-        _print({"launch": launch_dict(launch)})
+    if render.output_mode(ns) == "json":
+        render.print_json({"launch": launch_dict(launch)})
     else:
         print(f"{launch.name}: {launch.state}")
     return 0
@@ -142,8 +134,8 @@ def launches_cancel(ns: argparse.Namespace) -> int:
 def launches_logs(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
         logs = c.launch_logs(_name(ns.name), ns.rank, ns.tail)
-    if _out(ns) == "json":
-        _print({"logs": [{"name": x.name, "text": x.text} for x in logs.logs]})
+    if render.output_mode(ns) == "json":
+        render.print_json({"logs": [{"name": x.name, "text": x.text} for x in logs.logs]})
     else:
         for x in logs.logs:
             print(f"==> {x.name} <==\n{x.text}")

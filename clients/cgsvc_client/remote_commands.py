@@ -21,19 +21,11 @@ def as_dict(msg: Message) -> dict[str, Any]:
     return json_format.MessageToDict(msg, preserving_proto_field_name=True)
 
 
-def _out(ns: argparse.Namespace) -> str:
-    return str(ns.output or ("table" if sys.stdout.isatty() else "json"))
-
-
-def _print(value: Any) -> None:
-    print(json.dumps(value, indent=2, ensure_ascii=False))
-
-
 def plans_list(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
         page = c.list_plans(ns.filter or "", ns.page_size, ns.page_token or "")
-    if _out(ns) == "json":
-        _print({"plans": [codec.plan_dict_from_proto_resource(p) for p in page.plans],
+    if render.output_mode(ns) == "json":
+        render.print_json({"plans": [codec.plan_dict_from_proto_resource(p) for p in page.plans],
                 "next_page_token": page.next_page_token})
         return 0
     print(render.table(["name", "created", "model", "gpu", "prefill", "decode", "attention", "audit"],
@@ -50,8 +42,8 @@ def plans_show(ns: argparse.Namespace) -> int:
     name = ns.name if ns.name.startswith("plans/") else f"plans/{ns.name}"
     with Client.from_args(ns) as c:
         msg = c.get_plan(name)
-    if _out(ns) == "json":
-        _print({"plan": codec.plan_dict_from_proto_resource(msg)})
+    if render.output_mode(ns) == "json":
+        render.print_json({"plan": codec.plan_dict_from_proto_resource(msg)})
     else:
         print(f"{msg.name}  created {msg.create_time.ToJsonString()}  audit {msg.audit_record}\n")
         print(render.plan_table(codec.plan_from_proto(msg), render.Style(sys.stdout.isatty())))
@@ -68,8 +60,8 @@ def _record_row(r: Any) -> tuple[Any, ...]:
 def audit_list(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
         page = c.list_audit_records(ns.filter or "", ns.page_size, ns.page_token or "")
-    if _out(ns) == "json":
-        _print({"records": [as_dict(r) for r in page.records], "next_page_token": page.next_page_token})
+    if render.output_mode(ns) == "json":
+        render.print_json({"records": [as_dict(r) for r in page.records], "next_page_token": page.next_page_token})
         return 0
     print(render.table(["seq", "time", "principal", "method", "model", "outcome", "plan", "launch", "detail", "hash"],
                        [_record_row(r) for r in page.records]))
@@ -83,8 +75,8 @@ def audit_show(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
         rec = c.get_audit_record(name)
     d = as_dict(rec)
-    if _out(ns) == "json":
-        _print({"record": d})
+    if render.output_mode(ns) == "json":
+        render.print_json({"record": d})
     else:
         for key, value in d.items():
             if key in ("spec_json", "plan_json") and value:
@@ -96,8 +88,8 @@ def audit_show(ns: argparse.Namespace) -> int:
 def audit_verify(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
         v = c.verify_audit_log()
-    if _out(ns) == "json":
-        _print({"verification": {"ok": v.ok, "records_checked": v.records_checked,
+    if render.output_mode(ns) == "json":
+        render.print_json({"verification": {"ok": v.ok, "records_checked": v.records_checked,
                                   "first_bad_sequence": v.first_bad_sequence, "reason": v.reason,
                                   "head_hash": v.head_hash}})
     elif v.ok:

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from cgsvc.plan import Decision, Plan
 
 BOLD, RED, YELLOW, DIM, RESET = "\033[1m", "\033[31m", "\033[33m", "\033[2m", "\033[0m"
+
+
+def output_mode(ns: argparse.Namespace) -> str:
+    """--output, else table on a terminal and json otherwise."""
+    return str(getattr(ns, "output", None) or ("table" if sys.stdout.isatty() else "json"))
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
 
 
 class Style:
