@@ -123,3 +123,24 @@ def test_sigterm_finishes_in_flight_calls(tmp_path: Path) -> None:
                 c.get_plan(name)
     finally:
         srv.stop()
+
+
+def test_cli_verify_exits_non_zero_on_a_tampered_log(tmp_path: Path) -> None:
+    import sqlite3
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    with ServerProcess(tmp_path / "srv") as srv:
+        with Client(srv.address) as c:
+            for _ in range(5):
+                c.resolve(KIMI)
+        db = sqlite3.connect(srv.data_dir / "cgsvc.db")
+        db.execute("UPDATE audit_records SET principal = 'mallory' WHERE sequence = 3")
+        db.commit()
+        db.close()
+        proc = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "audit", "verify", "--server", srv.address,
+                               "-o", "table"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert proc.returncode == 3
+        assert "BROKEN at auditRecords/3" in proc.stdout and "modified" in proc.stdout

@@ -34,6 +34,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny-qproj": {"q_lora_rank": None},
     # a Kimi-K2.6-shaped multimodal wrapper around the tiny text model (vision tower stubbed)
     "tiny-kimi": {},
+    # DeepSeek-V2(-Lite): softmax routing with group-limited greedy top-k, q_proj attention
+    "tiny-v2": {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "q_lora_rank": None,
+                "topk_method": "group_limited_greedy", "scoring_func": "softmax", "norm_topk_prob": False,
+                "routed_scaling_factor": 1.0},
     # flashinfer-compatible MLA dims, for GPU runs
     "flashinfer": {"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 16,
                    "q_lora_rank": 384, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
@@ -87,7 +91,8 @@ def random_tensors(cfg: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
         if cfg["n_routed_experts"] and i >= cfg["first_k_dense_replace"]:
             E, inter = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
             t[m + "gate.weight"] = w(E, D)
-            t[m + "gate.e_score_correction_bias"] = 0.01 * torch.randn(E, generator=g)
+            if cfg["model_type"] != "deepseek_v2":
+                t[m + "gate.e_score_correction_bias"] = 0.01 * torch.randn(E, generator=g)
             for e in range(E):
                 t[m + f"experts.{e}.gate_proj.weight"] = w(inter, D)
                 t[m + f"experts.{e}.up_proj.weight"] = w(inter, D)

@@ -4,7 +4,7 @@
                           --max-new-tokens K --output OUT.json [--temperature T --seed S]
     cgsvc-worker bench    --model-path DIR --tp N --plan PLAN.json --input-len 1024 --output-len 1024 \\
                           --requests 4 --concurrency 1 --output OUT.json
-    cgsvc-worker make-checkpoint --out DIR [--preset tiny|tiny-qproj|tiny-kimi|flashinfer|bench]
+    cgsvc-worker make-checkpoint --out DIR [--preset tiny|tiny-qproj|tiny-v2|tiny-kimi|flashinfer|bench]
 
 With --tp N and no WORLD_SIZE in the environment, N ranks are spawned on this machine; under
 `torchrun` (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) this process is one rank. Rank 0

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration",
+SUPPORTED_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "KimiK25ForConditionalGeneration",
                            "Kimi_K25ForConditionalGeneration")
 
 
@@ -59,6 +59,10 @@ class ModelConfig:
     tie_word_embeddings: bool
     rope: RopeConfig
     multimodal_wrapper: bool = False
+    # Routing: V3 scores experts with a sigmoid and picks them with the noaux_tc correction bias;
+    # V2 uses softmax scores with "greedy" or "group_limited_greedy" top-k.
+    scoring_func: str = "sigmoid"
+    topk_method: str = "noaux_tc"
 
     @property
     def qk_head_dim(self) -> int:
@@ -117,6 +121,7 @@ def load_model_config(path: str) -> ModelConfig:
     if arch not in SUPPORTED_ARCHITECTURES:
         raise CheckpointError(f"unsupported architecture {arch!r}; this worker runs {', '.join(SUPPORTED_ARCHITECTURES)}")
     wrapper = "text_config" in config
+    v2 = arch == "DeepseekV2ForCausalLM"
     text = config.get("text_config") or config
     try:
         kv_lora = int(text["kv_lora_rank"])
@@ -139,6 +144,8 @@ def load_model_config(path: str) -> ModelConfig:
             first_k_dense_replace=int(text.get("first_k_dense_replace") or 0),
             moe_layer_freq=int(text.get("moe_layer_freq") or 1), rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=max_pos, tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
-            rope=_rope(text, rope_dim, max_pos), multimodal_wrapper=wrapper)
+            rope=_rope(text, rope_dim, max_pos), multimodal_wrapper=wrapper,
+            scoring_func=str(text.get("scoring_func") or ("softmax" if v2 else "sigmoid")),
+            topk_method=str(text.get("topk_method") or ("greedy" if v2 else "noaux_tc")))
     except KeyError as exc:
         raise CheckpointError(f"{cfg_path}: missing {exc.args[0]!r}, which an MLA model needs") from None

@@ -123,7 +123,7 @@ class Engine:
             plan.attention_decode, tp.device, self.cfg.kv_lora_rank, self.cfg.qk_rope_head_dim)
         self.prefill_mode = effective_prefill(plan.prefill_backend, tp.device, options.allow_compile)
         self.decode_mode = effective_decode(plan.decode_backend, tp.device)
-        self.pieces = CompiledPieces() if self.prefill_mode.effective.startswith("tc_piecewise") else None
+        self.pieces = CompiledPieces(tp.device) if self.prefill_mode.effective.startswith("tc_piecewise") else None
         self.decode_graphs: DecodeGraphs | None = None
 
     # ------------------------------------------------------------------ set-up

@@ -66,9 +66,11 @@ class CompiledPieces:
     """tc_piecewise: each decoder layer's forward split at attention; the two pieces around
     every attention call are compiled (dynamic shapes, so new lengths do not recompile)."""
 
-    def __init__(self) -> None:
-        self.pre = torch.compile(_pre_attention, dynamic=True)
-        self.post = torch.compile(_post_attention, dynamic=True)
+    def __init__(self, device: torch.device) -> None:
+        # On CUDA, "reduce-overhead" has inductor capture a CUDA graph per compiled piece.
+        mode = "reduce-overhead" if device.type == "cuda" else None
+        self.pre = torch.compile(_pre_attention, dynamic=True, mode=mode)
+        self.post = torch.compile(_post_attention, dynamic=True, mode=mode)
 
 
 def _pre_attention(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -125,8 +125,9 @@ def load(model: DeepseekV3Model, path: str) -> LoadReport:
             continue
         base = f"model.layers.{i}.mlp"
         put(mlp.gate_weight, ckpt.read(f"{base}.gate.weight", None, 0, 1, tuple(mlp.gate_weight.shape)))
-        put(mlp.e_score_correction_bias, ckpt.read(f"{base}.gate.e_score_correction_bias", None, 0, 1,
-                                                   tuple(mlp.e_score_correction_bias.shape)))
+        if cfg.topk_method == "noaux_tc":  # V2 checkpoints have no correction bias
+            put(mlp.e_score_correction_bias, ckpt.read(f"{base}.gate.e_score_correction_bias", None, 0, 1,
+                                                       tuple(mlp.e_score_correction_bias.shape)))
         inter, D = cfg.moe_intermediate_size, cfg.hidden_size
         for le, e in enumerate(range(mlp.expert_start, mlp.expert_end)):
             g = ckpt.read(f"{base}.experts.{e}.gate_proj.weight", None, 0, 1, (inter, D))

@@ -78,8 +78,9 @@ class MLP(nn.Module):
 
 
 class MoE(nn.Module):
-    """Routed experts (sigmoid scores, grouped top-k with the noaux_tc correction bias) and
-    shared experts. Experts are partitioned across TP ranks; routed and shared partial
+    """Routed experts and shared experts. Routing as the checkpoint's family does it: V3's
+    sigmoid scores with grouped top-k and the noaux_tc correction bias, or V2's softmax scores
+    with greedy / group-limited greedy top-k. Experts are partitioned across TP ranks; routed and shared partial
     outputs are summed with one all-reduce."""
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup, dtype: torch.dtype) -> None:
@@ -95,6 +96,8 @@ class MoE(nn.Module):
         self.shared_experts = MLP(D, inter * cfg.n_shared_experts, tp, dtype, reduce=False) if cfg.n_shared_experts else None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cfg.topk_method != "noaux_tc":
+            return self.route_v2(x)
         cfg = self.cfg
         scores = F.linear(x.float(), self.gate_weight).sigmoid()
         choice = scores + self.e_score_correction_bias
@@ -107,6 +110,22 @@ class MoE(nn.Module):
         idx = choice.topk(cfg.num_experts_per_tok, dim=-1, sorted=False)[1]
         weights = scores.gather(1, idx)
         if cfg.norm_topk_prob:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return idx, weights * cfg.routed_scaling_factor
+
+    def route_v2(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        logits = F.linear(x.float(), self.gate_weight)
+        scores = logits.softmax(-1) if cfg.scoring_func == "softmax" else logits.sigmoid()
+        if cfg.topk_method == "group_limited_greedy":
+            per_group = cfg.n_routed_experts // cfg.n_group
+            group_scores = scores.view(-1, cfg.n_group, per_group).max(dim=-1).values
+            group_idx = group_scores.topk(cfg.topk_group, dim=-1, sorted=False)[1]
+            group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+            keep = group_mask.unsqueeze(-1).expand(-1, cfg.n_group, per_group).reshape(-1, cfg.n_routed_experts)
+            scores = scores.masked_fill(~keep.bool(), 0.0)
+        weights, idx = scores.topk(cfg.num_experts_per_tok, dim=-1, sorted=False)
+        if cfg.norm_topk_prob and cfg.num_experts_per_tok > 1:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         return idx, weights * cfg.routed_scaling_factor
 
