@@ -16,9 +16,6 @@ from cgsvc.plan import Decision, Estimates, Plan, PlanWarning
 from cgsvc.spec import LaunchSpec, parse_spec, spec_to_dict
 from cgsvc.v1 import launch_spec_pb2, plan_pb2
 
-# Server-only resource fields of Plan, absent from the JSON form of DESIGN.md.
-PLAN_RESOURCE_FIELDS = ("name", "create_time", "spec", "audit_record")
-
 
 def spec_to_proto(spec: LaunchSpec) -> launch_spec_pb2.LaunchSpec:
     return json_format.ParseDict(spec_to_dict(spec), launch_spec_pb2.LaunchSpec())

@@ -18,7 +18,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -151,9 +150,6 @@ class LocalDispatcher:
             if not session_members(handle.pgid):
                 break
         self.exit_code(handle)
-
-    def describe(self) -> dict[str, Any]:
-        return {"dispatcher": self.name, "slots": self.slots}
 
 
 class RayDispatcher(LocalDispatcher):

@@ -78,8 +78,6 @@ class Running:
         self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
         await self.extras["launches"].close()
-        for closer in self.extras.get("closers", []):
-            closer()
         self.writer.close()
         self.store.close()
 
@@ -127,5 +125,5 @@ async def start(cfg: ServerConfig) -> Running:
     await server.start()
     recovered = await launches.recover()
     return Running(server, port, store, writer, health_servicer,
-                   {"servicers": servicers, "auditor": auditor, "closers": [], "launches": launches,
+                   {"servicers": servicers, "auditor": auditor, "launches": launches,
                     "recovered": recovered})

@@ -26,7 +26,7 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from cgsvc.errors import CODE_NAMES, CODE_NUMBERS, ResolveError
+from cgsvc.errors import ResolveError
 from cgsvc.server import metrics
 from cgsvc.server.auth import Authenticator, AuthError, Principal
 from cgsvc.server.status import invalid, to_status
@@ -198,10 +198,3 @@ def _is_abort(exc: BaseException) -> bool:
     # context.abort() raises AbortError, which the server must see to send the status.
     return isinstance(exc, grpc.aio.AbortError)
 
-
-def code_name(number: int) -> str:
-    return CODE_NAMES.get(number, "UNKNOWN")
-
-
-def code_number(name: str) -> int:
-    return CODE_NUMBERS[name]

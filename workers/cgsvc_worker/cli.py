@@ -123,11 +123,12 @@ def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
     sampler = driver.Sampler(ns.temperature, ns.seed)
     concurrency = ns.concurrency or len(prompts)
     workload = driver.run(engine, prompts, ns.max_new_tokens, concurrency, sampler, progress)
-    report = {"status": "ok", "command": ns.command, **engine.describe(), **workload,
+    described = engine.describe()
+    report = {"status": "ok", "command": ns.command, **described, **workload,
               "workload": {"requests": len(prompts), "concurrency": concurrency, "max_new_tokens": ns.max_new_tokens,
                            "input_lens": sorted({len(p) for p in prompts}), "temperature": ns.temperature,
                            "seed": ns.seed},
-              "timings": {"process_group_s": round(t_group, 3), "load_s": engine.describe()["load"]["seconds"],
+              "timings": {"process_group_s": round(t_group, 3), "load_s": described["load"]["seconds"],
                           "capture_s": round(capture_s, 3), "total_s": round(time.perf_counter() - t0, 3)}}
     tp.shutdown()
     return report
