@@ -62,6 +62,14 @@ def pg_schema_url() -> str | None:
     return f"{PG}?options=-csearch_path%3D{schema}"
 
 
+def drop_schema(url: str) -> None:
+    schema = url.rsplit("%3D", 1)[1]
+    eng = sa.create_engine(PG)
+    with eng.begin() as conn:
+        conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    eng.dispose()
+
+
 async def drive(address: str, op: str, concurrency: int, seconds: float) -> tuple[float, float, float, int]:
     """(requests/s, p50 ms, p99 ms, errors) over `seconds`, after a short warm-up."""
     spec = codec.spec_to_proto(parse_spec(KIMI))
@@ -133,6 +141,8 @@ def main() -> None:
             proc.terminate()
             proc.wait(30)
             shutil.rmtree(tmp, ignore_errors=True)
+            if url:
+                drop_schema(url)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 PG_BASE = os.environ.get("CGSVC_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+CREATED: list[str] = []  # schemas this test session made; dropped when it ends (tests/conftest.py)
 
 
 def pg_available() -> bool:
@@ -21,6 +22,17 @@ def pg_available() -> bool:
         return False
 
 
+def drop_created() -> None:
+    if not CREATED:
+        return
+    eng = sa.create_engine(PG_BASE)
+    with eng.begin() as conn:
+        for schema in CREATED:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    eng.dispose()
+    CREATED.clear()
+
+
 def pg_url_or_skip(schema: str) -> str:
     """A URL whose search_path is a new, empty schema; skips where no server answers."""
     if not pg_available():
@@ -30,4 +42,5 @@ def pg_url_or_skip(schema: str) -> str:
         conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
     eng.dispose()
+    CREATED.append(schema)
     return f"{PG_BASE}?options=-csearch_path%3D{schema}"
