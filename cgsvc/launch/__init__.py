@@ -1,0 +1,1 @@
+"""Launches: the dispatchers that start worker groups, the lifecycle, and LaunchService."""
