@@ -49,22 +49,22 @@ def _attention(name: str, rule_id: str, when: object, reason: str) -> Rule:
         effect=lambda ctx: ctx.unset({AP: name, AD: name}), reason=reason)
 
 
-def _tc_rule(rule_id: str, reads: tuple[str, ...], cond: object, reason: str,
-             hard: bool = False) -> Rule:
-    """A tc_piecewise compatibility rule: any that holds turns prefill `disabled`."""
+def _cascade_rule(backend: str, rule_id: str, reads: tuple[str, ...], cond: object, reason: str,
+                  hard: bool = False) -> Rule:
+    """A compatibility rule of the prefill cascade: while prefill is `backend` and cond holds,
+    prefill becomes `disabled` (so the first rule that holds decides)."""
     return Rule(id=rule_id, stage=Stage.PREFILL_CASCADE, source="compatibility", reads=(P, *reads),
                 writes=(P,), hard=hard, reason=reason,
-                when=lambda ctx: ctx.prefill == "tc_piecewise" and cond(ctx),  # type: ignore[operator]
+                when=lambda ctx: ctx.prefill == backend and cond(ctx),  # type: ignore[operator]
                 effect=lambda ctx: {P: "disabled"})
 
 
-def _breakable_rule(rule_id: str, reads: tuple[str, ...], cond: object, reason: str,
-                    hard: bool = False) -> Rule:
-    """A breakable compatibility rule: the first that holds turns prefill `disabled`."""
-    return Rule(id=rule_id, stage=Stage.PREFILL_CASCADE, source="compatibility", reads=(P, *reads),
-                writes=(P,), hard=hard, reason=reason,
-                when=lambda ctx: ctx.prefill == "breakable" and cond(ctx),  # type: ignore[operator]
-                effect=lambda ctx: {P: "disabled"})
+def _tc_rule(rule_id: str, reads: tuple[str, ...], cond: object, reason: str, hard: bool = False) -> Rule:
+    return _cascade_rule("tc_piecewise", rule_id, reads, cond, reason, hard)
+
+
+def _breakable_rule(rule_id: str, reads: tuple[str, ...], cond: object, reason: str, hard: bool = False) -> Rule:
+    return _cascade_rule("breakable", rule_id, reads, cond, reason, hard)
 
 
 RULES: tuple[Rule, ...] = (

@@ -100,10 +100,10 @@ def launches_list(ns: argparse.Namespace) -> int:
     if render.output_mode(ns) == "json":
         render.print_json({"launches": [launch_dict(x) for x in page.launches], "next_page_token": page.next_page_token})
         return 0
-    print(render.table(["name", "state", "plan", "tp", "tokens", "created", "error"],
-                       [(x.name, x.state, x.plan, x.tp, f"{x.tokens_done}/{x.tokens_total}",
-                         x.create_time.ToJsonString(), x.error.splitlines()[0] if x.error else "")
-                        for x in page.launches]))
+    print(render.page(["name", "state", "plan", "tp", "tokens", "created", "error"],
+                      [(x.name, x.state, x.plan, x.tp, f"{x.tokens_done}/{x.tokens_total}",
+                        x.create_time.ToJsonString(), x.error.splitlines()[0] if x.error else "")
+                       for x in page.launches], page.next_page_token))
     return 0
 
 

@@ -28,13 +28,11 @@ def plans_list(ns: argparse.Namespace) -> int:
         render.print_json({"plans": [codec.plan_dict_from_proto_resource(p) for p in page.plans],
                 "next_page_token": page.next_page_token})
         return 0
-    print(render.table(["name", "created", "model", "gpu", "prefill", "decode", "attention", "audit"],
-                       [(p.name, p.create_time.ToJsonString(), p.spec.model.name or p.spec.model.path,
-                         p.spec.hardware.gpu, p.prefill.backend, p.decode.backend,
-                         f"{p.attention_backend.prefill}/{p.attention_backend.decode}", p.audit_record)
-                        for p in page.plans]))
-    if page.next_page_token:
-        print(f"\nnext page: --page-token {page.next_page_token}")
+    print(render.page(["name", "created", "model", "gpu", "prefill", "decode", "attention", "audit"],
+                      [(p.name, p.create_time.ToJsonString(), p.spec.model.name or p.spec.model.path,
+                        p.spec.hardware.gpu, p.prefill.backend, p.decode.backend,
+                        f"{p.attention_backend.prefill}/{p.attention_backend.decode}", p.audit_record)
+                       for p in page.plans], page.next_page_token))
     return 0
 
 
@@ -63,10 +61,8 @@ def audit_list(ns: argparse.Namespace) -> int:
     if render.output_mode(ns) == "json":
         render.print_json({"records": [as_dict(r) for r in page.records], "next_page_token": page.next_page_token})
         return 0
-    print(render.table(["seq", "time", "principal", "method", "model", "outcome", "plan", "launch", "detail", "hash"],
-                       [_record_row(r) for r in page.records]))
-    if page.next_page_token:
-        print(f"\nnext page: --page-token {page.next_page_token}")
+    print(render.page(["seq", "time", "principal", "method", "model", "outcome", "plan", "launch", "detail", "hash"],
+                      [_record_row(r) for r in page.records], page.next_page_token))
     return 0
 
 

@@ -50,6 +50,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(out)
 
 
+def page(headers: Sequence[str], rows: Sequence[Sequence[Any]], next_page_token: str) -> str:
+    """One page of a List call as a table, with the token for the next page when there is one."""
+    out = table(headers, rows)
+    return out + (f"\n\nnext page: --page-token {next_page_token}" if next_page_token else "")
+
+
 def plan_table(plan: Plan, style: Style, explain: str | None = None) -> str:
     """The plan, then the decision trail with rule ids and reasons; locked keys marked with *."""
     locked = set(plan.locked)

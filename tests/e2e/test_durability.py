@@ -29,21 +29,36 @@ def load(address: str, acked: list[tuple[str, str]], stop: threading.Event, erro
                 return
 
 
+class Load:
+    """Eight client threads calling ResolvePlan on the given addresses until stopped."""
+
+    def __init__(self, *addresses: str) -> None:
+        self.acked: list[tuple[str, str]] = []
+        self.errors: list[str] = []
+        self.stop_event = threading.Event()
+        self.threads = [threading.Thread(target=load, args=(addresses[i % len(addresses)], self.acked,
+                                                            self.stop_event, self.errors)) for i in range(8)]
+        for t in self.threads:
+            t.start()
+
+    def wait_for(self, acks: int, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.acked) < acks and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(10)
+
+
 def test_kill_9_loses_no_acknowledged_plan(tmp_path: Path) -> None:
     srv = ServerProcess(tmp_path / "srv").start()
-    acked: list[tuple[str, str]] = []
-    errors: list[str] = []
-    stop = threading.Event()
-    threads = [threading.Thread(target=load, args=(srv.address, acked, stop, errors)) for _ in range(8)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 30
-    while len(acked) < 300 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    run = Load(srv.address)
+    run.wait_for(300)
     srv.kill9()
-    stop.set()
-    for t in threads:
-        t.join(10)
+    run.stop()
+    acked, errors = run.acked, run.errors
     assert len(acked) >= 300, f"load too slow: {len(acked)} acknowledged, errors {errors[:3]}"
     srv.start()  # same data dir and port
     try:
@@ -63,19 +78,10 @@ def test_two_replicas_share_one_linear_chain_on_postgres(tmp_path: Path) -> None
     a = ServerProcess(tmp_path / "a", "--database-url", url).start()
     b = ServerProcess(tmp_path / "b", "--database-url", url).start()
     try:
-        acked: list[tuple[str, str]] = []
-        errors: list[str] = []
-        stop = threading.Event()
-        threads = [threading.Thread(target=load, args=(addr, acked, stop, errors))
-                   for addr in [a.address, b.address] * 4]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 30
-        while len(acked) < 400 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        stop.set()
-        for t in threads:
-            t.join(10)
+        run = Load(a.address, b.address)
+        run.wait_for(400)
+        run.stop()
+        acked, errors = run.acked, run.errors
         assert not errors and len(acked) >= 400
         store = AuditStore(url)
         try:
@@ -96,18 +102,11 @@ def test_two_replicas_share_one_linear_chain_on_postgres(tmp_path: Path) -> None
 
 def test_sigterm_finishes_in_flight_calls(tmp_path: Path) -> None:
     srv = ServerProcess(tmp_path / "srv").start()
-    acked: list[tuple[str, str]] = []
-    errors: list[str] = []
-    stop = threading.Event()
-    threads = [threading.Thread(target=load, args=(srv.address, acked, stop, errors)) for _ in range(8)]
-    for t in threads:
-        t.start()
-    while len(acked) < 100:
-        time.sleep(0.02)
+    run = Load(srv.address)
+    run.wait_for(100)
     assert srv.stop() == 0  # graceful: exit status 0
-    stop.set()
-    for t in threads:
-        t.join(10)
+    run.stop()
+    acked, errors = run.acked, run.errors
     # Calls that raced the shutdown are refused (UNAVAILABLE, or CANCELLED when the transport
     # closed before dispatch); every call whose handler started finished OK.
     assert set(errors) <= {"UNAVAILABLE", "CANCELLED"}
