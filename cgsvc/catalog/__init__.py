@@ -182,6 +182,15 @@ def models() -> dict[str, ModelFacts]:
     return out
 
 
+def facts_for_spec(spec: dict[str, Any]) -> ModelFacts | None:
+    """The model a spec's JSON form names: its model.path read (ResolveError when unreadable),
+    else its model.name looked up in the catalog (None when unknown)."""
+    model = spec.get("model") or {}
+    if model.get("path"):
+        return read_model_dir(model["path"], model.get("name"))
+    return find_model(model["name"]) if model.get("name") else None
+
+
 def canonical_model_names() -> list[str]:
     return sorted({m.name for m in models().values()})
 

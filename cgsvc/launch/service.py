@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from cgsvc import catalog
+from cgsvc import catalog, codec
 from cgsvc.errors import FieldViolation, ResolveError
 from cgsvc.launch.dispatch import Workload
 from cgsvc.launch.manager import TERMINAL, LaunchManager, tail
@@ -73,7 +73,8 @@ class LaunchService:
         try:
             row = await self._create(request, rc)
         except ResolveError as err:
-            fields = self.plans.auditor.spec_fields(request.spec) if request.HasField("spec") else {}
+            fields = self.plans.auditor.spec_fields(
+                codec.spec_dict_from_proto(request.spec) if request.HasField("spec") else None)
             await self.manager.audit("", "", rc.principal.name, CREATE_METHOD, err.code, err.message, peer=rc.peer,
                                      request_id=rc.request_id, **fields)
             raise
@@ -109,8 +110,7 @@ class LaunchService:
         stored = await asyncio.to_thread(self.store.get_plan, plan_id)
         assert stored is not None
         spec = json.loads(stored.row.spec_json)
-        wanted = catalog.find_model(spec.get("model", {}).get("name", "")) if not spec.get("model", {}).get("path") \
-            else catalog.read_model_dir(spec["model"]["path"])
+        wanted = catalog.facts_for_spec(spec)
         if wanted is not None and wanted.text_architecture != ckpt.text_architecture:
             raise ResolveError("FAILED_PRECONDITION",
                                f"the checkpoint at {model_path} is a {ckpt.text_architecture} model; the plan was "

@@ -35,7 +35,7 @@ from cgsvc.server import metrics
 from cgsvc.server.interceptors import RequestContext
 from cgsvc.server.status import invalid
 from cgsvc.spec import parse_spec
-from cgsvc.v1 import audit_pb2, diagnostics_pb2, launch_spec_pb2, plan_pb2, plan_service_pb2
+from cgsvc.v1 import audit_pb2, diagnostics_pb2, plan_pb2, plan_service_pb2
 
 RESOLVE_METHOD = "/cgsvc.v1.PlanService/ResolvePlan"
 # Methods whose every call is audited, malformed ones included.
@@ -77,26 +77,28 @@ class Auditor:
         return await asyncio.shield(asyncio.wrap_future(self.writer.submit(PendingAppend(entry, plan, request_id))))
 
     @staticmethod
-    def spec_fields(spec_msg: launch_spec_pb2.LaunchSpec | None) -> dict[str, Any]:
-        if spec_msg is None:
+    def spec_fields(spec_dict: dict[str, Any] | None) -> dict[str, Any]:
+        """Audit fields of a spec (JSON form): its masked canonical JSON, model and GPU."""
+        if spec_dict is None:
             return {}
-        spec = mask_secrets(codec.spec_dict_from_proto(spec_msg))
+        spec = mask_secrets(spec_dict)
         model = spec.get("model", {})
         return {"spec_json": canonical_json(spec), "model": str(model.get("name") or model.get("path") or ""),
                 "gpu": str(spec.get("hardware", {}).get("gpu", ""))}
 
     def entry(self, method: str, principal: str, peer: str, request_id: str, trace_id: str,
-              spec_msg: launch_spec_pb2.LaunchSpec | None, code: str, message: str, **extra: Any) -> AuditEntry:
+              spec_dict: dict[str, Any] | None, code: str, message: str, **extra: Any) -> AuditEntry:
         return AuditEntry(principal=principal, peer=peer, method=method, request_id=request_id,
                           trace_id=trace_id, policy_version=policy_version(), service_version=__version__,
                           outcome_code=CODE_NUMBERS[code], outcome_message=message,
-                          **self.spec_fields(spec_msg), **extra)
+                          **self.spec_fields(spec_dict), **extra)
 
     async def rejected(self, method: str, principal: str, peer: str, request: Any, code: str, message: str) -> None:
         """Audit a request the pipeline turned away: every denial, and malformed audited methods."""
         if code == "INVALID_ARGUMENT" and method not in AUDITED_METHODS:
             return
-        spec = request.spec if isinstance(request, plan_service_pb2.ResolvePlanRequest) else None
+        spec = codec.spec_dict_from_proto(request.spec) \
+            if isinstance(request, plan_service_pb2.ResolvePlanRequest) else None
         request_id = getattr(request, "request_id", "") if request is not None else ""
         await self.append(self.entry(method, principal, peer, request_id, "", spec, code, message))
 
@@ -140,12 +142,14 @@ class PlanService:
 
     async def ResolvePlan(self, request: plan_service_pb2.ResolvePlanRequest,  # noqa: N802 - gRPC name
                           rc: RequestContext) -> plan_pb2.Plan:
+        spec_dict = codec.spec_dict_from_proto(request.spec)
+
         def entry(code: str, message: str, **extra: Any) -> AuditEntry:
             return self.auditor.entry(RESOLVE_METHOD, rc.principal.name, rc.peer, rc.request_id, rc.trace_id,
-                                      request.spec, code, message, **extra)
+                                      spec_dict, code, message, **extra)
 
         try:
-            resolution = resolve_spec(codec.spec_dict_from_proto(request.spec))
+            resolution = resolve_spec(spec_dict)
         except ResolveError as err:
             rules = (err.rule_id,) if err.rule_id else ()
             await self.auditor.append(entry(err.code, err.message, rule_ids=rules))

@@ -146,14 +146,10 @@ def write_report(path: str | None, report: dict[str, Any]) -> None:
 
 
 def failure(exc: BaseException) -> tuple[dict[str, Any], int]:
-    from cgsvc_worker.config import CheckpointError
-    from cgsvc_worker.engine import PlanMismatch
-    from cgsvc_worker.kv_cache import KVCacheExhausted
-
-    code = EXIT_BAD_INPUT if isinstance(exc, BadInput | CheckpointError | PlanMismatch | ValueError) else EXIT_FAILED
+    """Input that can never work (BadInput, CheckpointError, PlanMismatch: all ValueErrors) exits 2;
+    anything else, an exhausted KV cache included, exits 1."""
+    code = EXIT_BAD_INPUT if isinstance(exc, ValueError) else EXIT_FAILED
     kind = type(exc).__name__
-    if isinstance(exc, KVCacheExhausted):
-        code = EXIT_FAILED
     return {"status": "failed", "error": f"{kind}: {exc}", "error_kind": kind}, code
 
 

@@ -77,14 +77,12 @@ class PlanView:
 def _plan_architecture(spec: dict[str, Any]) -> str:
     """The text architecture of the model a plan's spec names (through the catalog), or ''."""
     from cgsvc import catalog
+    from cgsvc.errors import ResolveError
 
-    model = spec.get("model", {})
-    if model.get("path"):
-        try:
-            return catalog.read_model_dir(model["path"]).text_architecture
-        except Exception:  # noqa: BLE001 - an unreadable path just means "unknown"
-            return ""
-    facts = catalog.find_model(model.get("name", "")) if model.get("name") else None
+    try:
+        facts = catalog.facts_for_spec(spec)
+    except ResolveError:  # an unreadable model.path just means "unknown" here
+        return ""
     return facts.text_architecture if facts else ""
 
 
