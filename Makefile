@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck protos protos-check bench clean
+.PHONY: setup demo test lint typecheck protos protos-check bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,12 @@ test: lint typecheck protos-check
 
 bench: $(STAMP)
 	$(PY) bench/resolve_bench.py
+
+# The worker's GPU paths in one prepared run (bench/gpu_check.py): on a machine without a GPU it
+# runs what a CPU can and lists the rest. On the lent GPU machine (no virtualenv there) run
+# `python3 bench/gpu_check.py --out DIR` directly.
+gpu-check: $(STAMP)
+	$(PY) bench/gpu_check.py --out var/gpu-check
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -25,9 +25,9 @@ def report_summary(report: dict[str, Any]) -> launch_pb2.LaunchReport:
     if not report or report.get("status") != "ok":
         return launch_pb2.LaunchReport()
     agg, modes, att = report["aggregate"], report["modes"], report["attention"]
-    subs = [f"{k} graph: {v['requested']} -> {v['effective']} ({v['reason']})" for k, v in modes.items() if v["reason"]]
-    subs += [f"{k} attention: {v['requested']} -> {v['effective']} ({v['reason']})" for k, v in att.items()
-             if v["reason"]]
+    fidelity = report.get("plan_fidelity", [])
+    subs = [f"{f['field']}: {json.dumps(f['requested'])} -> {json.dumps(f['effective'])} ({f['reason']})"
+            for f in fidelity if f["status"] == "substituted"]
     return launch_pb2.LaunchReport(
         ttft_ms_p50=agg["ttft_ms"].get("p50", 0), ttft_ms_p99=agg["ttft_ms"].get("p99", 0),
         tpot_ms_p50=agg["tpot_ms"].get("p50", 0), tpot_ms_p99=agg["tpot_ms"].get("p99", 0),
@@ -37,7 +37,10 @@ def report_summary(report: dict[str, Any]) -> launch_pb2.LaunchReport:
         attention_prefill_effective=att["prefill"]["effective"], attention_decode_effective=att["decode"]["effective"],
         capture_seconds=modes["prefill"]["capture_seconds"] + modes["decode"]["capture_seconds"],
         capture_bytes=modes["prefill"]["capture_bytes"] + modes["decode"]["capture_bytes"],
-        kv_bytes_per_token=report["kv_cache"]["bytes_per_token"], substitutions=subs)
+        kv_bytes_per_token=report["kv_cache"]["bytes_per_token"], substitutions=subs,
+        plan_fidelity=[launch_pb2.PlanFidelity(field=f["field"], requested=json.dumps(f["requested"]),
+                                               effective=json.dumps(f["effective"]), status=f["status"],
+                                               reason=f["reason"]) for f in fidelity])
 
 
 def launch_proto(row: dict[str, Any], records: list[str] | None = None) -> launch_pb2.Launch:

@@ -24,8 +24,22 @@ class LaunchWorkload(_message.Message):
     seed: int
     def __init__(self, input_len: _Optional[int] = ..., output_len: _Optional[int] = ..., requests: _Optional[int] = ..., concurrency: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
+class PlanFidelity(_message.Message):
+    __slots__ = ("field", "requested", "effective", "status", "reason")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    requested: str
+    effective: str
+    status: str
+    reason: str
+    def __init__(self, field: _Optional[str] = ..., requested: _Optional[str] = ..., effective: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class LaunchReport(_message.Message):
-    __slots__ = ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "throughput_tok_s", "output_tokens", "prefill_requested", "prefill_effective", "decode_requested", "decode_effective", "attention_prefill_effective", "attention_decode_effective", "capture_seconds", "capture_bytes", "kv_bytes_per_token", "substitutions")
+    __slots__ = ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "throughput_tok_s", "output_tokens", "prefill_requested", "prefill_effective", "decode_requested", "decode_effective", "attention_prefill_effective", "attention_decode_effective", "capture_seconds", "capture_bytes", "kv_bytes_per_token", "substitutions", "plan_fidelity")
     TTFT_MS_P50_FIELD_NUMBER: _ClassVar[int]
     TTFT_MS_P99_FIELD_NUMBER: _ClassVar[int]
     TPOT_MS_P50_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +56,7 @@ class LaunchReport(_message.Message):
     CAPTURE_BYTES_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SUBSTITUTIONS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIDELITY_FIELD_NUMBER: _ClassVar[int]
     ttft_ms_p50: float
     ttft_ms_p99: float
     tpot_ms_p50: float
@@ -58,7 +73,8 @@ class LaunchReport(_message.Message):
     capture_bytes: int
     kv_bytes_per_token: int
     substitutions: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, ttft_ms_p50: _Optional[float] = ..., ttft_ms_p99: _Optional[float] = ..., tpot_ms_p50: _Optional[float] = ..., tpot_ms_p99: _Optional[float] = ..., throughput_tok_s: _Optional[float] = ..., output_tokens: _Optional[int] = ..., prefill_requested: _Optional[str] = ..., prefill_effective: _Optional[str] = ..., decode_requested: _Optional[str] = ..., decode_effective: _Optional[str] = ..., attention_prefill_effective: _Optional[str] = ..., attention_decode_effective: _Optional[str] = ..., capture_seconds: _Optional[float] = ..., capture_bytes: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., substitutions: _Optional[_Iterable[str]] = ...) -> None: ...
+    plan_fidelity: _containers.RepeatedCompositeFieldContainer[PlanFidelity]
+    def __init__(self, ttft_ms_p50: _Optional[float] = ..., ttft_ms_p99: _Optional[float] = ..., tpot_ms_p50: _Optional[float] = ..., tpot_ms_p99: _Optional[float] = ..., throughput_tok_s: _Optional[float] = ..., output_tokens: _Optional[int] = ..., prefill_requested: _Optional[str] = ..., prefill_effective: _Optional[str] = ..., decode_requested: _Optional[str] = ..., decode_effective: _Optional[str] = ..., attention_prefill_effective: _Optional[str] = ..., attention_decode_effective: _Optional[str] = ..., capture_seconds: _Optional[float] = ..., capture_bytes: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., substitutions: _Optional[_Iterable[str]] = ..., plan_fidelity: _Optional[_Iterable[_Union[PlanFidelity, _Mapping]]] = ...) -> None: ...
 
 class Launch(_message.Message):
     __slots__ = ("name", "plan", "state", "workload", "model_path", "tp", "dispatcher", "create_time", "update_time", "tokens_done", "tokens_total", "error", "report", "report_json", "plan_audit_record", "audit_records", "principal")

@@ -61,7 +61,10 @@ def report_table(launch: Any) -> str:
                  ("throughput", f"{r.throughput_tok_s:.1f} tokens/s ({r.output_tokens} tokens)"),
                  ("capture", f"{r.capture_seconds:.2f} s, {r.capture_bytes} bytes"),
                  ("KV cache", f"{r.kv_bytes_per_token} bytes/token (latent only)")]
-        rows += [("substituted", s) for s in r.substitutions]
+        honoured = sum(f.status == "honoured" for f in r.plan_fidelity)
+        rows.append(("plan fidelity", f"{honoured} of {len(r.plan_fidelity)} plan fields honoured as planned"))
+        rows += [(f.status.replace("_", " "), f"{f.field}: {f.requested} -> {f.effective} ({f.reason})")
+                 for f in r.plan_fidelity if f.status != "honoured"]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 

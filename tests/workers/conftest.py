@@ -16,4 +16,9 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     # fp32 differ by ~1e-2 here, ~2.6e-2 at init 0.1) stays below the 2e-2 bound.
     out["tiny-bf16"] = make_checkpoint(str(root / "tiny-bf16"), "tiny", seed=0, dtype="bfloat16",
                                        overrides={"initializer_range": 0.03})
+    # Dense (no MoE routing, whose top-k can flip on a rounding difference): for comparing
+    # attention backends through whole forwards.
+    out["tiny-dense-bf16"] = make_checkpoint(str(root / "tiny-dense-bf16"), "tiny", seed=0, dtype="bfloat16",
+                                             overrides={"initializer_range": 0.03, "n_routed_experts": 0,
+                                                        "first_k_dense_replace": 4})
     return out

@@ -11,14 +11,14 @@ from cgsvc_worker import tp
 from cgsvc_worker.engine import Engine, EngineOptions, PlanView
 
 from tests.workers.reference import hf_greedy, hf_model, max_rel_err, rel_err
-from tests.workers.tp_group import run_tp
+from tests.workers.tp_group import run_tp, run_tp_report
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [100, 200, 300], [42] * 20]
 STEPS = 6
 
 
-def ours(path: str, dtype: str = "float32", page_size: int = 16) -> torch.Tensor:
-    engine = Engine(path, tp.single(), PlanView(), EngineOptions(dtype=dtype, page_size=page_size))
+def ours(path: str, dtype: str = "float32", page_size: int = 16, plan: PlanView | None = None) -> torch.Tensor:
+    engine = Engine(path, tp.single(), plan or PlanView(), EngineOptions(dtype=dtype, page_size=page_size))
     ids = list(range(len(PROMPTS)))
     logits = [engine.prefill(ids, PROMPTS)]
     for _ in range(STEPS - 1):
@@ -53,6 +53,28 @@ def test_tp1_bf16_close_to_transformers(checkpoints: dict[str, str]) -> None:
 def test_tp4_fp32_matches_transformers(checkpoints: dict[str, str], tmp_path: Path) -> None:
     path = checkpoints["tiny"]
     check(run_tp(4, path, PROMPTS, STEPS, tmp_path), path, torch.float32, 1e-4)
+
+
+# Chunks of 6 tokens over pages of 4: chunk boundaries fall inside pages, and the 20-token
+# prompt takes four chunks (the 9-token one shares its second chunk with the 3-token one).
+CHUNKED = {"chunked_prefill_size": 6}
+
+
+def test_tp1_chunked_prefill_matches_unchunked_and_transformers(checkpoints: dict[str, str]) -> None:
+    path = checkpoints["tiny"]
+    chunked = ours(path, page_size=4, plan=PlanView(**CHUNKED))
+    check(chunked, path, torch.float32, 1e-4)
+    assert torch.allclose(chunked, ours(path, page_size=4), atol=1e-4, rtol=1e-4)
+
+
+def test_tp4_chunked_prefill_and_padded_decode_match_transformers(checkpoints: dict[str, str],
+                                                                  tmp_path: Path) -> None:
+    path = checkpoints["tiny"]
+    plan = {**CHUNKED, "decode_backend": "full", "decode_bs": [1, 2, 4], "decode_max_bs": 4}
+    logits, report = run_tp_report(4, path, PROMPTS, STEPS, tmp_path, plan=plan, page_size=4)
+    check(logits, path, torch.float32, 1e-4)
+    assert report["steps"]["decode"]["by_size"] == {"4": STEPS - 1}  # the batch of 3, padded to 4
+    assert report["steps"]["prefill"]["eager"] == {"prefill.backend is disabled": 6}  # 6-token steps
 
 
 def test_kimi_wrapper_loads_the_text_model(checkpoints: dict[str, str]) -> None:

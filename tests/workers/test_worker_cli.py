@@ -59,8 +59,10 @@ def test_report_says_what_ran(checkpoints: dict[str, str], tmp_path: Path) -> No
     kimi_spec = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300"}}
     rc, r = generate(tmp_path, checkpoints["tiny-kimi"], "--plan", plan_file(tmp_path, spec=kimi_spec))
     assert rc == 0, r
-    assert r["modes"]["decode"] == {**r["modes"]["decode"], "requested": "full", "effective": "disabled"}
+    assert r["modes"]["decode"] == {**r["modes"]["decode"], "requested": "full", "effective": "static_compiled"}
     assert "CUDA" in r["modes"]["decode"]["reason"]
+    assert r["modes"]["decode"]["compiled_sizes"] == [{"bs": 2, "context": 16}]  # a batch of 2, one page of context
+    assert r["steps"]["decode"]["by_size"] == {"2": 4}
     assert r["attention"]["prefill"]["requested"] == "trtllm_mla"
     assert r["attention"]["prefill"]["effective"] == "torch_native" and r["attention"]["prefill"]["reason"]
     assert r["kv_cache"]["values_per_token_per_layer"] == 64 + 32
@@ -114,11 +116,11 @@ def test_bad_input_fails_clearly(checkpoints: dict[str, str], tmp_path: Path, ca
     elif case == "other_model":
         extra = ["--plan", plan_file(tmp_path, spec={"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
                                                      "hardware": {"gpu": "H100"}})]
-        expect = "resolved for a LlamaForCausalLM model"
+        expect = "(LlamaForCausalLM), which this worker does not run"
     elif case == "too_long":
         extra, expect = ["--context-length", "8"], "exceed the context of 8 tokens"
     elif case == "kv_exhausted":
-        extra, expect = ["--kv-cache-mb", "0.01", "--page-size", "4"], "KV cache exhausted"
+        extra, expect = ["--kv-cache-mb", "0.02", "--page-size", "4"], "KV cache exhausted"
     elif case == "bad_prompts":
         prompts, expect = [[1, 2], "x"], "--prompts must be"
     cfg_path.write_text(json.dumps(cfg))

@@ -4,6 +4,7 @@
                           --max-new-tokens K --output OUT.json [--temperature T --seed S]
     cgsvc-worker bench    --model-path DIR --tp N --plan PLAN.json --input-len 1024 --output-len 1024 \\
                           --requests 4 --concurrency 1 --output OUT.json
+    cgsvc-worker check-graphs --model-path DIR --plan PLAN.json [--device cpu|cuda] --output OUT.json
     cgsvc-worker make-checkpoint --out DIR [--preset tiny|tiny-qproj|tiny-v2|tiny-kimi|flashinfer|bench]
 
 With --tp N and no WORLD_SIZE in the environment, N ranks are spawned on this machine; under
@@ -29,6 +30,7 @@ from typing import Any
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+CPU_COMPILERS = ("trace", "inductor", "off")  # how a CPU runs a planned `full` decode step (graphs.py)
 
 
 class BadInput(ValueError):
@@ -80,12 +82,32 @@ def load_prompts(ns: argparse.Namespace, vocab: int, context: int) -> list[list[
     return prompts
 
 
+def engine_options(ns: argparse.Namespace, allow_compile: bool = True) -> Any:
+    from cgsvc_worker.engine import EngineOptions
+
+    return EngineOptions(dtype=ns.dtype, kv_cache_bytes=int(ns.kv_cache_mb * 1024 * 1024), page_size=ns.page_size,
+                         allow_compile=allow_compile and not getattr(ns, "no_compile", False),
+                         max_context=ns.context_length, cpu_compile=ns.cpu_compile, graph_context=ns.graph_context)
+
+
+def read_plan(ns: argparse.Namespace) -> Any:
+    from cgsvc_worker.engine import PlanView
+
+    if not ns.plan:
+        return PlanView()
+    try:
+        with open(ns.plan, encoding="utf-8") as fh:
+            return PlanView.from_json(json.load(fh))
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"--plan {ns.plan!r}: {exc}") from None
+
+
 def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
     """The work of one rank; returns the report (meaningful on rank 0)."""
     import torch
 
     from cgsvc_worker import driver, tp
-    from cgsvc_worker.engine import Engine, EngineOptions, PlanView
+    from cgsvc_worker.engine import Engine
 
     t0 = time.perf_counter()
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -96,16 +118,8 @@ def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
     group = tp.init_from_env(ns.device)
     t_group = time.perf_counter() - t0
     emit(ns, group.rank, {"event": "state", "state": "loading"})
-    plan_view = PlanView()
-    if ns.plan:
-        try:
-            with open(ns.plan, encoding="utf-8") as fh:
-                plan_view = PlanView.from_json(json.load(fh))
-        except (OSError, ValueError) as exc:
-            raise BadInput(f"--plan {ns.plan!r}: {exc}") from None
-    options = EngineOptions(dtype=ns.dtype, kv_cache_bytes=int(ns.kv_cache_mb * 1024 * 1024), page_size=ns.page_size,
-                            allow_compile=not ns.no_compile, max_context=ns.context_length)
-    engine = Engine(ns.model_path, group, plan_view, options)
+    plan_view = read_plan(ns)
+    engine = Engine(ns.model_path, group, plan_view, engine_options(ns))
     prompts = load_prompts(ns, engine.cfg.vocab_size, engine.max_context)
     emit(ns, group.rank, {"event": "state", "state": "capturing"})
     t_cap = time.perf_counter()
@@ -132,6 +146,47 @@ def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
                           "capture_s": round(capture_s, 3), "total_s": round(time.perf_counter() - t0, 3)}}
     tp.shutdown()
     return report
+
+
+def check_graphs_command(ns: argparse.Namespace) -> int:
+    """Exit 0 when every planned size captures (or compiles without a break), 1 when one does
+    not, 2 on bad input."""
+    import torch
+
+    from cgsvc_worker import tp
+    from cgsvc_worker.check_graphs import check_graphs
+    from cgsvc_worker.engine import Engine
+
+    try:
+        plan = read_plan(ns)
+        use_cuda = torch.cuda.is_available() if ns.device == "auto" else ns.device == "cuda"
+        if use_cuda and not torch.cuda.is_available():
+            raise BadInput("--device cuda but torch sees no CUDA device")
+        # The engine only sets up contexts here (eager); the check compiles and captures itself.
+        ns.cpu_compile = "off"
+        engine = Engine(ns.model_path, tp.single("cuda" if use_cuda else "cpu"), plan,
+                        engine_options(ns, allow_compile=False))
+        result = check_graphs(engine, ns.compile_backend,
+                              lambda what: print(f"check-graphs: {what}", file=sys.stderr, flush=True))
+    except Exception as exc:  # noqa: BLE001 - the command's answer is a report and an exit code
+        report, code = failure(exc)
+        write_report(ns.output, report)
+        print(f"cgsvc-worker check-graphs: {report['error']}", file=sys.stderr)
+        return code
+    write_report(ns.output, result)
+    bad = [r for r in result["decode"] + result["prefill"] if not r["capturable"]]
+    for r in bad:
+        size = f"decode bs={r['bs']}" if "bs" in r else f"prefill num_tokens={r['num_tokens']}"
+        print(f"not capturable: {size}: {r['reason']}", file=sys.stderr)
+    print(f"check-graphs: {result['checked'] - len(bad)} of {result['checked']} planned sizes capturable on "
+          f"{result['device']}", file=sys.stderr)
+    return 0 if not bad else EXIT_FAILED
+
+
+def fidelity_lines(report: dict[str, Any]) -> list[str]:
+    """The plan fields a run did not honour, one line each, for a person reading stderr."""
+    rows = [f for f in report.get("plan_fidelity", []) if f["status"] != "honoured"]
+    return [f"{f['field']:<27} {f['status']:<15} {f['requested']} -> {f['effective']}: {f['reason']}" for f in rows]
 
 
 def write_report(path: str | None, report: dict[str, Any]) -> None:
@@ -171,6 +226,10 @@ def rank_entry(ns: argparse.Namespace) -> int:
         return code
     if rank == 0:
         write_report(ns.output, report)
+        if ns.output:
+            lines = fidelity_lines(report)
+            print("plan fidelity: every field honoured" if not lines else
+                  "plan fidelity (fields not honoured as planned):\n  " + "\n  ".join(lines), file=sys.stderr)
         emit(ns, rank, {"event": "state", "state": "succeeded"})
     return 0
 
@@ -240,40 +299,63 @@ def _merge_rank_errors(output: str, failed: list[tuple[int, int | None]]) -> Non
     write_report(output, report)
 
 
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    """Options every command that builds an engine takes."""
+    p.add_argument("--model-path", required=True, help="checkpoint directory (config.json + *.safetensors, hub names)")
+    p.add_argument("--plan", help="plan JSON from `cgsvc-cli resolve -o json` ({'plan': ..., 'spec': ...}, or the "
+                                  "plan alone); without one every phase runs eagerly on torch_native")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="model and activation dtype (default float32)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: CUDA when available, else CPU")
+    p.add_argument("--kv-cache-mb", type=float, default=256.0, help="KV cache budget per rank, MiB (default 256)")
+    p.add_argument("--page-size", type=int, default=16, help="tokens per KV cache page (default 16)")
+    p.add_argument("--context-length", type=int, default=0, help="context limit; 0: the model's max_position_embeddings")
+    p.add_argument("--cpu-compile", choices=CPU_COMPILERS, default="trace",
+                   help="how a CPU runs a planned `full` decode step: trace (torch.compile fullgraph, eager kernels; "
+                        "default), inductor (compiled kernels, slower to start), off (eager)")
+    p.add_argument("--graph-context", type=int, default=4096,
+                   help="context positions a captured torch_native decode graph attends over (GPU; default 4096)")
+    p.add_argument("--debug", action="store_true", help="include tracebacks in failure reports")
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="cgsvc-worker", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="cgsvc-worker", description=__doc__.split("\n")[0],
+                                 epilog="Report format: docs/worker-report.md in the cgsvc repository.")
     sub = ap.add_subparsers(dest="command", required=True)
-    for name in ("generate", "bench"):
-        p = sub.add_parser(name)
-        p.add_argument("--model-path", required=True)
-        p.add_argument("--tp", type=int, default=1)
-        p.add_argument("--plan", help="plan JSON (DESIGN.md form; {'plan': ..., 'spec': ...} also accepted)")
+    for name, text in (("generate", "run prompts from a file through the plan and report tokens and timings"),
+                       ("bench", "run a synthetic workload through the plan and report TTFT, TPOT and throughput")):
+        p = sub.add_parser(name, help=text, description=text)
+        _engine_args(p)
+        p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (spawned here unless under torchrun)")
         p.add_argument("--output", help="report path (stdout when absent)")
-        p.add_argument("--temperature", type=float, default=0.0)
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
-        p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-        p.add_argument("--kv-cache-mb", type=float, default=256.0, help="KV cache budget per rank")
-        p.add_argument("--page-size", type=int, default=16)
-        p.add_argument("--context-length", type=int, default=0, help="0: the model's max_position_embeddings")
+        p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); >0: seeded sampling")
+        p.add_argument("--seed", type=int, default=0, help="sampling and synthetic-prompt seed")
         p.add_argument("--concurrency", type=int, default=0, help="requests in flight (0: all)")
         p.add_argument("--no-compile", action="store_true", help="do not torch.compile tc_piecewise prefill")
         p.add_argument("--events", help="append JSON-lines state and progress events to this file")
         p.add_argument("--log-dir", help="write each rank's output to DIR/rank{N}.log")
         p.add_argument("--launch-id", help="a tag on the command line by which a supervisor finds this group")
-        p.add_argument("--debug", action="store_true", help="include tracebacks in failure reports")
         if name == "generate":
             p.add_argument("--prompts", required=True, help="JSON list of token-id lists")
-            p.add_argument("--max-new-tokens", type=int, default=16)
+            p.add_argument("--max-new-tokens", type=int, default=16, help="tokens to generate per prompt")
         else:
-            p.add_argument("--input-len", type=int, default=1024)
-            p.add_argument("--output-len", type=int, dest="max_new_tokens", default=1024)
-            p.add_argument("--requests", type=int, default=4)
-    mk = sub.add_parser("make-checkpoint", help="write a small random checkpoint in hub format")
-    mk.add_argument("--out", required=True)
-    mk.add_argument("--preset", default="tiny")
-    mk.add_argument("--seed", type=int, default=0)
-    mk.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+            p.add_argument("--input-len", type=int, default=1024, help="prompt tokens per request")
+            p.add_argument("--output-len", type=int, dest="max_new_tokens", default=1024,
+                           help="tokens to generate per request")
+            p.add_argument("--requests", type=int, default=4, help="number of requests")
+    text = "prove that every planned decode bs and prefill num_tokens size can be captured (exit 0) or say why not"
+    cg = sub.add_parser("check-graphs", help=text, description=text)
+    _engine_args(cg)
+    cg.add_argument("--output", help="result JSON path (stdout when absent)")
+    cg.add_argument("--compile-backend", choices=("inductor", "trace"), default="inductor",
+                    help="CPU: the torch.compile backend the steps are compiled with (default inductor)")
+    mk = sub.add_parser("make-checkpoint", help="write a small random checkpoint in hub format",
+                        description="write a small random checkpoint in hub format")
+    mk.add_argument("--out", required=True, help="directory to write config.json and model.safetensors to")
+    mk.add_argument("--preset", default="tiny", help="tiny (default), tiny-qproj, tiny-v2, tiny-kimi, flashinfer, bench")
+    mk.add_argument("--seed", type=int, default=0, help="weights seed")
+    mk.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="tensor dtype in the file")
     return ap
 
 
@@ -288,6 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"cgsvc-worker: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
         return 0
+    if ns.command == "check-graphs":
+        return check_graphs_command(ns)
     if ns.tp < 1:
         print("cgsvc-worker: --tp must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT

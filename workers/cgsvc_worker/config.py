@@ -12,6 +12,17 @@ SUPPORTED_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "Ki
                            "Kimi_K25ForConditionalGeneration")
 
 
+# The model families this worker runs, by (text) architecture: V2 routes with softmax scores,
+# V3 (and the Kimi-K2.x wrappers around a V3 text model) with sigmoid scores and noaux_tc.
+FAMILIES = {"DeepseekV3ForCausalLM": "DeepSeek-V3", "DeepseekV2ForCausalLM": "DeepSeek-V2",
+            "KimiK25ForConditionalGeneration": "DeepSeek-V3"}
+
+
+def family_of(architecture: str) -> str | None:
+    """The family of an architecture name (underscores ignored), or None when not one of ours."""
+    return FAMILIES.get(architecture.replace("_", ""))
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded: missing files, tensors, shapes or an unsupported model."""
 

@@ -27,6 +27,7 @@ class Request:
     arrival: float = 0.0
     token_times: list[float] = field(default_factory=list)
     output: list[int] = field(default_factory=list)
+    prefill_chunks: int = 0
 
     @property
     def done(self) -> bool:
@@ -36,8 +37,8 @@ class Request:
         ttft = (self.token_times[0] - self.arrival) * 1000 if self.token_times else None
         gaps = [b - a for a, b in zip(self.token_times, self.token_times[1:], strict=False)]
         tpot = statistics.mean(gaps) * 1000 if gaps else None
-        return {"id": self.rid, "prompt_tokens": len(self.prompt), "output_tokens": self.output,
-                "tokens": len(self.output), "ttft_ms": _r(ttft), "tpot_ms": _r(tpot)}
+        return {"id": self.rid, "prompt_tokens": len(self.prompt), "prefill_chunks": self.prefill_chunks,
+                "output_tokens": self.output, "tokens": len(self.output), "ttft_ms": _r(ttft), "tpot_ms": _r(tpot)}
 
 
 def _r(x: float | None) -> float | None:
@@ -91,6 +92,7 @@ def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int, concurren
             for r, tok in zip(admitted, sampler(logits), strict=True):
                 r.output.append(tok)
                 r.token_times.append(now)
+                r.prefill_chunks = engine.prefill_chunks[r.rid]
             produced += len(admitted)
             active += admitted
         else:

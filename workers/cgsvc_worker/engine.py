@@ -1,5 +1,8 @@
-"""The engine of one TP rank: loads the model, sizes the latent cache, picks attention
-backends and graph modes from the plan, and runs prefill and decode steps.
+"""The engine of one TP rank: loads the model, stores the latent cache in the plan's KV dtype,
+picks attention backends and graph modes from the plan, and runs prefill and decode steps at
+the plan's sizes: prompts split into chunks of at most `chunked_prefill_size` tokens, prefill
+steps padded to the next planned `prefill.num_tokens`, decode batches to the next planned
+`decode.bs`; anything above `max_num_tokens` / `max_bs` runs eagerly and is counted.
 
 Every rank runs the same steps on the same inputs; logits are gathered to every rank, so
 sampling (greedy, or seeded temperature sampling) agrees across ranks without a broadcast.
@@ -8,21 +11,27 @@ sampling (greedy, or seeded temperature sampling) agrees across ranks without a 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from cgsvc_worker import loader
-from cgsvc_worker.attention import StepBatch, select_backend
-from cgsvc_worker.config import ModelConfig, load_model_config
+from cgsvc_worker.attention import DecodeMeta, PrefillMeta, decode_meta, select_backend
+from cgsvc_worker.config import ModelConfig, family_of, load_model_config
 from cgsvc_worker.graphs import (
-    CompiledPieces,
+    CompiledDecode,
     DecodeGraphs,
+    PieceGraphs,
+    Pieces,
+    StepStats,
+    compiled,
     effective_decode,
     effective_prefill,
+    next_size,
 )
-from cgsvc_worker.kv_cache import LatentKVCache
+from cgsvc_worker.kv_cache import KVFormat, KVFormatError, LatentKVCache, kv_format
 from cgsvc_worker.model import DeepseekV3Model
 from cgsvc_worker.tp import TPGroup
 
@@ -40,66 +49,100 @@ class EngineOptions:
     page_size: int = 16
     allow_compile: bool = True
     max_context: int = 0  # 0: the model's max_position_embeddings
+    cpu_compile: str = "trace"  # how a CPU runs the static decode step: trace | inductor | off
+    graph_context: int = 4096  # context positions a captured decode graph attends over (torch_native)
 
 
 @dataclass
 class PlanView:
-    """The parts of a plan (DESIGN.md JSON form) a worker honours."""
+    """Every field of a plan (the JSON form of docs/plan.md) that a worker honours."""
 
     prefill_backend: str = "disabled"
     decode_backend: str = "disabled"
     attention_prefill: str = "torch_native"
     attention_decode: str = "torch_native"
-    decode_bs: list[int] = field(default_factory=list)
+    prefill_max_num_tokens: int = 0
     prefill_num_tokens: list[int] = field(default_factory=list)
+    decode_max_bs: int = 0
+    decode_bs: list[int] = field(default_factory=list)
+    kv_cache_dtype: str = "auto"
+    chunked_prefill_size: int = 0  # 0 or less: prompts are not chunked
     policy_version: str = ""
     plan_hash: str = ""
     model_architecture: str = ""  # the text architecture the plan was resolved for, when known
+    model_name: str = ""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PlanView:
         plan = data.get("plan", data)
         try:
-            view = cls(prefill_backend=plan["prefill"]["backend"], decode_backend=plan["decode"]["backend"],
+            pre, dec = plan["prefill"], plan["decode"]
+            view = cls(prefill_backend=pre["backend"], decode_backend=dec["backend"],
                        attention_prefill=plan["attention_backend"]["prefill"],
                        attention_decode=plan["attention_backend"]["decode"],
-                       decode_bs=list(plan["decode"].get("bs", [])),
-                       prefill_num_tokens=list(plan["prefill"].get("num_tokens", [])),
+                       prefill_max_num_tokens=int(pre.get("max_num_tokens", 0)),
+                       prefill_num_tokens=sorted(int(n) for n in pre.get("num_tokens", [])),
+                       decode_max_bs=int(dec.get("max_bs", 0)), decode_bs=sorted(int(b) for b in dec.get("bs", [])),
+                       kv_cache_dtype=str(plan.get("kv_cache_dtype", "auto")),
+                       chunked_prefill_size=int(plan.get("chunked_prefill_size", 0)),
                        policy_version=plan.get("policy_version", ""), plan_hash=plan.get("plan_hash", ""))
-        except (KeyError, TypeError) as exc:
-            raise PlanMismatch(f"not a cgsvc plan (missing {exc}); expected the JSON form of DESIGN.md") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanMismatch(f"not a cgsvc plan ({type(exc).__name__}: {exc}); expected the JSON form of "
+                               "docs/plan.md") from None
+        if any(n < 1 for n in view.prefill_num_tokens + view.decode_bs):
+            raise PlanMismatch("plan capture sizes must be positive")
         spec = data.get("spec") or plan.get("spec")
         if spec:
-            view.model_architecture = _plan_architecture(spec)
+            view.model_architecture, view.model_name = _plan_model(spec)
         return view
 
 
-def _plan_architecture(spec: dict[str, Any]) -> str:
-    """The text architecture of the model a plan's spec names (through the catalog), or ''."""
+class _AmaxRecorder:
+    """An attention core that records each layer's latent and rope-key amax, then runs torch_native."""
+
+    def __init__(self, split: int, layers: int) -> None:
+        from cgsvc_worker.attention import TorchNativeMLA
+
+        self.native, self.split = TorchNativeMLA(), split
+        self.amax = [(0.0, 0.0)] * layers
+
+    def attend(self, attn: Any, q_nope: torch.Tensor, q_rot: torch.Tensor, latent: torch.Tensor,
+               meta: Any) -> torch.Tensor:
+        c, r = latent[:, : self.split].abs().max(), latent[:, self.split:].abs().max()
+        self.amax[attn.layer] = (float(c), float(r))
+        return self.native.attend(attn, q_nope, q_rot, latent, meta)
+
+
+def _plan_model(spec: dict[str, Any]) -> tuple[str, str]:
+    """The text architecture and name of the model a plan's spec names (through the catalog)."""
     from cgsvc import catalog
     from cgsvc.errors import ResolveError
 
     try:
         facts = catalog.facts_for_spec(spec)
     except ResolveError:  # an unreadable model.path just means "unknown" here
-        return ""
-    return facts.text_architecture if facts else ""
+        return "", ""
+    return (facts.text_architecture, facts.name) if facts else ("", "")
 
 
 def check_plan_matches(plan: PlanView, cfg: ModelConfig) -> list[str]:
     """Raise PlanMismatch when the plan was resolved for another model family; return notes."""
-    notes: list[str] = []
-    text_arch = "DeepseekV3ForCausalLM"  # what this worker runs, also inside the Kimi wrapper
-    if plan.model_architecture and plan.model_architecture != text_arch:
-        raise PlanMismatch(f"the plan was resolved for a {plan.model_architecture} model, the checkpoint is "
-                           f"{cfg.architecture} ({text_arch} text model); resolve a plan for this model")
     if not plan.model_architecture:
-        notes.append("the plan carries no spec: its model was not checked against the checkpoint")
-    return notes
+        return ["the plan carries no spec: its model was not checked against the checkpoint"]
+    theirs, ours = family_of(plan.model_architecture), family_of(cfg.architecture)
+    label = f"{plan.model_name} ({plan.model_architecture})" if plan.model_name else plan.model_architecture
+    if theirs is None:
+        raise PlanMismatch(f"the plan was resolved for {label}, which this worker does not run; the checkpoint is "
+                           f"{cfg.architecture} ({ours} family)")
+    if theirs != ours:
+        raise PlanMismatch(f"the plan was resolved for {label} ({theirs} family); the checkpoint is "
+                           f"{cfg.architecture} ({ours} family); resolve a plan for this model")
+    return []
 
 
 class Engine:
-    def __init__(self, model_path: str, tp: TPGroup, plan: PlanView, options: EngineOptions) -> None:
+    def __init__(self, model_path: str, tp: TPGroup, plan: PlanView, options: EngineOptions,
+                 kernels: Any = None) -> None:
         t0 = time.perf_counter()
         self.tp, self.plan, self.options = tp, plan, options
         self.cfg = load_model_config(model_path)
@@ -113,93 +156,272 @@ class Engine:
         self.notes += self.load_report.notes
         self.load_seconds = time.perf_counter() - t0
         self.max_context = options.max_context or self.cfg.max_position_embeddings
+        self.substitutions: dict[str, tuple[Any, str]] = {}  # plan field -> (effective, why)
         self.cache = LatentKVCache.from_budget(options.kv_cache_bytes, self.cfg.num_layers, self.cfg.latent_dim,
-                                               options.page_size, self.dtype, tp.device)
+                                               options.page_size, self._kv_format(), tp.device,
+                                               split=self.cfg.kv_lora_rank)
+        if self.cache.format.fp8:
+            self.cache.set_scales(self._calibrate_kv_scales())
+        heads = self.model.local_heads
         self.prefill_backend, self.attention_prefill = select_backend(
-            plan.attention_prefill, tp.device, self.cfg.kv_lora_rank, self.cfg.qk_rope_head_dim)
+            plan.attention_prefill, "prefill", tp.device, self.cache, self.cfg, heads, self.dtype, kernels)
         self.decode_backend, self.attention_decode = select_backend(
-            plan.attention_decode, tp.device, self.cfg.kv_lora_rank, self.cfg.qk_rope_head_dim)
-        self.prefill_mode = effective_prefill(plan.prefill_backend, tp.device, options.allow_compile)
-        self.decode_mode = effective_decode(plan.decode_backend, tp.device)
-        self.pieces = CompiledPieces(tp.device) if self.prefill_mode.effective.startswith("tc_piecewise") else None
+            plan.attention_decode, "decode", tp.device, self.cache, self.cfg, heads, self.dtype, kernels)
+        self.prefill_mode = effective_prefill(plan.prefill_backend, tp.device, options.allow_compile,
+                                              options.cpu_compile)
+        self.decode_mode = effective_decode(plan.decode_backend, tp.device, options.cpu_compile)
+        self.chunk_tokens = self._chunk_size()
+        self.pieces = Pieces(self.model)
+        self.piece_fns: list[Any] = list(self.pieces.fns)
+        if self.prefill_mode.effective == "tc_piecewise":  # GPU: inductor per piece per size, then captured
+            self.piece_fns = [compiled(fn, "inductor") for fn in self.pieces.fns]
+        elif self.prefill_mode.effective == "tc_piecewise_nograph":  # CPU: one dynamic-shape compile per piece
+            self.piece_fns = [compiled(fn, options.cpu_compile, dynamic=True) for fn in self.pieces.fns]
+        self.piece_graphs: PieceGraphs | None = None
         self.decode_graphs: DecodeGraphs | None = None
+        self.compiled_decode: CompiledDecode | None = None
+        if self.decode_mode.effective == "static_compiled" and plan.decode_bs:
+            self.compiled_decode = CompiledDecode(self._decode_step, options.cpu_compile, self.decode_mode)
+        self.stats = {"prefill": StepStats(), "decode": StepStats()}
+        self.prefill_chunks: Counter[int] = Counter()
+
+    # ------------------------------------------------------------------ plan checks
+    def _kv_format(self) -> KVFormat:
+        try:
+            return kv_format(self.plan.kv_cache_dtype, self.dtype, self.cfg.latent_dim)
+        except KVFormatError as exc:
+            if self.plan.kv_cache_dtype not in ("fp4_e2m1",):
+                raise PlanMismatch(f"kv_cache_dtype: {exc}") from None
+            self.substitutions["kv_cache_dtype"] = ("auto", f"{exc}; the cache stores the model dtype")
+            return kv_format("auto", self.dtype, self.cfg.latent_dim)
+
+    CALIBRATION_TOKENS = 256
+
+    def _calibrate_kv_scales(self) -> list[tuple[float, float]]:
+        """Static per-layer scales for an fp8 cache: the amax of the compressed latent and of
+        the rotated key over a calibration prompt (seeded random tokens, the same on every
+        rank), mapped to a quarter of the format's range so that larger values in real
+        prompts still fit; anything beyond is clipped and counted (saturated_values)."""
+        cfg, dev = self.cfg, self.tp.device
+        n = min(self.CALIBRATION_TOKENS, self.max_context)
+        ids = torch.randint(2, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(0)).to(dev)
+        temp = LatentKVCache(cfg.num_layers, cfg.latent_dim, n, 2, kv_format("auto", self.dtype, cfg.latent_dim), dev)
+        recorder = _AmaxRecorder(cfg.kv_lora_rank, cfg.num_layers)
+        meta = PrefillMeta(temp.allocate(0, n), [n], [temp.context_slots(0)], temp)
+        with torch.inference_mode():
+            self.model(ids, torch.arange(n, device=dev), meta, recorder)
+        top = torch.finfo(self.cache.dtype).max / 4
+        return [(max(c, 1e-6) / top, max(r, 1e-6) / top) for c, r in recorder.amax]
+
+    def _chunk_size(self) -> int | None:
+        """Tokens per prefill step (None: whole prompts). A chunk larger than the cache could
+        never be stored: it is cut to the cache's capacity, and the report says so."""
+        size = self.plan.chunked_prefill_size
+        if size <= 0:
+            return None
+        cap = self.cache.capacity_tokens
+        if size > cap:
+            self.substitutions["chunked_prefill_size"] = (
+                cap, f"{size} tokens per chunk exceed the KV cache's {cap} token slots on this rank")
+            return cap
+        return size
 
     # ------------------------------------------------------------------ set-up
+    @torch.inference_mode()  # as the steps run: compiled pieces must not recompile inside a capture
     def capture(self) -> None:
-        """Capture decode graphs (GPU) or time the compile warm-up of prefill pieces."""
+        """Capture the planned sizes (GPU). On a CPU decode sizes compile on first use; compiled
+        prefill pieces (dynamic shapes there) are compiled once here, at the smallest size."""
+        if self.tp.device.type != "cuda":
+            if self.prefill_mode.effective == "tc_piecewise_nograph":
+                t0 = time.perf_counter()
+                self._warm_pieces(max(2, min(self.plan.prefill_num_tokens, default=4)))
+                self.prefill_mode.capture_seconds = time.perf_counter() - t0
+            return
         if self.decode_mode.effective == "full" and self.plan.decode_bs:
-            scratch = self.cache.allocate(-1, 1)[0].item()  # a slot padding rows write to
-            self.decode_graphs = DecodeGraphs(self.plan.decode_bs, min(self.max_context, 4096), self._decode_raw,
-                                              self.tp.device, int(scratch))
-            seconds, nbytes = self.decode_graphs.capture()
-            self.decode_mode.capture_seconds, self.decode_mode.capture_bytes = seconds, nbytes
-            self.decode_mode.captured_sizes = list(self.plan.decode_bs)
-        if self.pieces is not None:
-            t0 = time.perf_counter()
-            self.prefill([-2], [[1, 2, 3, 4]])  # compiles both pieces (dynamic shapes: once)
-            self.release(-2)
-            self.prefill_mode.capture_seconds = time.perf_counter() - t0
+            pages = -(-min(self.options.graph_context, self.max_context, self.cache.capacity_tokens)
+                      // self.cache.page_size)
+            self.decode_graphs = DecodeGraphs(self.plan.decode_bs, pages, self._decode_step, self.decode_backend,
+                                              self._padding_meta, self.tp.device)
+            try:
+                seconds, nbytes = self.decode_graphs.capture()
+            except RuntimeError as exc:  # report, run eager: never claim a graph that was not captured
+                self.decode_graphs = None
+                self.decode_mode.effective = "disabled"
+                self.decode_mode.reason = f"decode graph capture failed: {exc}"
+            else:
+                self.decode_mode.capture_seconds, self.decode_mode.capture_bytes = seconds, nbytes
+                self.decode_mode.captured_sizes = list(self.plan.decode_bs)
+        if self.prefill_mode.effective in ("tc_piecewise", "breakable") and self.plan.prefill_num_tokens:
+            heads = self.model.local_heads
+            sizes = [n for n in self.plan.prefill_num_tokens if n <= self._prefill_cap()]
+            self.piece_graphs = PieceGraphs(self.pieces, self.piece_fns, sizes, self.tp.device, heads,
+                                            self.cfg.v_head_dim, self.dtype)
+            try:
+                seconds, nbytes = self.piece_graphs.capture(self._warm_pieces)
+            except RuntimeError as exc:
+                self.piece_graphs = None
+                self.prefill_mode.effective = "disabled"
+                self.prefill_mode.reason = f"prefill piece capture failed: {exc}"
+            else:
+                self.prefill_mode.capture_seconds, self.prefill_mode.capture_bytes = seconds, nbytes
+                self.prefill_mode.captured_sizes = sizes
 
-    # ------------------------------------------------------------------ steps
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, batch: StepBatch, backend: Any,
-                 pieces: CompiledPieces | None = None) -> torch.Tensor:
-        m = self.model
-        if pieces is None:
-            return m(ids, positions, batch, backend)
-        x = m.embed_tokens(ids)
-        cos, sin = m.rotary.cos_sin(positions, x.dtype)
-        layers: list[Any] = list(m.layers)
-        for layer in layers:
-            h = pieces.pre(layer.input_layernorm, x)
-            a = layer.self_attn(h, m.rotary, cos, sin, batch, backend)
-            x = pieces.post(layer, x, a)
-        return m.norm(x)  # type: ignore[no-any-return]
+    def _prefill_cap(self) -> int:
+        return self.plan.prefill_max_num_tokens or max(self.plan.prefill_num_tokens, default=0)
 
+    def _warm_pieces(self, n: int) -> None:
+        """One step of n tokens through the pieces (compiles them at this size), then forget it."""
+        seq = -1000 - n
+        slots = self.cache.allocate(seq, n)
+        meta = PrefillMeta(slots, [n], [self.cache.context_slots(seq)], self.cache)
+        ids = torch.zeros(n, dtype=torch.long, device=self.tp.device)
+        with torch.inference_mode():
+            self.pieces.run(self.piece_fns, ids, torch.arange(n, device=self.tp.device), meta, self.prefill_backend)
+        self.cache.release(seq)
+
+    def _padding_meta(self, rows: int) -> DecodeMeta:
+        assert self.decode_graphs is not None
+        slots = torch.empty(0, dtype=torch.long, device=self.tp.device)
+        return decode_meta(self.cache, slots, [], [], rows, self.decode_graphs.max_pages)
+
+    # ------------------------------------------------------------------ prefill
     @torch.inference_mode()
     def prefill(self, seq_ids: list[int], prompts: list[list[int]]) -> torch.Tensor:
-        """Run the prompts (a ragged batch) through the model; logits of each last token [B, V]."""
+        """Append the prompts to their sequences, in steps of at most chunk_tokens tokens
+        (earlier sequences first); logits of each prompt's last token, [B, V]."""
+        remaining = {s: list(p) for s, p in zip(seq_ids, prompts, strict=True)}
+        order = list(seq_ids)
+        last: dict[int, torch.Tensor] = {}
+        while order:
+            budget = self.chunk_tokens or sum(len(remaining[s]) for s in order)
+            step_ids, step_tokens = [], []
+            for s in order:
+                if budget <= 0:
+                    break
+                take = remaining[s][:budget]
+                remaining[s] = remaining[s][len(take):]
+                step_ids.append(s)
+                step_tokens.append(take)
+                budget -= len(take)
+                self.prefill_chunks[s] += 1
+            logits = self._prefill_step(step_ids, step_tokens)
+            for i, s in enumerate(step_ids):
+                if not remaining[s]:
+                    last[s] = logits[i]
+                    order.remove(s)
+        return torch.stack([last[s] for s in seq_ids])
+
+    def _prefill_step(self, seq_ids: list[int], chunks: list[list[int]]) -> torch.Tensor:
         dev = self.tp.device
-        lens = [len(p) for p in prompts]
+        starts = [self.cache.seqs[s].length if s in self.cache.seqs else 0 for s in seq_ids]
+        lens = [len(c) for c in chunks]
         slots = torch.cat([self.cache.allocate(s, n) for s, n in zip(seq_ids, lens, strict=True)])
-        ids = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=dev)
-        positions = torch.cat([torch.arange(n, device=dev) for n in lens])
-        batch = StepBatch("prefill", seq_ids, lens, lens, slots,
-                          [self.cache.context_slots(s) for s in seq_ids], self.cache)
-        hidden = self._forward(ids, positions, batch, self.prefill_backend, self.pieces)
+        ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long, device=dev)
+        positions = torch.cat([torch.arange(a, a + n, device=dev) for a, n in zip(starts, lens, strict=True)])
+        real = int(ids.shape[0])
+        size, why = self._prefill_size(real)
+        stats = self.stats["prefill"]
+        if size is None:
+            stats.eager[why] += 1
+            meta = PrefillMeta(slots, lens, [self.cache.context_slots(s) for s in seq_ids], self.cache)
+            hidden = self.model(ids, positions, meta, self.prefill_backend)
+        else:
+            stats.by_size[size] += 1
+            stats.padded_rows += size - real
+            pad = size - real
+            ids = torch.cat([ids, ids.new_zeros(pad)])
+            positions = torch.cat([positions, positions.new_zeros(pad)])
+            slots = torch.cat([slots, slots.new_full((pad,), self.cache.scratch_slot)])
+            meta = PrefillMeta(slots, lens, [self.cache.context_slots(s) for s in seq_ids], self.cache)
+            if self.piece_graphs is not None and size in self.piece_graphs.graphs:
+                hidden = self.piece_graphs.run(size, ids, positions, meta, self.prefill_backend)
+            else:
+                hidden = self.pieces.run(self.piece_fns, ids, positions, meta, self.prefill_backend)
         last = torch.tensor(lens, device=dev).cumsum(0) - 1
         return self.model.logits(hidden[last]).float()
 
-    def _decode_raw(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_idx: torch.Tensor,
-                    ctx_mask: torch.Tensor) -> torch.Tensor:
-        batch = StepBatch("decode", [], [1] * ids.shape[0], [ctx_idx.shape[1]] * ids.shape[0], slots, [], self.cache,
-                          extras={"padded": (ctx_idx, ctx_mask)})
-        return self.model.logits(self.model(ids, positions, batch, self.decode_backend))
+    def _prefill_size(self, tokens: int) -> tuple[int | None, str]:
+        """The planned size a prefill step of `tokens` tokens runs at, or None and why eager."""
+        mode = self.prefill_mode
+        if mode.effective == "disabled":
+            return None, mode.reason or "prefill.backend is disabled"
+        if self.tp.device.type == "cuda" and self.piece_graphs is None:
+            return None, "no prefill sizes were captured"
+        cap = self._prefill_cap()
+        if tokens > cap:
+            return None, f"step above prefill.max_num_tokens ({cap})"
+        size = next_size(self.plan.prefill_num_tokens, tokens)
+        if size is None or (self.piece_graphs is not None and size not in self.piece_graphs.graphs):
+            return None, "no planned prefill.num_tokens size fits the step"
+        return size, ""
+
+    # ------------------------------------------------------------------ decode
+    def _decode_step(self, ids: torch.Tensor, positions: torch.Tensor, meta: DecodeMeta) -> torch.Tensor:
+        """The whole decode step at fixed shapes: what a CUDA graph or a fullgraph compile captures."""
+        return self.model.logits(self.model(ids, positions, meta, self.decode_backend, static=True))
 
     @torch.inference_mode()
     def decode(self, seq_ids: list[int], tokens: list[int]) -> torch.Tensor:
         """One token for each sequence; logits [B, V]."""
-        dev = self.tp.device
-        slots = torch.cat([self.cache.allocate(s, 1) for s in seq_ids])
-        ctx_lens = [self.cache.seqs[s].length for s in seq_ids]
+        dev, cache = self.tp.device, self.cache
+        slots = torch.cat([cache.allocate(s, 1) for s in seq_ids])
+        lens = [cache.seqs[s].length for s in seq_ids]
+        pages = [list(cache.seqs[s].pages) for s in seq_ids]
+        b = len(seq_ids)
+        size, why = self._decode_size(b, max(lens))
+        stats = self.stats["decode"]
         ids = torch.tensor(tokens, dtype=torch.long, device=dev)
-        positions = torch.tensor([n - 1 for n in ctx_lens], dtype=torch.long, device=dev)
-        batch = StepBatch("decode", seq_ids, [1] * len(seq_ids), ctx_lens, slots,
-                          [self.cache.context_slots(s) for s in seq_ids], self.cache)
-        graphs = self.decode_graphs
-        if graphs is not None and graphs.size_for(len(seq_ids)) is not None and max(ctx_lens) <= graphs.max_context:
-            idx, mask = batch.padded_context()
-            return graphs.replay(ids, positions, slots, idx, mask).float()
-        hidden = self.model(ids, positions, batch, self.decode_backend)
-        return self.model.logits(hidden).float()
+        positions = torch.tensor([n - 1 for n in lens], dtype=torch.long, device=dev)
+        if size is None:
+            stats.eager[why] += 1
+            meta = decode_meta(cache, slots, lens, pages, b, max(len(p) for p in pages))
+            self.decode_backend.plan(meta, None)
+            # The same fixed-shape expert dispatch as captured steps, so that a step's result
+            # does not depend on whether it was captured.
+            return self.model.logits(self.model(ids, positions, meta, self.decode_backend, static=True)).float()
+        stats.by_size[size] += 1
+        stats.padded_rows += size - b
+        ids = torch.cat([ids, ids.new_zeros(size - b)])
+        positions = torch.cat([positions, positions.new_zeros(size - b)])
+        if self.decode_graphs is not None:
+            meta = decode_meta(cache, slots, lens, pages, size, max(len(p) for p in pages))
+            # a copy: the graph's output buffer is overwritten by the next replay
+            return self.decode_graphs.replay(size, ids, positions, meta)[:b].to(torch.float32, copy=True)
+        assert self.compiled_decode is not None
+        # CPU: the context capacity rounds up to a power of two of pages, so one compiled
+        # program serves many steps.
+        need = max(len(p) for p in pages)
+        meta = decode_meta(cache, slots, lens, pages, size, 1 << (need - 1).bit_length())
+        return self.compiled_decode(size, ids, positions, meta)[:b].float()
+
+    def _decode_size(self, rows: int, context: int) -> tuple[int | None, str]:
+        mode = self.decode_mode
+        if mode.effective == "disabled":
+            return None, mode.reason or "decode.backend is disabled"
+        if not self.plan.decode_bs:
+            return None, "the plan has no decode.bs sizes"
+        cap = self.plan.decode_max_bs or max(self.plan.decode_bs)
+        if rows > cap:
+            return None, f"batch above decode.max_bs ({cap})"
+        size = next_size(self.plan.decode_bs, rows)
+        if size is None:
+            return None, "no planned decode.bs size fits the batch"
+        if self.decode_graphs is not None and context > self.decode_graphs.max_pages * self.cache.page_size:
+            return None, f"context above the captured graphs' {self.decode_graphs.max_pages * self.cache.page_size} positions"
+        return size, ""
 
     def release(self, seq_id: int) -> None:
         self.cache.release(seq_id)
+        self.prefill_chunks.pop(seq_id, None)
 
     # ------------------------------------------------------------------ report
     def describe(self) -> dict[str, Any]:
+        from cgsvc_worker.fidelity import plan_fidelity
+
         cfg = self.cfg
         elem = torch.empty((), dtype=self.dtype).element_size()
         hf_cache = cfg.num_layers * cfg.num_heads * (cfg.qk_head_dim + cfg.v_head_dim) * elem
+        model_dtype_bytes = cfg.num_layers * cfg.latent_dim * elem
         return {
             "model": {"architecture": cfg.architecture, "layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
                       "heads": cfg.num_heads, "kv_lora_rank": cfg.kv_lora_rank, "rope_dim": cfg.qk_rope_head_dim,
@@ -207,11 +429,24 @@ class Engine:
                       "parameters_this_rank": sum(p.numel() for p in self.model.parameters())},
             "tp": self.tp.size, "device": str(self.tp.device), "dtype": self.options.dtype,
             "plan": {"policy_version": self.plan.policy_version, "plan_hash": self.plan.plan_hash},
+            "plan_fidelity": plan_fidelity(self),
             "modes": {"prefill": self.prefill_mode.to_dict(), "decode": self.decode_mode.to_dict()},
             "attention": {"prefill": self.attention_prefill.to_dict(), "decode": self.attention_decode.to_dict()},
+            "steps": {k: v.to_dict() for k, v in self.stats.items()},
             "kv_cache": {
+                "dtype": self.cache.format.name,
+                "stored_as": str(self.cache.dtype).removeprefix("torch."),
                 "bytes_per_token": self.cache.bytes_per_token,
+                "model_dtype_bytes_per_token": model_dtype_bytes,
+                "ratio_vs_model_dtype": round(model_dtype_bytes / self.cache.bytes_per_token, 2),
                 "values_per_token_per_layer": cfg.latent_dim,
+                "scales": ((f"per layer, static: (latent, rope key), calibrated at load on "
+                            f"{min(self.CALIBRATION_TOKENS, self.max_context)} seeded random tokens to a quarter of "
+                            "the format's range") if self.cache.format.fp8 else
+                           "e4m3 per 16-value block" if self.cache.format.name == "fp4_e2m1" else "none"),
+                "scale_values": ([[float(f"{c:.4g}"), float(f"{r:.4g}")] for c, r in self.cache.scale_values]
+                                 if self.cache.format.fp8 else []),
+                "saturated_values": int(self.cache.saturated.item()),
                 "page_size": self.cache.page_size, "pages": self.cache.num_pages,
                 "decompressed_bytes_per_token": hf_cache,
                 "ratio_vs_decompressed": round(hf_cache / self.cache.bytes_per_token, 2),

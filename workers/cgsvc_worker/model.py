@@ -1,10 +1,13 @@
 """The DeepSeek-V3 architecture (DeepSeek-V2/V3/R1, Kimi-K2.x): MLA attention, dense and MoE
 layers, tensor-parallel over a TPGroup.
 
-Tokens of all sequences in a step are packed into one [T, hidden] tensor; a `StepBatch`
-(engine.py) says which sequence each token belongs to and where its latent lives in the
-KV cache. Attention itself is delegated to a backend (attention.py) so that the same model
-runs the torch_native reference, flashinfer or trtllm-gen kernels.
+Tokens of all sequences in a step are packed into one [T, hidden] tensor; the step's
+attention metadata (attention.py: `PrefillMeta`, `DecodeMeta`) says which sequence each
+token belongs to and where its latent lives in the KV cache. The attention core is delegated
+to a backend (attention.py) so that the same model runs the torch_native reference,
+FlashInfer or trtllm-gen kernels. Graph modes (graphs.py) split each layer at that core:
+`attention_input` (norm, projections, rotary) | attention core | `finish` (o_proj, residuals,
+MLP or MoE); `static=True` selects MoE dispatch with fixed shapes for captured steps.
 
 Shapes: T tokens, H local heads (num_heads / tp), C = kv_lora_rank, R = qk_rope_head_dim,
 N = qk_nope_head_dim, V = v_head_dim, D = hidden_size.
@@ -48,8 +51,10 @@ class MLAAttention(nn.Module):
                                        self.cfg.kv_lora_rank)
         return w[:, : self.cfg.qk_nope_head_dim], w[:, self.cfg.qk_nope_head_dim:]
 
-    def forward(self, x: torch.Tensor, rotary: Rotary, cos: torch.Tensor, sin: torch.Tensor,
-                batch: Any, backend: Any) -> torch.Tensor:
+    def project(self, x: torch.Tensor, rotary: Rotary, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Everything before the attention core: q_nope [T,H,N], q_rot [T,H,R] and the latent
+        [T, C+R] (the compressed KV after its norm, and the rotated key) that the cache keeps."""
         cfg, T = self.cfg, x.shape[0]
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if cfg.q_lora_rank else self.q_proj(x)
         q = q.view(T, self.heads, cfg.qk_head_dim)
@@ -58,9 +63,16 @@ class MLAAttention(nn.Module):
         c = self.kv_a_layernorm(c)
         q_rot = rotary(q_rot, cos, sin)
         k_rot = rotary(k_rot.unsqueeze(1), cos, sin).squeeze(1)
-        latent = torch.cat([c, k_rot], dim=-1)  # [T, C + R]: all the cache keeps
-        out = backend.attend(self, q_nope, q_rot, latent, batch)  # [T, H, V]
-        return self.o_proj(out.reshape(T, self.heads * cfg.v_head_dim))
+        return q_nope, q_rot, torch.cat([c, k_rot], dim=-1)
+
+    def output(self, o: torch.Tensor) -> torch.Tensor:
+        """The attention core's [T, H, V] through o_proj (all-reduced across ranks)."""
+        return self.o_proj(o.reshape(o.shape[0], self.heads * self.cfg.v_head_dim))
+
+    def forward(self, x: torch.Tensor, rotary: Rotary, cos: torch.Tensor, sin: torch.Tensor,
+                meta: Any, backend: Any) -> torch.Tensor:
+        q_nope, q_rot, latent = self.project(x, rotary, cos, sin)
+        return self.output(backend.attend(self, q_nope, q_rot, latent, meta))
 
 
 class MLP(nn.Module):
@@ -129,19 +141,51 @@ class MoE(nn.Module):
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         return idx, weights * cfg.routed_scaling_factor
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, static: bool = False) -> torch.Tensor:
+        """static=True: fixed shapes and no host synchronisation (a step that CUDA graphs or a
+        fullgraph compile capture); static=False: only the selected experts run (eager steps)."""
         idx, weights = self.route(x)
-        out = torch.zeros_like(x)
+        out = self.dispatch_static(x, idx, weights) if static else self.dispatch_sparse(x, idx, weights)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return self.tp.all_reduce(out)
+
+    def dispatch_sparse(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Each selected local expert on exactly its tokens. The expert list and token sets
+        depend on the data: the host reads them (not capturable; eager steps only)."""
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         local = (idx >= self.expert_start) & (idx < self.expert_end)
         for e in torch.unique(idx[local]).tolist():
             token, slot = torch.where(idx == e)
             le = e - self.expert_start
             gate, up = F.linear(x[token], self.w_gate_up[le]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.w_down[le]) * weights[token, slot, None]
-            out.index_add_(0, token, y.to(out.dtype))
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
-        return self.tp.all_reduce(out)
+            y = F.linear(F.silu(gate) * up, self.w_down[le])
+            out.index_add_(0, token, y.float() * weights[token, slot, None])
+        return out.to(x.dtype)
+
+    def dispatch_static(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Expert dispatch with shapes fixed by the token count alone. Few tokens (T x top-k <=
+        local experts, decode): gather each assignment's expert weights and batch-multiply, so
+        only the chosen experts' weights are read. More tokens: every local expert on every
+        token, combined by the routing weights, so each expert's weights are read once.
+        Assignments to other ranks' experts get weight 0. Every path sums the weighted expert
+        outputs in float32, so that they agree with each other to float32 rounding."""
+        T, k = idx.shape
+        n_local = self.expert_end - self.expert_start
+        local = idx - self.expert_start
+        mine = (local >= 0) & (local < n_local)
+        w = torch.where(mine, weights, torch.zeros_like(weights)).float()
+        e = local.clamp(0, n_local - 1)
+        if T * k <= n_local:
+            xa = x.unsqueeze(1).expand(T, k, x.shape[-1]).reshape(T * k, -1, 1)
+            h = torch.bmm(self.w_gate_up[e.reshape(-1)], xa).squeeze(-1)
+            gate, up = h.chunk(2, dim=-1)
+            y = torch.bmm(self.w_down[e.reshape(-1)], (F.silu(gate) * up).unsqueeze(-1)).squeeze(-1)
+            return (y.float().view(T, k, -1) * w.unsqueeze(-1)).sum(1).to(x.dtype)
+        combine = torch.zeros(T, n_local, dtype=torch.float32, device=x.device).scatter_add_(1, e, w)
+        gate, up = torch.einsum("td,eid->eti", x, self.w_gate_up).chunk(2, dim=-1)
+        y = torch.einsum("eti,edi->etd", F.silu(gate) * up, self.w_down)
+        return torch.einsum("etd,te->td", y.float(), combine).to(x.dtype)
 
 
 class DecoderLayer(nn.Module):
@@ -153,18 +197,21 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
-    def forward(self, x: torch.Tensor, rotary: Rotary, cos: torch.Tensor, sin: torch.Tensor, batch: Any,
-                backend: Any) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rotary, cos, sin, batch, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    # A layer as the pieces that graph modes split at attention: attention_input (norm and
+    # projections), the attention core (the backend's), finish (o_proj, residuals, MLP).
+    def attention_input(self, x: torch.Tensor, rotary: Rotary, cos: torch.Tensor,
+                        sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.self_attn.project(self.input_layernorm(x), rotary, cos, sin)
 
-    # The pieces between attention breaks, for graph modes that split the forward at attention.
-    def pre_attention(self, x: torch.Tensor) -> torch.Tensor:
-        return self.input_layernorm(x)
+    def finish(self, x: torch.Tensor, o: torch.Tensor, static: bool) -> torch.Tensor:
+        x = x + self.self_attn.output(o)
+        h = self.post_attention_layernorm(x)
+        return x + (self.mlp(h, static) if isinstance(self.mlp, MoE) else self.mlp(h))
 
-    def post_attention(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        x = x + attn_out
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, rotary: Rotary, cos: torch.Tensor, sin: torch.Tensor, meta: Any,
+                backend: Any, static: bool = False) -> torch.Tensor:
+        q_nope, q_rot, latent = self.attention_input(x, rotary, cos, sin)
+        return self.finish(x, backend.attend(self.self_attn, q_nope, q_rot, latent, meta), static)
 
 
 class DeepseekV3Model(nn.Module):
@@ -177,12 +224,22 @@ class DeepseekV3Model(nn.Module):
         self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, tp, dtype)
         self.rotary = Rotary(cfg.rope)
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, batch: Any, backend: Any) -> torch.Tensor:
-        """Hidden states after the final norm, [T, D]."""
+    @property
+    def local_heads(self) -> int:
+        """Attention heads on this rank."""
+        return self.cfg.num_heads // self.tp.size
+
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         x = self.embed_tokens(ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        return x, cos, sin
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: Any, backend: Any,
+                static: bool = False) -> torch.Tensor:
+        """Hidden states after the final norm, [T, D]."""
+        x, cos, sin = self.embed(ids, positions)
         for layer in self.layers:
-            x = layer(x, self.rotary, cos, sin, batch, backend)
+            x = layer(x, self.rotary, cos, sin, meta, backend, static)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -49,6 +49,28 @@ def single(device: str | torch.device = "cpu") -> TPGroup:
     return TPGroup(0, 1, torch.device(device))
 
 
+NCCL_MIN_FOR_GRAPHS = (2, 9, 6)
+
+
+def nccl_version() -> tuple[int, ...]:
+    """The NCCL version torch was built with, e.g. (2, 27, 3); () when it has none."""
+    try:
+        v = torch.cuda.nccl.version()
+    except (AttributeError, RuntimeError):
+        return ()
+    return tuple(v) if isinstance(v, tuple) else (v // 1000, v % 1000 // 100, v % 100)
+
+
+def check_nccl_for_graphs(version: tuple[int, ...] | None = None) -> None:
+    """Collectives captured inside CUDA graphs need NCCL 2.9.6 or later: refuse to start below."""
+    v = nccl_version() if version is None else version
+    if not v or v < NCCL_MIN_FOR_GRAPHS:
+        have = ".".join(map(str, v)) or "none"
+        raise RuntimeError(f"NCCL {have} is too old for all-reduces inside CUDA graphs (needs "
+                           f"{'.'.join(map(str, NCCL_MIN_FOR_GRAPHS))} or later); install a torch built with a newer "
+                           "NCCL, or run with decode and prefill graphs disabled")
+
+
 def init_from_env(device_kind: str = "auto", timeout_s: float = 120.0) -> TPGroup:
     """Join the group described by the environment (a size-1 group when WORLD_SIZE is absent)."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -59,8 +81,15 @@ def init_from_env(device_kind: str = "auto", timeout_s: float = 120.0) -> TPGrou
     if use_cuda:
         torch.cuda.set_device(device)
     if size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=size,
-                                timeout=dt.timedelta(seconds=timeout_s))
+        if use_cuda:
+            check_nccl_for_graphs()
+        # NCCL's communicator is created here and warmed by the warm-up step that runs before
+        # every capture (graphs.py), so captured all-reduces find it ready.
+        timeout = dt.timedelta(seconds=timeout_s)
+        if use_cuda:
+            dist.init_process_group("nccl", rank=rank, world_size=size, timeout=timeout, device_id=device)
+        else:
+            dist.init_process_group("gloo", rank=rank, world_size=size, timeout=timeout)
     return TPGroup(rank, size, device)
 
 

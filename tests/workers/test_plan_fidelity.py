@@ -1,0 +1,146 @@
+"""What was planned is what ran, or the report says exactly why not: plan fidelity for every plan
+field, capture sizes honoured (padding, eager steps counted per reason), the model family
+checked, and static MoE dispatch equal to the sparse one."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from cgsvc_worker import tp
+from cgsvc_worker.engine import Engine, EngineOptions, PlanMismatch, PlanView
+from cgsvc_worker.fidelity import PLAN_FIELDS, STATUSES
+from cgsvc_worker.model import MoE
+
+from cgsvc.plan import Plan
+from cgsvc.resolve import resolve
+from cgsvc.spec import parse_spec
+from tests.conftest import ROOT
+
+# Plan fields that describe the plan rather than what a worker runs.
+PLAN_METADATA = {"policy_version", "plan_hash", "locked", "decisions", "warnings", "estimates"}
+
+
+def every_field_spec(model_path: str) -> dict[str, Any]:
+    """A spec that sets every plan field explicitly (as the issue's new user did)."""
+    return {"model": {"path": model_path}, "hardware": {"gpu": "H200", "gpu_count": 1}, "parallelism": {"tp": 1},
+            "features": {"kv_cache_dtype": "fp8_e4m3", "chunked_prefill_size": 8},
+            "overrides": {"attention_backend": "flashinfer",
+                          "cuda_graph": {"prefill": {"backend": "tc_piecewise", "num_tokens": [8, 16, 32]},
+                                         "decode": {"backend": "full", "bs": [1, 2, 4]}}}}
+
+
+def _leaves(d: dict[str, Any], prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for k, v in d.items():
+        if k in PLAN_METADATA:
+            continue
+        if isinstance(v, dict):
+            out |= _leaves(v, f"{prefix}{k}.")
+        else:
+            out.add(prefix + k)
+    return out
+
+
+def test_every_plan_field_has_a_fidelity_entry(checkpoints: dict[str, str]) -> None:
+    """Derived from the plan type: a new plan field without a fidelity entry fails here."""
+    plan = resolve(parse_spec(every_field_spec(checkpoints["tiny"])))
+    settings = _leaves(plan.body())
+    assert settings == set(PLAN_FIELDS)
+    assert len(dataclasses.fields(Plan)) - len(PLAN_METADATA) == len(PLAN_FIELDS)
+    engine = Engine(checkpoints["tiny"], tp.single(), PlanView.from_json({"plan": plan.to_dict()}), EngineOptions())
+    report = engine.describe()["plan_fidelity"]
+    assert [f["field"] for f in report] == list(PLAN_FIELDS)
+    for f in report:
+        assert set(f) == {"field", "requested", "effective", "status", "reason"}
+        assert f["status"] in STATUSES and (f["status"] == "honoured" or f["reason"]), f
+
+
+def test_a_plan_with_every_field_set_is_honoured_or_explained(checkpoints: dict[str, str], tmp_path: Path) -> None:
+    """The issue's scenario: resolve a spec that sets every field, hand the plan to
+    `cgsvc-worker generate`, read the report."""
+    plan = resolve(parse_spec(every_field_spec(checkpoints["tiny"])))
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps({"plan": plan.to_dict(), "spec": every_field_spec(checkpoints["tiny"])}))
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([list(range(2, 22)), list(range(40, 51))]))  # 20 and 11 tokens
+    out = tmp_path / "out.json"
+    proc = subprocess.run([sys.executable, "-m", "cgsvc_worker.cli", "generate", "--model-path", checkpoints["tiny"],
+                           "--plan", str(plan_path), "--prompts", str(prompts), "--max-new-tokens", "4",
+                           "--page-size", "4", "--output", str(out)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    fid = {f["field"]: f for f in r["plan_fidelity"]}
+    assert fid["kv_cache_dtype"] == {**fid["kv_cache_dtype"], "effective": "fp8_e4m3", "status": "honoured"}
+    assert r["kv_cache"]["ratio_vs_model_dtype"] == 4.0 and r["kv_cache"]["stored_as"] == "float8_e4m3fn"
+    assert fid["chunked_prefill_size"]["status"] == "honoured"
+    # 8-token steps, earliest request first: [0:8] [8:16] [16:20]+[0:4] [4:11]
+    assert [q["prefill_chunks"] for q in r["requests"]] == [3, 2]
+    assert r["steps"]["prefill"]["by_size"] == {"8": 4} and r["steps"]["prefill"]["padded_rows"] == 1
+    assert r["steps"]["decode"]["by_size"] == {"2": 3}
+    for field in ("attention_backend.prefill", "attention_backend.decode", "prefill.backend", "decode.backend"):
+        assert fid[field]["status"] == "substituted" and fid[field]["reason"], fid[field]  # a CPU
+    assert fid["prefill.num_tokens"]["effective"] == [8, 16, 32] and fid["decode.bs"]["effective"] == [1, 2, 4]
+    assert "plan fidelity (fields not honoured as planned)" in proc.stderr
+    assert "decode.backend" in proc.stderr and "kv_cache_dtype" not in proc.stderr
+
+
+def test_capture_sizes_padding_and_eager_steps(checkpoints: dict[str, str]) -> None:
+    plan = PlanView(decode_backend="full", decode_max_bs=4, decode_bs=[2, 4], prefill_backend="disabled")
+    engine = Engine(checkpoints["tiny"], tp.single(), plan, EngineOptions(page_size=4))
+    ref = Engine(checkpoints["tiny"], tp.single(), PlanView(), EngineOptions(page_size=4))
+    prompts = [[3 + i, 4, 5 + i] for i in range(5)]
+    for eng in (engine, ref):
+        eng.prefill([0, 1, 2, 3, 4], prompts)
+    a = engine.decode([0], [7])  # 1 -> padded to 2
+    b = engine.decode([0, 1, 2], [7, 8, 9])  # 3 -> padded to 4
+    c = engine.decode([0, 1, 2, 3, 4], [7, 8, 9, 10, 11])  # 5 > max_bs: eager
+    ra, rb, rc = ref.decode([0], [7]), ref.decode([0, 1, 2], [7, 8, 9]), ref.decode([0, 1, 2, 3, 4], [7, 8, 9, 10, 11])
+    for got, want in ((a, ra), (b, rb), (c, rc)):
+        assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+    steps = engine.describe()["steps"]
+    assert steps["decode"]["by_size"] == {"2": 1, "4": 1} and steps["decode"]["padded_rows"] == 2
+    assert steps["decode"]["eager"] == {"batch above decode.max_bs (4)": 1}
+    assert steps["prefill"]["eager"] == {"prefill.backend is disabled": 1}
+    compiled = engine.decode_mode.compiled_sizes
+    assert compiled == [{"bs": 2, "context": 4}, {"bs": 4, "context": 8}]  # on first use, per size and context
+
+
+def test_plan_for_another_family_is_refused_naming_both(checkpoints: dict[str, str], tmp_path: Path) -> None:
+    from cgsvc_worker.checkpoint import make_checkpoint
+
+    v2 = {"plan": {"prefill": {"backend": "disabled"}, "decode": {"backend": "disabled"},
+                   "attention_backend": {"prefill": "torch_native", "decode": "torch_native"}},
+          "spec": {"model": {"name": "deepseek-ai/DeepSeek-V2-Lite"}, "hardware": {"gpu": "H100"}}}
+    with pytest.raises(PlanMismatch, match=r"DeepSeek-V2-Lite \(DeepseekV2ForCausalLM\) \(DeepSeek-V2 family\); "
+                                           r"the checkpoint is DeepseekV3ForCausalLM \(DeepSeek-V3 family\)"):
+        Engine(checkpoints["tiny"], tp.single(), PlanView.from_json(v2), EngineOptions())
+    v2_ckpt = make_checkpoint(str(tmp_path / "v2"), "tiny-v2")
+    assert Engine(v2_ckpt, tp.single(), PlanView.from_json(v2), EngineOptions()).notes == []  # V2 plan, V2 model
+    kimi = {**v2, "spec": {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300"}}}
+    Engine(checkpoints["tiny"], tp.single(), PlanView.from_json(kimi), EngineOptions())  # Kimi wraps V3: accepted
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 64])  # gather path (T * k <= experts), dense path
+def test_static_moe_dispatch_equals_sparse(checkpoints: dict[str, str], tokens: int) -> None:
+    engine = Engine(checkpoints["tiny"], tp.single(), PlanView(), EngineOptions())
+    moe = engine.model.layers[1].mlp
+    assert isinstance(moe, MoE)
+    x = torch.randn(tokens, engine.cfg.hidden_size, generator=torch.Generator().manual_seed(tokens))
+    with torch.inference_mode():
+        assert torch.allclose(moe(x, static=True), moe(x, static=False), atol=1e-5, rtol=1e-5)
+
+
+def test_chunk_larger_than_the_cache_is_cut_and_reported(checkpoints: dict[str, str]) -> None:
+    plan = PlanView(chunked_prefill_size=100_000)
+    engine = Engine(checkpoints["tiny"], tp.single(), plan, EngineOptions(kv_cache_bytes=1 << 20, page_size=4))
+    (row,) = [f for f in engine.describe()["plan_fidelity"] if f["field"] == "chunked_prefill_size"]
+    assert row["status"] == "substituted" and row["effective"] == engine.cache.capacity_tokens
+    assert "exceed the KV cache" in row["reason"]
