@@ -82,7 +82,7 @@ def test_launch_watch_succeeds_and_matches_offline_run(srv: ServerProcess, ckpt:
         assert {"LOADING", "RUNNING"} <= set(states)
         launch = c.get_launch(op.metadata.name)
         report = json.loads(launch.report_json)
-        assert launch.report.decode_requested == "full" and launch.report.decode_effective == "static_compiled"
+        assert launch.report.decode_requested == "full" and launch.report.decode_effective == "static_eager"
         assert launch.report.ttft_ms_p50 > 0 and launch.report.tpot_ms_p50 > 0 and launch.report.substitutions
         fidelity = {f.field: f for f in launch.report.plan_fidelity}
         assert len(fidelity) == 10 and fidelity["decode.backend"].status == "substituted"
@@ -235,11 +235,11 @@ def test_cli_launch_wait_and_launches_commands(srv: ServerProcess, ckpt: str) ->
     listed = json.loads(cli("launches", "list", "--filter", 'state = "SUCCEEDED"', "-o", "json").stdout)
     assert [x["name"] for x in listed["launches"]] == [launch["name"]]
     shown = cli("launches", "show", launch["name"], "-o", "table").stdout
-    assert "requested full -> effective static_compiled" in shown
+    assert "requested full -> effective static_eager" in shown
     lines = {line.split("  ", 1)[0]: line for line in shown.splitlines()}
     # not honoured: attention x2 and decode.backend (a CPU), prefill sizes (prefill disabled by the plan)
     assert "5 of 10 plan fields honoured as planned" in lines["plan fidelity"]
-    assert 'decode.backend: "full" -> "static_compiled" (CUDA graphs need a CUDA device' in shown
+    assert 'decode.backend: "full" -> "static_eager" (CUDA graphs need a CUDA device' in shown
     assert any(k == "not applicable" and "prefill.max_num_tokens" in v for k, v in
                ((line.split("  ", 1)[0], line) for line in shown.splitlines()))
     logs = cli("launches", "logs", launch["name"], "--rank", "2", "-o", "json")

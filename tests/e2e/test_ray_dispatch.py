@@ -43,7 +43,7 @@ def test_ray_launch_succeeds_like_the_local_one(ray_cluster: str, tmp_path: Path
         states = [e.launch.state for e in c.watch_launch(ray_op.metadata.name) if e.kind == "state"]
         ray_launch = c.get_launch(ray_op.metadata.name)
         assert states[-1] == "SUCCEEDED", ray_launch.error
-        assert ray_launch.dispatcher == "ray" and ray_launch.report.decode_effective == "static_compiled"
+        assert ray_launch.dispatcher == "ray" and ray_launch.report.decode_effective == "static_eager"
         local_op = c.create_launch(ckpt, WORK, plan=ray_launch.plan)
         for _ in c.watch_launch(local_op.metadata.name):
             pass

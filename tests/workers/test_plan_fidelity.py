@@ -87,14 +87,17 @@ def test_a_plan_with_every_field_set_is_honoured_or_explained(checkpoints: dict[
     assert r["steps"]["decode"]["by_size"] == {"2": 3}
     for field in ("attention_backend.prefill", "attention_backend.decode", "prefill.backend", "decode.backend"):
         assert fid[field]["status"] == "substituted" and fid[field]["reason"], fid[field]  # a CPU
-    assert fid["prefill.num_tokens"]["effective"] == [8, 16, 32] and fid["decode.bs"]["effective"] == [1, 2, 4]
+    assert fid["decode.bs"]["effective"] == [1, 2, 4]
+    # chunks of 8 tokens: no prefill step can reach 16 or 32, and the report says so
+    assert fid["prefill.num_tokens"]["status"] == "substituted" and fid["prefill.num_tokens"]["effective"] == [8]
+    assert "exceed chunked_prefill_size (8)" in fid["prefill.num_tokens"]["reason"]
     assert "plan fidelity (fields not honoured as planned)" in proc.stderr
     assert "decode.backend" in proc.stderr and "kv_cache_dtype" not in proc.stderr
 
 
 def test_capture_sizes_padding_and_eager_steps(checkpoints: dict[str, str]) -> None:
     plan = PlanView(decode_backend="full", decode_max_bs=4, decode_bs=[2, 4], prefill_backend="disabled")
-    engine = Engine(checkpoints["tiny"], tp.single(), plan, EngineOptions(page_size=4))
+    engine = Engine(checkpoints["tiny"], tp.single(), plan, EngineOptions(page_size=4, cpu_decode="trace"))
     ref = Engine(checkpoints["tiny"], tp.single(), PlanView(), EngineOptions(page_size=4))
     prompts = [[3 + i, 4, 5 + i] for i in range(5)]
     for eng in (engine, ref):
@@ -109,8 +112,8 @@ def test_capture_sizes_padding_and_eager_steps(checkpoints: dict[str, str]) -> N
     assert steps["decode"]["by_size"] == {"2": 1, "4": 1} and steps["decode"]["padded_rows"] == 2
     assert steps["decode"]["eager"] == {"batch above decode.max_bs (4)": 1}
     assert steps["prefill"]["eager"] == {"prefill.backend is disabled": 1}
-    compiled = engine.decode_mode.compiled_sizes
-    assert compiled == [{"bs": 2, "context": 4}, {"bs": 4, "context": 8}]  # on first use, per size and context
+    assert engine.decode_mode.effective == "static_compiled"
+    assert engine.decode_mode.compiled_sizes == [2, 4]  # compiled on first use, once per size
 
 
 def test_plan_for_another_family_is_refused_naming_both(checkpoints: dict[str, str], tmp_path: Path) -> None:
@@ -144,3 +147,15 @@ def test_chunk_larger_than_the_cache_is_cut_and_reported(checkpoints: dict[str, 
     (row,) = [f for f in engine.describe()["plan_fidelity"] if f["field"] == "chunked_prefill_size"]
     assert row["status"] == "substituted" and row["effective"] == engine.cache.capacity_tokens
     assert "exceed the KV cache" in row["reason"]
+
+
+def test_prefill_sizes_no_step_can_reach_are_reported(checkpoints: dict[str, str]) -> None:
+    plan = PlanView(prefill_backend="tc_piecewise", prefill_num_tokens=[8, 16, 64], prefill_max_num_tokens=64,
+                    chunked_prefill_size=16)
+    engine = Engine(checkpoints["tiny"], tp.single(), plan, EngineOptions(allow_compile=False))
+    (row,) = [f for f in engine.describe()["plan_fidelity"] if f["field"] == "prefill.num_tokens"]
+    assert row["status"] == "not_applicable"  # --no-compile: prefill runs eagerly, sizes do not apply
+    engine = Engine(checkpoints["tiny"], tp.single(), PlanView(**{**plan.__dict__, "prefill_backend": "breakable"}),
+                    EngineOptions())
+    assert engine.prefill_sizes == [8, 16]
+    assert engine.substitutions["prefill.num_tokens"][1].startswith("sizes [64] exceed chunked_prefill_size (16)")

@@ -30,7 +30,7 @@ from typing import Any
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
-CPU_COMPILERS = ("trace", "inductor", "off")  # how a CPU runs a planned `full` decode step (graphs.py)
+CPU_DECODE = ("eager", "trace", "inductor")  # how a CPU runs planned `full` decode steps (graphs.py)
 
 
 class BadInput(ValueError):
@@ -87,7 +87,7 @@ def engine_options(ns: argparse.Namespace, allow_compile: bool = True) -> Any:
 
     return EngineOptions(dtype=ns.dtype, kv_cache_bytes=int(ns.kv_cache_mb * 1024 * 1024), page_size=ns.page_size,
                          allow_compile=allow_compile and not getattr(ns, "no_compile", False),
-                         max_context=ns.context_length, cpu_compile=ns.cpu_compile, graph_context=ns.graph_context)
+                         max_context=ns.context_length, cpu_decode=ns.cpu_decode, graph_context=ns.graph_context)
 
 
 def read_plan(ns: argparse.Namespace) -> Any:
@@ -163,7 +163,7 @@ def check_graphs_command(ns: argparse.Namespace) -> int:
         if use_cuda and not torch.cuda.is_available():
             raise BadInput("--device cuda but torch sees no CUDA device")
         # The engine only sets up contexts here (eager); the check compiles and captures itself.
-        ns.cpu_compile = "off"
+        ns.cpu_decode = "eager"
         engine = Engine(ns.model_path, tp.single("cuda" if use_cuda else "cpu"), plan,
                         engine_options(ns, allow_compile=False))
         result = check_graphs(engine, ns.compile_backend,
@@ -311,9 +311,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-mb", type=float, default=256.0, help="KV cache budget per rank, MiB (default 256)")
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV cache page (default 16)")
     p.add_argument("--context-length", type=int, default=0, help="context limit; 0: the model's max_position_embeddings")
-    p.add_argument("--cpu-compile", choices=CPU_COMPILERS, default="trace",
-                   help="how a CPU runs a planned `full` decode step: trace (torch.compile fullgraph, eager kernels; "
-                        "default), inductor (compiled kernels, slower to start), off (eager)")
+    p.add_argument("--cpu-decode", choices=CPU_DECODE, default="eager",
+                   help="how a CPU runs a plan's `full` decode steps, padded to the planned sizes: eager (default; "
+                        "starts at once), trace (torch.compile fullgraph with eager kernels: proves each size "
+                        "compiles, ~3 s per size), inductor (compiled kernels: fastest steps, ~15-30 s per size)")
     p.add_argument("--graph-context", type=int, default=4096,
                    help="context positions a captured torch_native decode graph attends over (GPU; default 4096)")
     p.add_argument("--debug", action="store_true", help="include tracebacks in failure reports")

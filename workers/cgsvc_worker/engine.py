@@ -49,7 +49,7 @@ class EngineOptions:
     page_size: int = 16
     allow_compile: bool = True
     max_context: int = 0  # 0: the model's max_position_embeddings
-    cpu_compile: str = "trace"  # how a CPU runs the static decode step: trace | inductor | off
+    cpu_decode: str = "eager"  # how a CPU runs planned `full` decode steps: eager | trace | inductor
     graph_context: int = 4096  # context positions a captured decode graph attends over (torch_native)
 
 
@@ -167,21 +167,21 @@ class Engine:
             plan.attention_prefill, "prefill", tp.device, self.cache, self.cfg, heads, self.dtype, kernels)
         self.decode_backend, self.attention_decode = select_backend(
             plan.attention_decode, "decode", tp.device, self.cache, self.cfg, heads, self.dtype, kernels)
-        self.prefill_mode = effective_prefill(plan.prefill_backend, tp.device, options.allow_compile,
-                                              options.cpu_compile)
-        self.decode_mode = effective_decode(plan.decode_backend, tp.device, options.cpu_compile)
+        self.prefill_mode = effective_prefill(plan.prefill_backend, tp.device, options.allow_compile)
+        self.decode_mode = effective_decode(plan.decode_backend, tp.device, options.cpu_decode)
         self.chunk_tokens = self._chunk_size()
+        self.prefill_sizes = self._reachable_prefill_sizes()
         self.pieces = Pieces(self.model)
         self.piece_fns: list[Any] = list(self.pieces.fns)
         if self.prefill_mode.effective == "tc_piecewise":  # GPU: inductor per piece per size, then captured
             self.piece_fns = [compiled(fn, "inductor") for fn in self.pieces.fns]
         elif self.prefill_mode.effective == "tc_piecewise_nograph":  # CPU: one dynamic-shape compile per piece
-            self.piece_fns = [compiled(fn, options.cpu_compile, dynamic=True) for fn in self.pieces.fns]
+            self.piece_fns = [compiled(fn, "inductor", dynamic=True) for fn in self.pieces.fns]
         self.piece_graphs: PieceGraphs | None = None
         self.decode_graphs: DecodeGraphs | None = None
         self.compiled_decode: CompiledDecode | None = None
         if self.decode_mode.effective == "static_compiled" and plan.decode_bs:
-            self.compiled_decode = CompiledDecode(self._decode_step, options.cpu_compile, self.decode_mode)
+            self.compiled_decode = CompiledDecode(self._decode_step, options.cpu_decode, self.decode_mode)
         self.stats = {"prefill": StepStats(), "decode": StepStats()}
         self.prefill_chunks: Counter[int] = Counter()
 
@@ -234,7 +234,7 @@ class Engine:
         if self.tp.device.type != "cuda":
             if self.prefill_mode.effective == "tc_piecewise_nograph":
                 t0 = time.perf_counter()
-                self._warm_pieces(max(2, min(self.plan.prefill_num_tokens, default=4)))
+                self._warm_pieces(max(2, min(self.prefill_sizes, default=4)))
                 self.prefill_mode.capture_seconds = time.perf_counter() - t0
             return
         if self.decode_mode.effective == "full" and self.plan.decode_bs:
@@ -251,9 +251,9 @@ class Engine:
             else:
                 self.decode_mode.capture_seconds, self.decode_mode.capture_bytes = seconds, nbytes
                 self.decode_mode.captured_sizes = list(self.plan.decode_bs)
-        if self.prefill_mode.effective in ("tc_piecewise", "breakable") and self.plan.prefill_num_tokens:
+        if self.prefill_mode.effective in ("tc_piecewise", "breakable") and self.prefill_sizes:
             heads = self.model.local_heads
-            sizes = [n for n in self.plan.prefill_num_tokens if n <= self._prefill_cap()]
+            sizes = list(self.prefill_sizes)
             self.piece_graphs = PieceGraphs(self.pieces, self.piece_fns, sizes, self.tp.device, heads,
                                             self.cfg.v_head_dim, self.dtype)
             try:
@@ -268,6 +268,21 @@ class Engine:
 
     def _prefill_cap(self) -> int:
         return self.plan.prefill_max_num_tokens or max(self.plan.prefill_num_tokens, default=0)
+
+    def _reachable_prefill_sizes(self) -> list[int]:
+        """Planned prefill sizes a step can have: at most max_num_tokens, the chunk size, the
+        context and the cache. Larger ones are neither padded to nor captured (reported)."""
+        limits = {"prefill.max_num_tokens": self._prefill_cap(), "the context": self.max_context,
+                  "the KV cache": self.cache.capacity_tokens}
+        if self.chunk_tokens:
+            limits["chunked_prefill_size"] = self.chunk_tokens
+        keep = [n for n in self.plan.prefill_num_tokens if all(n <= v for v in limits.values())]
+        dropped = [n for n in self.plan.prefill_num_tokens if n not in keep]
+        if dropped:
+            why = ", ".join(f"{k} ({v})" for k, v in limits.items() if any(n > v for n in dropped))
+            self.substitutions["prefill.num_tokens"] = (keep, f"sizes {dropped} exceed {why}: no step reaches them, "
+                                                              "they are neither padded to nor captured")
+        return keep
 
     def _warm_pieces(self, n: int) -> None:
         """One step of n tokens through the pieces (compiles them at this size), then forget it."""
@@ -350,7 +365,7 @@ class Engine:
         cap = self._prefill_cap()
         if tokens > cap:
             return None, f"step above prefill.max_num_tokens ({cap})"
-        size = next_size(self.plan.prefill_num_tokens, tokens)
+        size = next_size(self.prefill_sizes, tokens)
         if size is None or (self.piece_graphs is not None and size not in self.piece_graphs.graphs):
             return None, "no planned prefill.num_tokens size fits the step"
         return size, ""
@@ -387,11 +402,10 @@ class Engine:
             meta = decode_meta(cache, slots, lens, pages, size, max(len(p) for p in pages))
             # a copy: the graph's output buffer is overwritten by the next replay
             return self.decode_graphs.replay(size, ids, positions, meta)[:b].to(torch.float32, copy=True)
-        assert self.compiled_decode is not None
-        # CPU: the context capacity rounds up to a power of two of pages, so one compiled
-        # program serves many steps.
         need = max(len(p) for p in pages)
-        meta = decode_meta(cache, slots, lens, pages, size, 1 << (need - 1).bit_length())
+        meta = decode_meta(cache, slots, lens, pages, size, max(need, CompiledDecode.MIN_PAGES))
+        if self.compiled_decode is None:  # CPU, static_eager: the capture-safe step, uncompiled
+            return self._decode_step(ids, positions, meta)[:b].float()
         return self.compiled_decode(size, ids, positions, meta)[:b].float()
 
     def _decode_size(self, rows: int, context: int) -> tuple[int | None, str]:

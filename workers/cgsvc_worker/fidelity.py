@@ -36,6 +36,9 @@ def plan_fidelity(engine: Any) -> list[dict[str, Any]]:
                  reason=engine.attention_decode.reason)]
     out += _phase(engine, "prefill", plan.prefill_backend, engine.prefill_mode, "max_num_tokens",
                   plan.prefill_max_num_tokens, engine._prefill_cap(), "num_tokens", plan.prefill_num_tokens, cuda)
+    unreachable = engine.substitutions.get("prefill.num_tokens")
+    if unreachable and out[-1]["status"] == "honoured":
+        out[-1] = entry("prefill.num_tokens", plan.prefill_num_tokens, unreachable[0], "substituted", unreachable[1])
     out += _phase(engine, "decode", plan.decode_backend, engine.decode_mode, "max_bs", plan.decode_max_bs,
                   plan.decode_max_bs or max(plan.decode_bs, default=0), "bs", plan.decode_bs, cuda)
     kv_effective, kv_reason = engine.substitutions.get("kv_cache_dtype", (engine.cache.format.name, ""))
@@ -72,7 +75,8 @@ def _phase(engine: Any, phase: str, requested: str, mode: Any, cap_name: str, ca
         missing = [s for s in sizes if s not in captured]
         why = (f"not captured: {missing} (above {phase}.{cap_name})" if missing else "captured as CUDA graphs")
         return [backend, limit, entry(f"{phase}.{sizes_name}", sizes, captured, reason=why)]
-    how = ("compiled on first use; no graphs (see decode.backend)" if phase == "decode" else
-           "compiled pieces, no graphs (see prefill.backend)")
+    how = {"static_compiled": "compiled on first use; no graphs (see decode.backend)",
+           "static_eager": "the capture-safe step run eagerly; no graphs (see decode.backend)"}.get(
+        mode.effective, "compiled pieces, no graphs (see prefill.backend)")
     return [backend, limit, entry(f"{phase}.{sizes_name}", sizes, list(sizes), reason=f"steps padded to these sizes, "
                                                                                         f"{how}")]

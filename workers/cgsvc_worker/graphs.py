@@ -56,7 +56,7 @@ class PhaseMode:
     capture_seconds: float = 0.0
     capture_bytes: int = 0
     captured_sizes: list[int] = field(default_factory=list)  # CUDA graphs captured
-    compiled_sizes: list[Any] = field(default_factory=list)  # CPU programs compiled on first use
+    compiled_sizes: list[int] = field(default_factory=list)  # CPU programs compiled on first use
 
     @property
     def static(self) -> bool:
@@ -69,11 +69,7 @@ class PhaseMode:
                 "captured_sizes": self.captured_sizes, "compiled_sizes": self.compiled_sizes}
 
 
-def _cpu_how(cpu_compile: str) -> str:
-    return "dynamo-traced, eager kernels" if cpu_compile == "trace" else "inductor"
-
-
-def effective_prefill(requested: str, device: torch.device, allow_compile: bool, cpu_compile: str = "trace") -> PhaseMode:
+def effective_prefill(requested: str, device: torch.device, allow_compile: bool) -> PhaseMode:
     if requested == "disabled":
         return PhaseMode(requested, "disabled")
     cuda = device.type == "cuda"
@@ -82,11 +78,9 @@ def effective_prefill(requested: str, device: torch.device, allow_compile: bool,
             return PhaseMode(requested, "disabled", "torch.compile turned off for this run (--no-compile)")
         if cuda:
             return PhaseMode(requested, "tc_piecewise")
-        if cpu_compile == "off":
-            return PhaseMode(requested, "disabled", f"{NO_CUDA}; compiled pieces turned off (--cpu-compile off)")
         return PhaseMode(requested, "tc_piecewise_nograph",
-                         f"pieces compiled with torch.compile ({_cpu_how(cpu_compile)}) and run without graphs, "
-                         f"each step padded to the planned token count: {NO_CUDA}")
+                         f"pieces compiled with torch.compile (inductor) and run without graphs, each step padded to "
+                         f"the planned token count: {NO_CUDA}")
     if not cuda:
         return PhaseMode(requested, "disabled", NO_CUDA)
     if requested == "full":
@@ -95,17 +89,23 @@ def effective_prefill(requested: str, device: torch.device, allow_compile: bool,
     return PhaseMode(requested, "breakable")
 
 
-def effective_decode(requested: str, device: torch.device, cpu_compile: str) -> PhaseMode:
+def effective_decode(requested: str, device: torch.device, cpu_decode: str = "eager") -> PhaseMode:
+    """cpu_decode: how a CPU runs the planned steps: "eager" (the capture-safe step at the
+    planned padded shapes, uncompiled), "trace" (torch.compile with dynamo's graph and eager
+    kernels) or "inductor" (compiled kernels)."""
     if requested == "disabled":
         return PhaseMode(requested, "disabled")
     if device.type == "cuda":
         return PhaseMode(requested, "full")
-    if cpu_compile == "off":
-        return PhaseMode(requested, "disabled", f"{NO_CUDA}; static compiled steps turned off (--cpu-compile off)")
+    if cpu_decode == "eager":
+        return PhaseMode(requested, "static_eager",
+                         f"{NO_CUDA}; each step is padded to the planned batch size and runs the capture-safe step "
+                         "eagerly (`cgsvc-worker check-graphs` proves each size compiles; --cpu-decode trace|inductor "
+                         "runs them compiled)")
+    how = "dynamo-traced, eager kernels" if cpu_decode == "trace" else "inductor"
     return PhaseMode(requested, "static_compiled",
                      f"{NO_CUDA}; each step is padded to the planned batch size and runs as a "
-                     f"torch.compile(fullgraph=True, dynamic=False) program ({_cpu_how(cpu_compile)}), compiled on "
-                     "first use per size")
+                     f"torch.compile(fullgraph=True) program ({how}), compiled on first use per size")
 
 
 @dataclass
@@ -184,23 +184,26 @@ class DecodeGraphs:
 
 
 class CompiledDecode:
-    """CPU: the padded decode step compiled per (batch size, context capacity) on first use."""
+    """CPU: the padded decode step compiled once per planned batch size, on first use. The
+    batch is static, as in a CUDA graph; the context length (the block table's width) is a
+    dynamic dimension, as it is for the GPU kernels, which read lengths from their metadata,
+    so a growing context does not recompile."""
+
+    MIN_PAGES = 2  # widths 0 and 1 would be specialised by the compiler, not kept dynamic
 
     def __init__(self, step: Callable[..., torch.Tensor], backend: str, mode: PhaseMode) -> None:
         self.fn = compiled(step, backend)
         self.mode = mode
-        self.seen: set[tuple[int, int]] = set()
 
     def __call__(self, bs: int, ids: torch.Tensor, positions: torch.Tensor, meta: Any) -> torch.Tensor:
-        key = (bs, meta.capacity)
-        if key not in self.seen:
-            t0 = time.perf_counter()
-            out = self.fn(ids, positions, meta)
-            self.seen.add(key)
-            self.mode.capture_seconds += time.perf_counter() - t0
-            self.mode.compiled_sizes.append({"bs": bs, "context": meta.capacity})
-            return out  # type: ignore[no-any-return]
-        return self.fn(ids, positions, meta)  # type: ignore[no-any-return]
+        torch._dynamo.mark_dynamic(meta.block_table, 1)
+        if bs in self.mode.compiled_sizes:
+            return self.fn(ids, positions, meta)  # type: ignore[no-any-return]
+        t0 = time.perf_counter()
+        out = self.fn(ids, positions, meta)
+        self.mode.capture_seconds += time.perf_counter() - t0
+        self.mode.compiled_sizes.append(bs)
+        return out  # type: ignore[no-any-return]
 
 
 # ---------------------------------------------------------------------------- prefill

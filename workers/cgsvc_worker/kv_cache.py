@@ -197,7 +197,10 @@ class LatentKVCache:
     def write(self, layer: int, slots: torch.Tensor, latent: torch.Tensor) -> None:
         """Store latents [n, latent_dim] at slots [n] (quantised as the format says)."""
         rows = self.encode(layer, latent)
-        self.raw[layer].index_copy_(0, slots, rows)
+        # index_put_ on the pool itself, not index_copy_ on its layer view: a compiled step
+        # (inductor) then updates the pool in place instead of copying it whole to apply a
+        # mutation made through a view.
+        self.raw.index_put_((torch.full_like(slots, layer), slots), rows)
 
     def read(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
         """Latents at slots (any shape [...]) as [..., latent_dim], dequantised to float32 for

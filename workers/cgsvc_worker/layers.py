@@ -28,12 +28,20 @@ class RMSNorm(nn.Module):
 class Linear(nn.Module):
     """y = x W^T. `shard` says how the hub tensor [out, in] is split across TP ranks:
     "rows" (column-parallel: each rank owns out/tp outputs), "cols" (row-parallel: in/tp
-    inputs, all-reduced after unless reduce=False), or None (replicated)."""
+    inputs, all-reduced after unless reduce=False), or None (replicated).
+
+    `parts` fuses several hub tensors that read the same input into one matrix, one GEMM
+    instead of several (as serving engines merge gate/up or the MLA down-projections): the
+    hub names (siblings of this module) and their output sizes, stacked in that order, each
+    sharded on its own."""
 
     def __init__(self, in_features: int, out_features: int, tp: TPGroup, shard: str | None = None,
-                 dtype: torch.dtype = torch.float32, reduce: bool = True) -> None:
+                 dtype: torch.dtype = torch.float32, reduce: bool = True,
+                 parts: tuple[tuple[str, int], ...] = ()) -> None:
         super().__init__()
-        self.tp, self.shard = tp, shard
+        self.tp, self.shard, self.parts = tp, shard, parts
+        if parts and sum(n for _, n in parts) != out_features:
+            raise ValueError(f"fused parts {parts} do not add up to {out_features} outputs")
         self.reduce = reduce and shard == "cols"
         if shard == "rows":
             out_features //= tp.size

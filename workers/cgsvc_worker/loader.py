@@ -79,8 +79,8 @@ class Checkpoint:
         return t
 
 
-def _targets(model: DeepseekV3Model) -> Iterator[tuple[torch.Tensor, str, str | None]]:
-    """(parameter, hub name without prefix, shard) for every plain parameter."""
+def _targets(model: DeepseekV3Model) -> Iterator[tuple[torch.Tensor, str, str | None, tuple[tuple[str, int], ...]]]:
+    """(parameter, hub name without prefix, shard, fused parts) for every plain parameter."""
     for name, module in model.named_modules():
         if isinstance(module, MoE):
             continue  # expert tensors are stacked; handled in load()
@@ -88,7 +88,10 @@ def _targets(model: DeepseekV3Model) -> Iterator[tuple[torch.Tensor, str, str | 
             hub = f"{name}.{pname}" if name else pname
             if not hub.startswith("lm_head"):
                 hub = "model." + hub
-            yield p, hub, getattr(module, "shard", None) if pname == "weight" else None
+            if pname == "weight":
+                yield p, hub, getattr(module, "shard", None), getattr(module, "parts", ())
+            else:
+                yield p, hub, None, ()
 
 
 def load(model: DeepseekV3Model, path: str) -> LoadReport:
@@ -113,12 +116,19 @@ def load(model: DeepseekV3Model, path: str) -> LoadReport:
         report.tensors += 1
         report.bytes_read += t.numel() * t.element_size()
 
-    for p, hub, shard in _targets(model):
+    for p, hub, shard, parts in _targets(model):
         if hub == "lm_head.weight" and cfg.tie_word_embeddings and ckpt.prefix + hub not in ckpt.files:
             hub = "model.embed_tokens.weight"
         if hub in ("model.embed_tokens.weight", "lm_head.weight"):
             shard = "rows"
-        put(p, ckpt.read(hub, shard, tp.rank, tp.size, tuple(p.shape)))
+        if parts:  # a fused matrix: each hub tensor read (and sharded) on its own, stacked by rows
+            module = hub.rsplit(".", 2)[0]
+            per_rank = tp.size if shard == "rows" else 1
+            pieces = [ckpt.read(f"{module}.{part}.weight", shard, tp.rank, tp.size, (n // per_rank, p.shape[1]))
+                      for part, n in parts]
+            put(p, torch.cat(pieces))
+        else:
+            put(p, ckpt.read(hub, shard, tp.rank, tp.size, tuple(p.shape)))
     for i, layer in enumerate(model.layers):
         mlp = layer.mlp
         if not isinstance(mlp, MoE):

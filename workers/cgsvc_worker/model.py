@@ -34,12 +34,14 @@ class MLAAttention(nn.Module):
         self.heads = self.head_end - self.head_start
         D, C, R = cfg.hidden_size, cfg.kv_lora_rank, cfg.qk_rope_head_dim
         if cfg.q_lora_rank:
-            self.q_a_proj = Linear(D, cfg.q_lora_rank, tp, None, dtype)
+            # q_a_proj and kv_a_proj_with_mqa both read x and are replicated: one GEMM
+            self.qkv_a_proj = Linear(D, cfg.q_lora_rank + C + R, tp, None, dtype,
+                                     parts=(("q_a_proj", cfg.q_lora_rank), ("kv_a_proj_with_mqa", C + R)))
             self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps, dtype)
             self.q_b_proj = Linear(cfg.q_lora_rank, cfg.num_heads * cfg.qk_head_dim, tp, "rows", dtype)
         else:
             self.q_proj = Linear(D, cfg.num_heads * cfg.qk_head_dim, tp, "rows", dtype)
-        self.kv_a_proj_with_mqa = Linear(D, C + R, tp, None, dtype)
+            self.kv_a_proj_with_mqa = Linear(D, C + R, tp, None, dtype)
         self.kv_a_layernorm = RMSNorm(C, cfg.rms_norm_eps, dtype)
         self.kv_b_proj = Linear(C, cfg.num_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), tp, "rows", dtype)
         self.o_proj = Linear(cfg.num_heads * cfg.v_head_dim, D, tp, "cols", dtype)
@@ -56,10 +58,14 @@ class MLAAttention(nn.Module):
         """Everything before the attention core: q_nope [T,H,N], q_rot [T,H,R] and the latent
         [T, C+R] (the compressed KV after its norm, and the rotated key) that the cache keeps."""
         cfg, T = self.cfg, x.shape[0]
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if cfg.q_lora_rank else self.q_proj(x)
+        if cfg.q_lora_rank:
+            q_a, kv = self.qkv_a_proj(x).split([cfg.q_lora_rank, cfg.latent_dim], dim=-1)
+            q = self.q_b_proj(self.q_a_layernorm(q_a))
+        else:
+            q, kv = self.q_proj(x), self.kv_a_proj_with_mqa(x)
         q = q.view(T, self.heads, cfg.qk_head_dim)
         q_nope, q_rot = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
-        c, k_rot = self.kv_a_proj_with_mqa(x).split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+        c, k_rot = kv.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
         c = self.kv_a_layernorm(c)
         q_rot = rotary(q_rot, cos, sin)
         k_rot = rotary(k_rot.unsqueeze(1), cos, sin).squeeze(1)
@@ -80,13 +86,13 @@ class MLP(nn.Module):
 
     def __init__(self, dim: int, inter: int, tp: TPGroup, dtype: torch.dtype, reduce: bool = True) -> None:
         super().__init__()
-        self.gate_proj = Linear(dim, inter, tp, "rows", dtype)
-        self.up_proj = Linear(dim, inter, tp, "rows", dtype)
+        self.gate_up_proj = Linear(dim, 2 * inter, tp, "rows", dtype, parts=(("gate_proj", inter), ("up_proj", inter)))
         # reduce=False: the caller reduces (MoE sums routed and shared parts first).
         self.down_proj = Linear(inter, dim, tp, "cols", dtype, reduce=reduce)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class MoE(nn.Module):
