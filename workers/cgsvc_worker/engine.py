@@ -18,7 +18,14 @@ from typing import Any
 import torch
 
 from cgsvc_worker import loader
-from cgsvc_worker.attention import DecodeMeta, PrefillMeta, decode_meta, select_backend
+from cgsvc_worker.attention import (
+    DecodeMeta,
+    PrefillMeta,
+    TrtllmMLA,
+    compute_capability,
+    decode_meta,
+    select_backend,
+)
 from cgsvc_worker.config import ModelConfig, family_of, load_model_config
 from cgsvc_worker.graphs import (
     CompiledDecode,
@@ -158,7 +165,7 @@ class Engine:
         self.max_context = options.max_context or self.cfg.max_position_embeddings
         self.substitutions: dict[str, tuple[Any, str]] = {}  # plan field -> (effective, why)
         self.cache = LatentKVCache.from_budget(options.kv_cache_bytes, self.cfg.num_layers, self.cfg.latent_dim,
-                                               options.page_size, self._kv_format(), tp.device,
+                                               self._page_size(), self._kv_format(), tp.device,
                                                split=self.cfg.kv_lora_rank)
         if self.cache.format.fp8:
             self.cache.set_scales(self._calibrate_kv_scales())
@@ -194,6 +201,18 @@ class Engine:
                 raise PlanMismatch(f"kv_cache_dtype: {exc}") from None
             self.substitutions["kv_cache_dtype"] = ("auto", f"{exc}; the cache stores the model dtype")
             return kv_format("auto", self.dtype, self.cfg.latent_dim)
+
+    def _page_size(self) -> int:
+        """The KV page size: the option's, unless the plan's trtllm_mla kernels will run (on
+        sm100 / sm103) and cannot read it: then 64, and the report says so."""
+        size = self.options.page_size
+        wants = "trtllm_mla" in (self.plan.attention_prefill, self.plan.attention_decode)
+        if (wants and self.tp.device.type == "cuda" and compute_capability(self.tp.device)[0] == 10
+                and size not in TrtllmMLA.PAGE_SIZES):
+            self.notes.append(f"KV page size {size} -> 64: the plan's trtllm_mla kernels read pages of 32 or 64 "
+                              "tokens")
+            return 64
+        return size
 
     CALIBRATION_TOKENS = 256
 
@@ -242,29 +261,31 @@ class Engine:
                       // self.cache.page_size)
             self.decode_graphs = DecodeGraphs(self.plan.decode_bs, pages, self._decode_step, self.decode_backend,
                                               self._padding_meta, self.tp.device)
-            try:
-                seconds, nbytes = self.decode_graphs.capture()
-            except RuntimeError as exc:  # report, run eager: never claim a graph that was not captured
+            seconds, nbytes = self.decode_graphs.capture()
+            self._captured(self.decode_mode, sorted(self.decode_graphs.graphs), self.decode_graphs.failed,
+                           seconds, nbytes)
+            if not self.decode_graphs.graphs:
                 self.decode_graphs = None
-                self.decode_mode.effective = "disabled"
-                self.decode_mode.reason = f"decode graph capture failed: {exc}"
-            else:
-                self.decode_mode.capture_seconds, self.decode_mode.capture_bytes = seconds, nbytes
-                self.decode_mode.captured_sizes = list(self.plan.decode_bs)
         if self.prefill_mode.effective in ("tc_piecewise", "breakable") and self.prefill_sizes:
             heads = self.model.local_heads
             sizes = list(self.prefill_sizes)
             self.piece_graphs = PieceGraphs(self.pieces, self.piece_fns, sizes, self.tp.device, heads,
                                             self.cfg.v_head_dim, self.dtype)
-            try:
-                seconds, nbytes = self.piece_graphs.capture(self._warm_pieces)
-            except RuntimeError as exc:
+            seconds, nbytes = self.piece_graphs.capture(self._warm_pieces)
+            self._captured(self.prefill_mode, sorted(self.piece_graphs.graphs), self.piece_graphs.failed,
+                           seconds, nbytes)
+            if not self.piece_graphs.graphs:
                 self.piece_graphs = None
-                self.prefill_mode.effective = "disabled"
-                self.prefill_mode.reason = f"prefill piece capture failed: {exc}"
-            else:
-                self.prefill_mode.capture_seconds, self.prefill_mode.capture_bytes = seconds, nbytes
-                self.prefill_mode.captured_sizes = sizes
+
+    @staticmethod
+    def _captured(mode: Any, sizes: list[int], failed: dict[int, str], seconds: float, nbytes: int) -> None:
+        """Record what was captured; never claim a graph that was not: a size that failed runs
+        eagerly, and a phase with no graph at all is reported as eager."""
+        mode.capture_seconds, mode.capture_bytes, mode.captured_sizes = seconds, nbytes, sizes
+        mode.capture_failures = {str(k): v for k, v in sorted(failed.items())}
+        if failed and not sizes:
+            mode.effective = "disabled"
+            mode.reason = "no size could be captured: " + "; ".join(f"{k}: {v}" for k, v in sorted(failed.items()))
 
     def _prefill_cap(self) -> int:
         return self.plan.prefill_max_num_tokens or max(self.plan.prefill_num_tokens, default=0)
@@ -362,12 +383,15 @@ class Engine:
             return None, mode.reason or "prefill.backend is disabled"
         if self.tp.device.type == "cuda" and self.piece_graphs is None:
             return None, "no prefill sizes were captured"
+        graphs = self.piece_graphs
         cap = self._prefill_cap()
         if tokens > cap:
             return None, f"step above prefill.max_num_tokens ({cap})"
         size = next_size(self.prefill_sizes, tokens)
-        if size is None or (self.piece_graphs is not None and size not in self.piece_graphs.graphs):
+        if size is None:
             return None, "no planned prefill.num_tokens size fits the step"
+        if graphs is not None and size not in graphs.graphs:
+            return None, f"size {size} could not be captured"
         return size, ""
 
     # ------------------------------------------------------------------ decode
@@ -420,6 +444,8 @@ class Engine:
         size = next_size(self.plan.decode_bs, rows)
         if size is None:
             return None, "no planned decode.bs size fits the batch"
+        if self.tp.device.type == "cuda" and (self.decode_graphs is None or size not in self.decode_graphs.graphs):
+            return None, f"batch size {size} could not be captured"
         if self.decode_graphs is not None and context > self.decode_graphs.max_pages * self.cache.page_size:
             return None, f"context above the captured graphs' {self.decode_graphs.max_pages * self.cache.page_size} positions"
         return size, ""

@@ -73,7 +73,9 @@ def _phase(engine: Any, phase: str, requested: str, mode: Any, cap_name: str, ca
     if cuda:
         captured = list(mode.captured_sizes)
         missing = [s for s in sizes if s not in captured]
-        why = (f"not captured: {missing} (above {phase}.{cap_name})" if missing else "captured as CUDA graphs")
+        failures = "; ".join(f"{k}: {v}" for k, v in mode.capture_failures.items())
+        why = (f"not captured: {missing}" + (f" ({failures})" if failures else " (unreachable, see above)")
+               if missing else "captured as CUDA graphs")
         return [backend, limit, entry(f"{phase}.{sizes_name}", sizes, captured, reason=why)]
     how = {"static_compiled": "compiled on first use; no graphs (see decode.backend)",
            "static_eager": "the capture-safe step run eagerly; no graphs (see decode.backend)"}.get(

@@ -57,16 +57,13 @@ class PhaseMode:
     capture_bytes: int = 0
     captured_sizes: list[int] = field(default_factory=list)  # CUDA graphs captured
     compiled_sizes: list[int] = field(default_factory=list)  # CPU programs compiled on first use
-
-    @property
-    def static(self) -> bool:
-        """Steps run at planned, padded sizes (captured or compiled)."""
-        return self.effective not in ("disabled",)
+    capture_failures: dict[str, str] = field(default_factory=dict)  # size -> why it was not captured
 
     def to_dict(self) -> dict[str, Any]:
         return {"requested": self.requested, "effective": self.effective, "reason": self.reason,
                 "capture_seconds": round(self.capture_seconds, 4), "capture_bytes": self.capture_bytes,
-                "captured_sizes": self.captured_sizes, "compiled_sizes": self.compiled_sizes}
+                "captured_sizes": self.captured_sizes, "compiled_sizes": self.compiled_sizes,
+                "capture_failures": self.capture_failures}
 
 
 def effective_prefill(requested: str, device: torch.device, allow_compile: bool) -> PhaseMode:
@@ -130,11 +127,18 @@ def next_size(sizes: list[int], n: int) -> int | None:
 # ---------------------------------------------------------------------------- decode
 
 
+def capture_error(exc: BaseException) -> str:
+    """One line for a size that could not be captured."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
 class DecodeGraphs:
     """CUDA graphs for decode, one per planned batch size, over static input buffers. The
     attention backend gets `prepare_graph(bs)` before each capture and `plan(meta, bs)` (on the
     host, outside capture) before each replay. Capture runs largest first so that smaller
-    graphs reuse its memory pool."""
+    graphs reuse its memory pool. A size that fails to capture is left out, with the reason
+    in `failed`; steps of that size run eagerly."""
 
     def __init__(self, sizes: list[int], max_pages: int, step: Callable[..., torch.Tensor], backend: Any,
                  make_meta: Callable[[int], Any], device: torch.device) -> None:
@@ -144,6 +148,7 @@ class DecodeGraphs:
         self.graphs: dict[int, Any] = {}
         self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor, Any]] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.failed: dict[int, str] = {}
 
     def capture(self) -> tuple[float, int]:
         torch.cuda.synchronize(self.device)
@@ -151,22 +156,29 @@ class DecodeGraphs:
         before = torch.cuda.memory_allocated(self.device)
         pool = torch.cuda.graph_pool_handle()
         for bs in reversed(self.sizes):
-            ids = torch.zeros(bs, dtype=torch.long, device=self.device)
-            positions = torch.zeros(bs, dtype=torch.long, device=self.device)
-            meta = self.make_meta(bs)  # every row padding: context 1 on the scratch page
-            self.backend.prepare_graph(bs)
-            self.backend.plan(meta, bs)
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                self.step(ids, positions, meta)  # warm-up outside the graph (allocator, kernels)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bs] = self.step(ids, positions, meta)
-            self.graphs[bs], self.inputs[bs] = graph, (ids, positions, meta)
+            try:
+                self._capture_one(bs, pool)
+            except RuntimeError as exc:
+                self.failed[bs] = capture_error(exc)
         torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0, torch.cuda.memory_allocated(self.device) - before
+
+    def _capture_one(self, bs: int, pool: Any) -> None:
+        """One size: buffers, a host plan, a warm-up outside the graph, the capture."""
+        ids = torch.zeros(bs, dtype=torch.long, device=self.device)
+        positions = torch.zeros(bs, dtype=torch.long, device=self.device)
+        meta = self.make_meta(bs)  # every row padding: context 1 on the scratch page
+        self.backend.prepare_graph(bs)
+        self.backend.plan(meta, bs)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self.step(ids, positions, meta)  # warm-up outside the graph (allocator, kernels)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            self.outputs[bs] = self.step(ids, positions, meta)
+        self.graphs[bs], self.inputs[bs] = graph, (ids, positions, meta)
 
     def replay(self, bs: int, ids: torch.Tensor, positions: torch.Tensor, meta: Any) -> torch.Tensor:
         """Copy the step's (already padded) inputs into size bs's buffers, plan, replay."""
@@ -267,39 +279,47 @@ class PieceGraphs:
         self.heads, self.v_dim, self.dtype = heads, v_dim, dtype
         self.graphs: dict[int, list[Any]] = {}
         self.io: dict[int, dict[str, Any]] = {}
+        self.failed: dict[int, str] = {}
 
     def capture(self, warm: Callable[[int], Any]) -> tuple[float, int]:
-        """`warm(n)` runs one eager step of n tokens through self.fns (compiles them)."""
+        """`warm(n)` runs one eager step of n tokens through self.fns (compiles them). A size
+        that fails to capture is left out, with the reason in `failed`."""
         torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
         before = torch.cuda.memory_allocated(self.device)
         pool = torch.cuda.graph_pool_handle()
         for n in reversed(self.sizes):
-            warm(n)
-            ids = torch.zeros(n, dtype=torch.long, device=self.device)
-            pos = torch.zeros(n, dtype=torch.long, device=self.device)
-            o_buf = torch.zeros(n, self.heads, self.v_dim, dtype=self.dtype, device=self.device)
-            graphs, outs = [], []
-            args: tuple[torch.Tensor, ...] = (ids, pos)
-            cos = sin = torch.empty(0)
-            for k, fn in enumerate(self.fns):
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
-                    out = fn(*args)
-                graphs.append(g)
-                outs.append(out)
-                if k == 0:
-                    x, cos, sin = out[0], out[1], out[2]
-                else:
-                    x = out[0] if k < len(self.fns) - 1 else out
-                if k < len(self.fns) - 2:
-                    args = (x, o_buf, cos, sin)
-                elif k == len(self.fns) - 2:
-                    args = (x, o_buf)
-            self.graphs[n] = graphs
-            self.io[n] = {"ids": ids, "positions": pos, "o": o_buf, "outs": outs}
+            try:
+                warm(n)
+                self._capture_one(n, pool)
+            except RuntimeError as exc:
+                self.failed[n] = capture_error(exc)
         torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0, torch.cuda.memory_allocated(self.device) - before
+
+    def _capture_one(self, n: int, pool: Any) -> None:
+        ids = torch.zeros(n, dtype=torch.long, device=self.device)
+        pos = torch.zeros(n, dtype=torch.long, device=self.device)
+        o_buf = torch.zeros(n, self.heads, self.v_dim, dtype=self.dtype, device=self.device)
+        graphs, outs = [], []
+        args: tuple[torch.Tensor, ...] = (ids, pos)
+        cos = sin = torch.empty(0)
+        for k, fn in enumerate(self.fns):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                out = fn(*args)
+            graphs.append(g)
+            outs.append(out)
+            if k == 0:
+                x, cos, sin = out[0], out[1], out[2]
+            else:
+                x = out[0] if k < len(self.fns) - 1 else out
+            if k < len(self.fns) - 2:
+                args = (x, o_buf, cos, sin)
+            elif k == len(self.fns) - 2:
+                args = (x, o_buf)
+        self.graphs[n] = graphs
+        self.io[n] = {"ids": ids, "positions": pos, "o": o_buf, "outs": outs}
 
     def run(self, n: int, ids: torch.Tensor, positions: torch.Tensor, meta: Any, backend: Any) -> torch.Tensor:
         io, graphs, layers = self.io[n], self.graphs[n], self.pieces.model.layers
