@@ -47,7 +47,7 @@ def bare_torchrun(ckpt: str, plan: Path, work: Path) -> dict[str, float]:
     for p in (ev, out):
         p.unlink(missing_ok=True)
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    from cgsvc_worker.cli import free_port
+    from cgsvc_worker.supervisor import free_port
 
     port = str(free_port())  # torchrun's --master-port 0 does not rendezvous
     t0 = time.time()

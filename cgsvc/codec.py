@@ -2,19 +2,27 @@
 
 Specs go proto -> JSON-form dict -> `parse_spec`, so the gRPC and JSON forms share one
 validator. Plans go domain -> JSON-form dict -> proto and back, so a plan printed from a
-server answer is byte-identical to one resolved in-process.
+server answer is byte-identical to one resolved in-process. Stored plans, audit records and
+launches (with the worker report they carry) become their resource messages here too: this
+is the only module that maps between protobuf and domain types.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from typing import Any
 
-from google.protobuf import json_format
+from google.protobuf import json_format, timestamp_pb2
 
-from cgsvc.errors import FieldViolation, ResolveError
+from cgsvc.audit.records import AuditRecord
+from cgsvc.audit.store import StoredPlan
+from cgsvc.contract import ContractError, WorkerReport
+from cgsvc.errors import FieldViolation, ServiceError
+from cgsvc.launch.store import LaunchRow
 from cgsvc.plan import Decision, Estimates, Plan, PlanWarning
 from cgsvc.spec import LaunchSpec, parse_spec, spec_to_dict
-from cgsvc.v1 import launch_spec_pb2, plan_pb2
+from cgsvc.v1 import audit_pb2, launch_pb2, launch_spec_pb2, plan_pb2
 
 
 def spec_to_proto(spec: LaunchSpec) -> launch_spec_pb2.LaunchSpec:
@@ -35,7 +43,7 @@ def spec_proto_from_dict(data: Any) -> launch_spec_pb2.LaunchSpec:
     try:
         return json_format.ParseDict(data, launch_spec_pb2.LaunchSpec())
     except json_format.ParseError as exc:  # pragma: no cover - parse_spec rejects first
-        raise ResolveError.invalid([FieldViolation("spec", str(exc))]) from None
+        raise ServiceError.invalid([FieldViolation("spec", str(exc))]) from None
 
 
 def plan_to_proto(plan: Plan) -> plan_pb2.Plan:
@@ -92,3 +100,71 @@ def plan_dict_from_proto_resource(msg: plan_pb2.Plan) -> dict[str, Any]:
     """A stored plan as JSON: the resource fields, then the plan's JSON form."""
     return {"name": msg.name, "create_time": msg.create_time.ToJsonString(), "audit_record": msg.audit_record,
             "spec": spec_dict_from_proto(msg.spec), **plan_from_proto(msg).to_dict()}
+
+
+# ---------------------------------------------------------------------------- resources
+
+
+def timestamp(text: str) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromJsonString(text)
+    return ts
+
+
+def stored_plan_proto(stored: StoredPlan) -> plan_pb2.Plan:
+    msg = plan_to_proto(plan_from_dict(json.loads(stored.row.plan_json)))
+    msg.name = f"plans/{stored.row.plan_id}"
+    msg.create_time.CopyFrom(timestamp(stored.create_time))
+    json_format.ParseDict(json.loads(stored.row.spec_json), msg.spec)
+    msg.audit_record = f"auditRecords/{stored.sequence}"
+    return msg
+
+
+def record_proto(rec: AuditRecord) -> audit_pb2.AuditRecord:
+    return audit_pb2.AuditRecord(
+        name=rec.name, sequence=rec.sequence, schema_version=rec.schema_version, time=timestamp(rec.time),
+        principal=rec.principal, peer=rec.peer, method=rec.method, request_id=rec.request_id,
+        trace_id=rec.trace_id, spec_json=rec.spec_json, spec_hash=rec.spec_hash, plan_json=rec.plan_json,
+        plan_hash=rec.plan_hash, rule_ids=list(rec.rule_ids), policy_version=rec.policy_version,
+        service_version=rec.service_version, outcome_code=rec.outcome_code,
+        outcome_message=rec.outcome_message, launch_id=rec.launch_id, plan_id=rec.plan_id,
+        prev_hash=rec.prev_hash, record_hash=rec.record_hash)
+
+
+def report_summary(report_json: str) -> launch_pb2.LaunchReport:
+    """The summary of a launch's stored worker report (empty unless it succeeded)."""
+    if not report_json:
+        return launch_pb2.LaunchReport()
+    try:
+        report = WorkerReport.from_dict(json.loads(report_json))
+    except (ContractError, ValueError):
+        return launch_pb2.LaunchReport()
+    if not report.ok:
+        return launch_pb2.LaunchReport()
+    modes, att = report.modes, report.attention
+    subs = [f"{f.field}: {json.dumps(f.requested)} -> {json.dumps(f.effective)} ({f.reason})"
+            for f in report.plan_fidelity if f.status == "substituted"]
+    return launch_pb2.LaunchReport(
+        ttft_ms_p50=report.ttft_ms.p50, ttft_ms_p99=report.ttft_ms.p99, tpot_ms_p50=report.tpot_ms.p50,
+        tpot_ms_p99=report.tpot_ms.p99, throughput_tok_s=report.throughput_tok_s,
+        output_tokens=report.output_tokens,
+        prefill_requested=modes["prefill"].requested, prefill_effective=modes["prefill"].effective,
+        decode_requested=modes["decode"].requested, decode_effective=modes["decode"].effective,
+        attention_prefill_effective=att["prefill"].effective, attention_decode_effective=att["decode"].effective,
+        capture_seconds=modes["prefill"].capture_seconds + modes["decode"].capture_seconds,
+        capture_bytes=modes["prefill"].capture_bytes + modes["decode"].capture_bytes,
+        kv_bytes_per_token=report.kv_bytes_per_token, substitutions=subs,
+        plan_fidelity=[launch_pb2.PlanFidelity(field=f.field, requested=json.dumps(f.requested),
+                                               effective=json.dumps(f.effective), status=f.status, reason=f.reason)
+                       for f in report.plan_fidelity])
+
+
+def launch_proto(row: LaunchRow, records: list[str] | None = None, plan_audit_record: str = "") -> launch_pb2.Launch:
+    return launch_pb2.Launch(
+        name=f"launches/{row.launch_id}", plan=f"plans/{row.plan_id}", state=row.state,
+        workload=launch_pb2.LaunchWorkload(**asdict(row.workload)), model_path=row.model_path, tp=row.tp,
+        dispatcher=row.dispatcher, create_time=timestamp(row.create_time), update_time=timestamp(row.update_time),
+        tokens_done=row.tokens_done, tokens_total=row.tokens_total, error=row.error,
+        report=report_summary(row.report_json), report_json=row.report_json, audit_records=records or [],
+        principal=row.principal, plan_audit_record=plan_audit_record, devices=list(row.devices),
+        placement=row.placement, request_id=row.request_id)

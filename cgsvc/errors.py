@@ -1,7 +1,9 @@
 """Errors the resolver and the service answer with, in the shape of google.rpc.Status.
 
-The control plane raises `ResolveError` with a canonical code name and, for bad input,
-one `FieldViolation` per problem (the field path and what would be valid). The gRPC
+The control plane raises `ServiceError` with a canonical code name — a refused spec
+(INVALID_ARGUMENT, FAILED_PRECONDITION), a missing resource (NOT_FOUND), no free devices
+(RESOURCE_EXHAUSTED), ... — and, for bad input, one `FieldViolation` per problem (the field
+path and what would be valid). The gRPC
 layer turns it into a rich status (BadRequest / ErrorInfo details); the CLI prints it as
 `{"error": {...}}`. Nothing here imports grpc.
 """
@@ -33,8 +35,9 @@ class FieldViolation:
 
 
 @dataclass
-class ResolveError(Exception):
-    """A refusal: canonical code, message, field violations and (for rule refusals) the rule id."""
+class ServiceError(Exception):
+    """Any answer other than OK: a canonical code, a message, field violations and (for rule
+    refusals) the rule id."""
 
     code: str
     message: str
@@ -45,13 +48,13 @@ class ResolveError(Exception):
         super().__init__(self.message)
 
     @classmethod
-    def invalid(cls, violations: list[FieldViolation]) -> ResolveError:
+    def invalid(cls, violations: list[FieldViolation]) -> ServiceError:
         first = violations[0]
         more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
         return cls("INVALID_ARGUMENT", f"{first.field}: {first.description}{more}", list(violations))
 
     @classmethod
-    def refused_by_rule(cls, rule_id: str, fields: list[str], message: str) -> ResolveError:
+    def refused_by_rule(cls, rule_id: str, fields: list[str], message: str) -> ServiceError:
         return cls(
             "FAILED_PRECONDITION",
             f"{rule_id}: {message}",

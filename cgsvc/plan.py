@@ -1,6 +1,6 @@
 """The resolved plan and its parts: PhasePlan-like sections, Decision, PlanWarning, Estimates.
 
-`Plan.to_dict()` is the JSON form of DESIGN.md, in its field order; `canonical_json` is
+`Plan.to_dict()` is the JSON form of docs/plan.md, in its field order; `canonical_json` is
 the byte form that `plan_hash` covers and that the audit log stores.
 """
 
@@ -98,7 +98,7 @@ class Plan:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form of DESIGN.md, in its field order."""
+        """The JSON form of docs/plan.md, in its field order."""
         body = self.body()
         return {"policy_version": self.policy_version, "plan_hash": self.plan_hash,
                 **{k: v for k, v in body.items() if k != "policy_version"}}

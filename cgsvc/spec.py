@@ -1,7 +1,7 @@
 """The launch spec: typed, strictly parsed, with field presence kept.
 
 A field that is `None` was absent and is resolved by policy; a field that is set was
-explicit and its key is locked. `parse_spec` turns the JSON form (DESIGN.md) into a
+explicit and its key is locked. `parse_spec` turns the JSON form (docs/launch-spec.md) into a
 `LaunchSpec`, collecting every problem as a `FieldViolation` that names the field path
 and what would be valid. The gRPC form reaches this same parser through
 `cgsvc.codec.spec_from_proto`, so there is one set of rules for both.
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cgsvc.errors import FieldViolation, ResolveError
+from cgsvc.errors import FieldViolation, ServiceError
 
 # Closed sets. Names are the JSON values; the proto carries the same strings.
 PREFILL_GRAPH_BACKENDS = ("disabled", "breakable", "tc_piecewise", "full")
@@ -217,11 +217,11 @@ def _parse_section(cls: type, data: Any, path: str, out: list[FieldViolation]) -
 
 
 def parse_spec(data: Any) -> LaunchSpec:
-    """Parse the JSON form of a launch spec; raise ResolveError(INVALID_ARGUMENT) listing every problem."""
+    """Parse the JSON form of a launch spec; raise ServiceError(INVALID_ARGUMENT) listing every problem."""
     violations: list[FieldViolation] = []
     spec = _parse_section(LaunchSpec, data, "", violations)
     if violations:
-        raise ResolveError.invalid(violations)
+        raise ServiceError.invalid(violations)
     return spec
 
 
@@ -230,7 +230,7 @@ def parse_spec_json(text: str | bytes) -> LaunchSpec:
     try:
         data = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ResolveError.invalid([FieldViolation("spec", f"malformed JSON: {exc}")]) from None
+        raise ServiceError.invalid([FieldViolation("spec", f"malformed JSON: {exc}")]) from None
     return parse_spec(data)
 
 

@@ -118,16 +118,32 @@ launches = sa.Table(
     sa.Column("handle_json", sa.Text, nullable=False, default=""),  # how to find the running group again
     sa.Column("owner", sa.Text, nullable=False, default=""),  # the server instance supervising it
 )
-
-# Migrations, in order. Each is (version, description, tables it creates). Later versions
-# add tables or columns; the applied set is recorded in schema_migrations.
-MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...]], ...] = (
-    (1, "audit log, chain head, plans and idempotency keys",
-     (audit_records, audit_rule_ids, chain_head, plans, idempotency)),
-    (2, "launches", (launches,)),
+# Added by migration 3 (to launches tables that predate them).
+LAUNCH_COLUMNS_3 = (
+    sa.Column("devices_json", sa.Text, nullable=False, server_default="[]"),  # one device per rank, rank order
+    sa.Column("placement", sa.Text, nullable=False, server_default=""),  # how they were chosen; substitutions
+    sa.Column("request_id", sa.Text, nullable=False, server_default=""),
+    sa.Column("request_hash", sa.Text, nullable=False, server_default=""),
 )
-LAUNCH_FILTER_FIELDS = {"state": "str", "plan": "str", "principal": "str", "dispatcher": "str",
-                        "create_time": "str", "model_path": "str"}
+for _column in LAUNCH_COLUMNS_3:
+    launches.append_column(_column)
+# One launch per (principal, request_id): a retried CreateLaunch finds the launch it started.
+launch_requests = sa.Table(
+    "launch_requests", metadata,
+    sa.Column("principal", sa.Text, primary_key=True),
+    sa.Column("request_id", sa.Text, primary_key=True),
+    sa.Column("launch_id", sa.Text, nullable=False),
+)
+
+# Migrations, in order. Each is (version, description, tables it creates, columns it adds to
+# existing tables); the applied set is recorded in schema_migrations.
+MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa.Column], ...]], ...] = (
+    (1, "audit log, chain head, plans and idempotency keys",
+     (audit_records, audit_rule_ids, chain_head, plans, idempotency), ()),
+    (2, "launches", (launches,), ()),
+    (3, "launch devices and placement, idempotent CreateLaunch", (launch_requests,),
+     tuple((launches, c) for c in LAUNCH_COLUMNS_3)),
+)
 
 AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principal": "str", "outcome": "str",
                        "method": "str", "time": "str", "request_id": "str", "plan_id": "str",
@@ -294,11 +310,17 @@ class AuditStore:
                 conn.exec_driver_sql("SELECT pg_advisory_xact_lock(727374)")
             schema_migrations.create(conn, checkfirst=True)
             done = set(conn.execute(sa.select(schema_migrations.c.version)).scalars())
-            for version, description, tables in MIGRATIONS:
+            for version, description, tables, columns in MIGRATIONS:
                 if version in done:
                     continue
                 for table in tables:
                     table.create(conn, checkfirst=True)
+                for table, column in columns:
+                    have = {c["name"] for c in sa.inspect(conn).get_columns(table.name)}
+                    if column.name not in have:  # a table created by an earlier version
+                        default = getattr(column.server_default, "arg", "")
+                        conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {column.name} TEXT NOT NULL "
+                                             f"DEFAULT '{default}'")
                 if version == 1:
                     conn.execute(chain_head.insert().values(id=1, sequence=0, record_hash=GENESIS))
                 conn.execute(schema_migrations.insert().values(
@@ -395,7 +417,7 @@ class AuditStore:
     def list_records(self, filter_text: str = "", page_size: int = 0,
                      page_token: str = "") -> tuple[list[AuditRecord], str]:
         terms = filters.parse_filter(filter_text, AUDIT_FILTER_FIELDS)
-        rows, next_token = self._page(audit_records, terms, filter_text, page_size, page_token)
+        rows, next_token = self.page(audit_records, terms, filter_text, page_size, page_token)
         return [_row_to_record(r) for r in rows], next_token
 
     def get_plan(self, plan_id: str) -> StoredPlan | None:
@@ -406,7 +428,7 @@ class AuditStore:
     def list_plans(self, filter_text: str = "", page_size: int = 0,
                    page_token: str = "") -> tuple[list[StoredPlan], str]:
         terms = filters.parse_filter(filter_text, PLAN_FILTER_FIELDS)
-        rows, next_token = self._page(plans, terms, filter_text, page_size, page_token)
+        rows, next_token = self.page(plans, terms, filter_text, page_size, page_token)
         return [self._stored_plan(r) for r in rows], next_token
 
     @staticmethod
@@ -415,7 +437,7 @@ class AuditStore:
         fields = {f.name: m[f.name] for f in dataclasses.fields(PlanRow)}
         return StoredPlan(PlanRow(**fields), int(m["sequence"]), m["create_time"], m["principal"])
 
-    def _page(self, table: sa.Table, terms: Sequence[filters.Term], filter_text: str, page_size: int,
+    def page(self, table: sa.Table, terms: Sequence[filters.Term], filter_text: str, page_size: int,
               page_token: str) -> tuple[list[Any], str]:
         if page_size < 0:
             raise PageTokenError("page_size must not be negative")
@@ -428,35 +450,6 @@ class AuditStore:
         if len(rows) > size:
             return rows[:size], _encode_token(int(rows[size - 1]._mapping["sequence"]), filter_text)
         return rows, ""
-
-    # ------------------------------------------------------------------ launches
-    def put_launch(self, row: dict[str, Any]) -> None:
-        with self.write_engine.begin() as conn:
-            seq = conn.execute(sa.select(sa.func.coalesce(sa.func.max(launches.c.sequence), 0))).scalar_one()
-            conn.execute(launches.insert().values(**row, sequence=int(seq) + 1))
-
-    def update_launch(self, launch_id: str, **values: Any) -> None:
-        with self.write_engine.begin() as conn:
-            conn.execute(launches.update().where(launches.c.launch_id == launch_id)
-                         .values(**values, update_time=utc_now()))
-
-    def get_launch(self, launch_id: str) -> dict[str, Any] | None:
-        with self.read_engine.begin() as conn:
-            row = conn.execute(sa.select(launches).where(launches.c.launch_id == launch_id)).first()
-        return dict(row._mapping) if row is not None else None
-
-    def list_launches(self, filter_text: str = "", page_size: int = 0,
-                      page_token: str = "") -> tuple[list[dict[str, Any]], str]:
-        terms = [filters.Term("plan_id", t.op, str(t.value).removeprefix("plans/")) if t.field == "plan" else t
-                 for t in filters.parse_filter(filter_text, LAUNCH_FILTER_FIELDS)]
-        rows, token = self._page(launches, terms, filter_text, page_size, page_token)
-        return [dict(r._mapping) for r in rows], token
-
-    def launches_in_states(self, states: Sequence[str]) -> list[dict[str, Any]]:
-        with self.read_engine.begin() as conn:
-            rows = conn.execute(sa.select(launches).where(launches.c.state.in_(list(states)))
-                                .order_by(launches.c.sequence))
-            return [dict(r._mapping) for r in rows]
 
     # ------------------------------------------------------------------ verify
     def iter_records(self, chunk: int = 2000) -> Iterator[AuditRecord]:

@@ -15,7 +15,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from cgsvc.errors import FieldViolation, ResolveError
+from cgsvc.errors import FieldViolation, ServiceError
 
 # Architecture sets, compared after `normalize_arch` (underscores dropped), as prefixes.
 DEEPSEEK_V3_FAMILY = ("DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration", "DeepseekV32",
@@ -137,7 +137,7 @@ def model_facts_from_config(config: dict[str, Any], name: str) -> ModelFacts:
 def read_model_dir(path: str, label: str | None = None) -> ModelFacts:
     """Read `path/config.json` (and `hf_quant_config.json` if present) into model facts.
 
-    Raises ResolveError(INVALID_ARGUMENT) on `model.path` when it cannot be read.
+    Raises ServiceError(INVALID_ARGUMENT) on `model.path` when it cannot be read.
     """
     cfg_path = os.path.join(path, "config.json")
     try:
@@ -156,7 +156,7 @@ def read_model_dir(path: str, label: str | None = None) -> ModelFacts:
         problem = f"{cfg_path!r} is not valid JSON: {exc}"
     except ValueError as exc:
         problem = f"{cfg_path!r}: {exc}"
-    raise ResolveError.invalid([FieldViolation("model.path", problem)])
+    raise ServiceError.invalid([FieldViolation("model.path", problem)])
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -183,7 +183,7 @@ def models() -> dict[str, ModelFacts]:
 
 
 def facts_for_spec(spec: dict[str, Any]) -> ModelFacts | None:
-    """The model a spec's JSON form names: its model.path read (ResolveError when unreadable),
+    """The model a spec's JSON form names: its model.path read (ServiceError when unreadable),
     else its model.name looked up in the catalog (None when unknown)."""
     model = spec.get("model") or {}
     if model.get("path"):

@@ -2,9 +2,13 @@
 
 The local dispatcher starts `cgsvc-worker` as a supervisor in its own session (never a fork
 of the gRPC server: `subprocess` execs at once); the supervisor spawns one process per rank
-with `spawn`, stops the whole group when a rank dies, and writes a report. Because the group
-lives in its own session, a restarted server can find it again by pid and command line, and
-cancellation reaches every rank with one signal to the process group.
+with `spawn`, each on its own device (`--devices`: rank r sees only the r-th, through its
+own CUDA_VISIBLE_DEVICES), stops the whole group when a rank dies, and writes a report.
+Because the group lives in its own session, a restarted server can find it again by pid and
+command line, and cancellation reaches every rank with one signal to the process group.
+
+The Ray dispatcher runs the same worker code as rank actors of a placement group; there the
+devices are the ones Ray assigns, and the workers report them (a `placed` event).
 """
 
 from __future__ import annotations
@@ -17,16 +21,10 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-
-@dataclass(frozen=True)
-class Workload:
-    input_len: int
-    output_len: int
-    requests: int
-    concurrency: int
-    seed: int = 0
+from cgsvc.contract import RunDir
+from cgsvc.launch.devices import Inventory
+from cgsvc.launch.store import LaunchRow
 
 
 @dataclass(frozen=True)
@@ -50,19 +48,12 @@ class DispatchError(Exception):
     """The dispatcher could not start a group (nothing was left running)."""
 
 
-def bench_args(launch_id: str, run_dir: Path, model_path: str, tp: int, workload: Workload) -> list[str]:
+def bench_args(row: LaunchRow, run: RunDir) -> list[str]:
     """`cgsvc-worker bench` arguments for a launch (every dispatcher runs the same worker code)."""
-    return ["bench", "--model-path", model_path, "--tp", str(tp), "--plan", str(run_dir / "plan.json"),
-            "--input-len", str(workload.input_len), "--output-len", str(workload.output_len),
-            "--requests", str(workload.requests), "--concurrency", str(workload.concurrency),
-            "--seed", str(workload.seed), "--launch-id", launch_id]
-
-
-def worker_command(launch_id: str, run_dir: Path, model_path: str, tp: int, workload: Workload,
-                   python: str = sys.executable) -> list[str]:
-    return [python, "-m", "cgsvc_worker.cli", *bench_args(launch_id, run_dir, model_path, tp, workload),
-            "--output", str(run_dir / "report.json"), "--events", str(run_dir / "events.jsonl"),
-            "--log-dir", str(run_dir / "logs")]
+    w = row.workload
+    return ["bench", "--model-path", row.model_path, "--tp", str(row.tp), "--plan", str(run.plan),
+            "--input-len", str(w.input_len), "--output-len", str(w.output_len), "--requests", str(w.requests),
+            "--concurrency", str(w.concurrency), "--seed", str(w.seed), "--launch-id", row.launch_id]
 
 
 def _proc_alive(pid: int, marker: str) -> bool:
@@ -94,33 +85,46 @@ def session_members(sid: int) -> list[int]:
 
 
 class LocalDispatcher:
-    """Worker groups as local processes; capacity counted in ranks (devices)."""
+    """Worker groups as local processes, one device per rank from the inventory."""
 
     name = "local"
+    assigns_devices = True  # devices are chosen here, before start (Ray reports its own)
 
-    def __init__(self, slots: int) -> None:
-        self.slots = slots
+    def __init__(self, inventory: Inventory) -> None:
+        self.inventory = inventory
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def command(self, launch_id: str, run_dir: Path, model_path: str, tp: int, workload: Workload) -> list[str]:
-        return worker_command(launch_id, run_dir, model_path, tp, workload)
+    @property
+    def slots(self) -> int:
+        return len(self.inventory.devices)
+
+    def command(self, row: LaunchRow, run: RunDir, gpu_plan: bool) -> list[str]:
+        return [sys.executable, "-m", "cgsvc_worker.cli", *bench_args(row, run), "--devices", ",".join(row.devices),
+                "--output", str(run.report), "--events", str(run.events), "--log-dir", str(run.logs)]
+
+    def placement(self, row: LaunchRow, gpu_plan: bool) -> str:
+        """How the devices were chosen, and any substitution of a GPU plan by CPU slots."""
+        where = f"local devices {', '.join(row.devices)} ({self.inventory.source})"
+        if gpu_plan and all(d.startswith("cpu") for d in row.devices):
+            return f"{where}; substituted: the plan is for GPUs, this server has CPU slots only"
+        return where
 
     def check(self) -> str:
         """Why this dispatcher cannot take a launch now, or ''."""
         return ""
 
-    def start(self, launch_id: str, run_dir: Path, model_path: str, tp: int, workload: Workload) -> RunHandle:
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        log = open(run_dir / "logs" / "supervisor.log", "ab")  # noqa: SIM115 - owned by the child
+    def start(self, row: LaunchRow, run: RunDir, gpu_plan: bool) -> RunHandle:
+        run.logs.mkdir(parents=True, exist_ok=True)
+        log = open(run.supervisor_log, "ab")  # noqa: SIM115 - owned by the child
         try:
-            proc = subprocess.Popen(self.command(launch_id, run_dir, model_path, tp, workload),
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+            proc = subprocess.Popen(self.command(row, run, gpu_plan), stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=log, start_new_session=True)
         except OSError as exc:
             raise DispatchError(f"cannot start the worker supervisor: {exc}") from None
         finally:
             log.close()
-        self.procs[launch_id] = proc
-        return RunHandle(self.name, launch_id, proc.pid, proc.pid)
+        self.procs[row.launch_id] = proc
+        return RunHandle(self.name, row.launch_id, proc.pid, proc.pid)
 
     def exit_code(self, handle: RunHandle) -> int | None:
         """The supervisor's exit status when it has ended, else None. A group started by an
@@ -154,18 +158,32 @@ class LocalDispatcher:
 
 class RayDispatcher(LocalDispatcher):
     """Worker groups as rank actors in a Ray placement group (`cgsvc_worker.ray_group`), driven
-    by a supervisor process in its own session; the server itself never imports Ray."""
+    by a supervisor process in its own session; the server itself never imports Ray. A GPU
+    plan asks Ray for one GPU per rank unless `gpus_per_rank` says otherwise (>= 0)."""
 
     name = "ray"
+    assigns_devices = False
 
-    def __init__(self, address: str, slots: int, gpus_per_rank: float = 0.0) -> None:
-        super().__init__(slots)
+    def __init__(self, address: str, slots: int, gpus_per_rank: float = -1.0) -> None:
+        super().__init__(Inventory(tuple(f"ray{i}" for i in range(slots)), "Ray slots"))
         self.address, self.gpus_per_rank = address, gpus_per_rank
 
-    def command(self, launch_id: str, run_dir: Path, model_path: str, tp: int, workload: Workload) -> list[str]:
-        return [sys.executable, "-m", "cgsvc_worker.ray_group", "--address", self.address, "--launch-id", launch_id,
-                "--run-dir", str(run_dir), "--gpus-per-rank", str(self.gpus_per_rank), "--",
-                *bench_args(launch_id, run_dir, model_path, tp, workload)]
+    def gpus_for(self, gpu_plan: bool) -> float:
+        if self.gpus_per_rank >= 0:
+            return self.gpus_per_rank
+        return 1.0 if gpu_plan else 0.0
+
+    def command(self, row: LaunchRow, run: RunDir, gpu_plan: bool) -> list[str]:
+        return [sys.executable, "-m", "cgsvc_worker.ray_group", "--address", self.address, "--launch-id",
+                row.launch_id, "--run-dir", str(run.path), "--gpus-per-rank", str(self.gpus_for(gpu_plan)), "--",
+                *bench_args(row, run)]
+
+    def placement(self, row: LaunchRow, gpu_plan: bool) -> str:
+        gpus = self.gpus_for(gpu_plan)
+        where = f"Ray placement group at {self.address}, {gpus:g} GPU per rank"
+        if gpu_plan and gpus == 0:
+            return f"{where}; substituted: the plan is for GPUs, the ranks run on CPU bundles (ray_gpus_per_rank=0)"
+        return where
 
     def check(self) -> str:
         host, _, port = self.address.rpartition(":")

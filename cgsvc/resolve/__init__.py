@@ -1,4 +1,4 @@
-"""The resolver: a pure function from LaunchSpec to Plan (RULES.md).
+"""The resolver: a pure function from LaunchSpec to Plan (docs/policy.md).
 
     resolve(spec):  ctx = validate_and_lock(spec)     # INVALID_ARGUMENT on bad input
                     engine.run(policy.RULES, ctx)       # ordered by stage; attention first
@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 
 from cgsvc import catalog
-from cgsvc.errors import FieldViolation, ResolveError
+from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.plan import Plan, canonical_json, sha256_hex
 from cgsvc.resolve import engine, estimates
 from cgsvc.resolve.engine import KEYS, Context
@@ -43,7 +43,7 @@ def _model_facts(spec: LaunchSpec, out: list[FieldViolation]) -> catalog.ModelFa
     if m.path is not None:
         try:
             return catalog.read_model_dir(m.path, m.name)
-        except ResolveError as exc:
+        except ServiceError as exc:
             out.extend(exc.violations)
             return None
     if m.name is None:
@@ -108,7 +108,7 @@ def validate_and_lock(spec: LaunchSpec) -> Context:
                                   f"{cg_p.max_num_tokens} disagrees with max(num_tokens) = "
                                   f"{max(cg_p.num_tokens)}; give one of them or make them agree"))
     if out:
-        raise ResolveError.invalid(out)
+        raise ServiceError.invalid(out)
     assert model is not None and gpu is not None
 
     ctx = Context(spec=spec, model=model, gpu=gpu,
@@ -138,7 +138,7 @@ def validate_and_lock(spec: LaunchSpec) -> Context:
 
 
 def resolve(spec: LaunchSpec) -> Plan:
-    """Resolve a launch spec into a plan. Raises ResolveError on refusal."""
+    """Resolve a launch spec into a plan. Raises ServiceError on refusal."""
     ctx = validate_and_lock(spec)
     engine.run(RULES, ctx)
     return build_plan(ctx)

@@ -14,7 +14,7 @@ from enum import IntEnum
 from typing import Any
 
 from cgsvc.catalog import GpuInfo, ModelFacts
-from cgsvc.errors import ResolveError
+from cgsvc.errors import ServiceError
 from cgsvc.plan import Decision, PlanWarning
 from cgsvc.spec import LaunchSpec
 
@@ -159,7 +159,7 @@ def apply(rule: Rule, ctx: Context) -> None:
         ctx.warnings.append(PlanWarning(rule.id, rule.warning(ctx)))
         return
     if rule.effect is None:  # a pure check: only hard rules have none
-        raise ResolveError.refused_by_rule(rule.id, list(rule.writes), rule.reason)
+        raise ServiceError.refused_by_rule(rule.id, list(rule.writes), rule.reason)
     effect = rule.effect(ctx)
     undeclared = set(effect) - set(rule.writes)
     if undeclared:
@@ -167,7 +167,7 @@ def apply(rule: Rule, ctx: Context) -> None:
     if rule.hard:
         blocked = [k for k, v in effect.items() if k in ctx.locked and ctx.values.get(k) != v]
         if blocked:
-            raise ResolveError.refused_by_rule(rule.id, blocked, rule.reason)
+            raise ServiceError.refused_by_rule(rule.id, blocked, rule.reason)
     for key, value in effect.items():
         before = ctx.values.get(key)
         if key in ctx.locked:

@@ -1,4 +1,4 @@
-"""The default policy: the ordered rule table of RULES.md, one small rule per row.
+"""The default policy: the ordered rule table of docs/policy.md, one small rule per row.
 
 Read top to bottom, this file is the policy. Each rule has a stable id, the stage it runs
 in, its hardness, what it reads and the plan keys it may write. The engine enforces locks

@@ -1,4 +1,4 @@
-"""Capture sizes: the one place that computes them (RULES.md section 5).
+"""Capture sizes: the one place that computes them (docs/policy.md, section 5).
 
 Pure functions of integers; the size rules in `policy.py` call them.
 """

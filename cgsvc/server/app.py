@@ -12,16 +12,20 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.store import AuditStore
 from cgsvc.audit.writer import AuditWriter
+from cgsvc.domain.launches import Launches
+from cgsvc.domain.plans import Plans
+from cgsvc.launch.devices import DeviceListError, Inventory
 from cgsvc.launch.dispatch import LocalDispatcher, RayDispatcher
-from cgsvc.launch.manager import LaunchManager
-from cgsvc.launch.service import LaunchService
+from cgsvc.launch.store import LaunchStore
 from cgsvc.server import metrics
 from cgsvc.server.auth import Authenticator
 from cgsvc.server.config import ServerConfig
 from cgsvc.server.interceptors import Pipeline
-from cgsvc.server.services import Auditor, AuditService, DiagnosticsService, PlanService
+from cgsvc.server.launch_service import LaunchService
+from cgsvc.server.services import AuditService, DiagnosticsService, PlanService, rejection_auditor
 from cgsvc.v1 import audit_pb2, diagnostics_pb2, launch_pb2, plan_service_pb2
 
 SERVICES = {
@@ -89,22 +93,27 @@ async def start(cfg: ServerConfig) -> Running:
                           "configure tls_cert/tls_key and token_file, or set allow_insecure_remote")
     os.makedirs(cfg.data_dir, exist_ok=True)
     creds = server_credentials(cfg)
+    try:
+        inventory = Inventory.local(cfg.local_devices, cfg.local_slots)
+    except DeviceListError as exc:
+        raise ConfigError(str(exc)) from None
     store = AuditStore(cfg.effective_database_url)
     writer = AuditWriter(store, max_batch=cfg.audit_max_batch, observe=metrics.observe_batch)
     auditor = Auditor(store, writer)
-    pipeline = Pipeline(Authenticator(cfg.token_file, require=cfg.authenticated), on_rejected=auditor.rejected)
+    pipeline = Pipeline(Authenticator(cfg.token_file, require=cfg.authenticated),
+                        on_rejected=rejection_auditor(auditor))
 
     options = [("grpc.max_receive_message_length", cfg.max_message_bytes),
                ("grpc.max_send_message_length", cfg.max_message_bytes),
                ("grpc.so_reuseport", 0)]
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
-    plans = PlanService(auditor)
-    dispatchers = [LocalDispatcher(cfg.local_slots)]
+    plans = Plans(auditor)
+    dispatchers = [LocalDispatcher(inventory)]
     if cfg.ray_address:
         dispatchers.append(RayDispatcher(cfg.ray_address, cfg.ray_slots, cfg.ray_gpus_per_rank))
-    launches = LaunchManager(store, auditor, Path(cfg.data_dir).resolve() / "launches", dispatchers)
+    launches = Launches(LaunchStore(store), auditor, Path(cfg.data_dir).resolve() / "launches", dispatchers)
     servicers: dict[str, Any] = {
-        "cgsvc.v1.PlanService": plans,
+        "cgsvc.v1.PlanService": PlanService(plans),
         "cgsvc.v1.AuditService": AuditService(store),
         "cgsvc.v1.DiagnosticsService": DiagnosticsService(),
         "cgsvc.v1.LaunchService": LaunchService(launches, plans),
@@ -126,4 +135,4 @@ async def start(cfg: ServerConfig) -> Running:
     recovered = await launches.recover()
     return Running(server, port, store, writer, health_servicer,
                    {"servicers": servicers, "auditor": auditor, "launches": launches,
-                    "recovered": recovered})
+                    "recovered": recovered, "devices": inventory})

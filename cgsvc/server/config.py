@@ -6,31 +6,43 @@ import dataclasses
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 
+def _opt(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class ServerConfig:
-    address: str = "127.0.0.1:50051"
-    data_dir: str = "var/cgsvc"
-    database_url: str = ""  # default: sqlite file under data_dir
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_client_ca: str = ""  # set to require client certificates (mutual TLS)
-    token_file: str = ""  # set to require bearer tokens
-    metrics_address: str = "127.0.0.1:0"  # "" disables the Prometheus endpoint
-    max_message_bytes: int = 4 * 1024 * 1024
-    max_concurrent_rpcs: int = 1000
-    shutdown_grace_seconds: float = 10.0
-    allow_insecure_remote: bool = False
-    log_level: str = "info"
-    audit_max_batch: int = 256
-    local_slots: int = 4  # devices (ranks) the local dispatcher may run at once
-    ray_address: str = ""  # HOST:PORT of a Ray cluster's GCS; enables the Ray dispatcher
-    ray_slots: int = 8  # devices the Ray dispatcher may hold at once
-    ray_gpus_per_rank: float = 0.0  # 1 on GPU clusters; 0 places CPU bundles
+    """Every setting, with the help line `cgsvc serve --help` prints for its flag."""
+
+    address: str = _opt("127.0.0.1:50051", "HOST:PORT to serve gRPC on (port 0 picks a free one)")
+    data_dir: str = _opt("var/cgsvc", "directory for the SQLite database, launch run directories and logs")
+    database_url: str = _opt("", "SQLAlchemy URL of the audit/launch database (default: SQLite under data_dir); "
+                                 "a PostgreSQL URL lets replicas share one log")
+    tls_cert: str = _opt("", "PEM certificate for TLS (with --tls-key)")
+    tls_key: str = _opt("", "PEM private key for TLS (with --tls-cert)")
+    tls_client_ca: str = _opt("", "PEM CA bundle: require client certificates signed by it (mutual TLS)")
+    token_file: str = _opt("", "file of bearer-token hashes, principals and roles (cgsvc token hash); requires "
+                               "tokens")
+    metrics_address: str = _opt("127.0.0.1:0", "HOST:PORT of the Prometheus endpoint; empty turns it off")
+    max_message_bytes: int = _opt(4 * 1024 * 1024, "largest gRPC message accepted or sent, bytes")
+    max_concurrent_rpcs: int = _opt(1000, "RPCs served at once; more wait")
+    shutdown_grace_seconds: float = _opt(10.0, "on SIGTERM, how long in-flight RPCs may finish")
+    allow_insecure_remote: bool = _opt(False, "serve a non-loopback address without TLS and tokens (warned)")
+    log_level: str = _opt("info", "debug, info, warning or error (JSON lines on stderr)")
+    audit_max_batch: int = _opt(256, "most audit records committed in one group commit")
+    local_devices: str = _opt("", "devices the local dispatcher gives ranks, e.g. 0,1,2,3 or 0-7 (GPU ids); "
+                                  "default: this machine's GPUs, or --local-slots CPU slots without one")
+    local_slots: int = _opt(4, "CPU slots (ranks at once) when the machine has no GPU and --local-devices is unset")
+    ray_address: str = _opt("", "HOST:PORT of a Ray cluster's GCS; enables the Ray dispatcher")
+    ray_slots: int = _opt(8, "ranks the Ray dispatcher may run at once")
+    ray_gpus_per_rank: float = _opt(-1.0, "GPUs Ray gives each rank: -1 (default) one for a GPU plan and none "
+                                          "for a CPU plan; 0 places CPU bundles (a GPU plan then reports the "
+                                          "substitution)")
 
     @property
     def effective_database_url(self) -> str:

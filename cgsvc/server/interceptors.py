@@ -3,7 +3,7 @@
     decode (malformed bytes -> INVALID_ARGUMENT, never INTERNAL)
     -> authenticate and authorise (UNAUTHENTICATED / PERMISSION_DENIED, audited)
     -> bind the log context (request id, trace id, principal, method)
-    -> the service method (raises ResolveError for refusals)
+    -> the service method (raises ServiceError for refusals)
     -> rich status on error, one log line and metrics per call.
 
 Handlers are registered from the service descriptors, so the pipeline wraps every method
@@ -16,7 +16,7 @@ import contextvars
 import time
 import traceback
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from cgsvc.errors import ResolveError
+from cgsvc.errors import ServiceError
 from cgsvc.server import metrics
 from cgsvc.server.auth import Authenticator, AuthError, Principal
 from cgsvc.server.status import invalid, to_status
@@ -115,8 +115,7 @@ class Pipeline:
         seconds = time.perf_counter() - t0
         metrics.RPC_TOTAL.labels(rc.method, code).inc()
         metrics.RPC_SECONDS.labels(rc.method).observe(seconds)
-        fields = dict(method=rc.method, principal=rc.principal.name, request_id=rc.request_id,
-                      trace_id=rc.trace_id, peer=rc.peer, duration_ms=round(seconds * 1000, 3), outcome=code)
+        fields = dict(peer=rc.peer, duration_ms=round(seconds * 1000, 3), outcome=code)  # the rest is bound
         if code == "OK":
             log.info("rpc", **fields)
         else:
@@ -124,7 +123,7 @@ class Pipeline:
 
     async def _fail(self, rc: RequestContext, t0: float, exc: Exception, context: Any) -> None:
         """Answer a failed call: a refusal with its rich status, anything else as INTERNAL."""
-        if isinstance(exc, ResolveError):
+        if isinstance(exc, ServiceError):
             self._finish(rc, t0, exc.code, exc.message)
             await context.abort_with_status(to_status(exc))
         self._finish(rc, t0, "INTERNAL", repr(exc))
@@ -137,7 +136,7 @@ class Pipeline:
             rc = await self._enter(method, request, context)
             if rc is None:
                 return None
-            token = REQUEST.set(rc)
+            token, bound = REQUEST.set(rc), _bind(rc)
             try:
                 if isinstance(request, _Malformed):
                     await self._malformed(rc, request)
@@ -150,6 +149,7 @@ class Pipeline:
                 self._finish(rc, t0, "OK")
                 return response
             finally:
+                structlog.contextvars.reset_contextvars(**bound)
                 REQUEST.reset(token)
         return handler
 
@@ -159,7 +159,7 @@ class Pipeline:
             rc = await self._enter(method, request, context)
             if rc is None:
                 return
-            token = REQUEST.set(rc)
+            token, bound = REQUEST.set(rc), _bind(rc)
             try:
                 if isinstance(request, _Malformed):
                     await self._malformed(rc, request)
@@ -172,6 +172,7 @@ class Pipeline:
             else:
                 self._finish(rc, t0, "OK")
             finally:
+                structlog.contextvars.reset_contextvars(**bound)
                 REQUEST.reset(token)
         return handler
 
@@ -192,6 +193,13 @@ class Pipeline:
                     self.unary(full, fn), request_deserializer=_safe_deserializer(req_cls),
                     response_serializer=resp_cls.SerializeToString)
         return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
+
+
+def _bind(rc: RequestContext) -> Mapping[str, Any]:
+    """Bind the request's fields to every log line written while serving it (and by tasks it
+    starts, which copy the context); returns the tokens that unbind them."""
+    return structlog.contextvars.bind_contextvars(request_id=rc.request_id, trace_id=rc.trace_id,
+                                                 principal=rc.principal.name, method=rc.method)
 
 
 def _is_abort(exc: BaseException) -> bool:

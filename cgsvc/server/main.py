@@ -55,6 +55,8 @@ async def serve(cfg: ServerConfig) -> int:
     if not cfg.secure and not cfg.authenticated:
         print("WARNING: insecure local mode: no TLS, no authentication; every caller is admin. "
               "Configure tls_cert/tls_key and token_file before exposing this server.", flush=True)
+    inventory = running.extras["devices"]
+    print(f"local devices: {', '.join(inventory.devices)} ({inventory.source})", flush=True)
     print(f"transport: {mode}; authentication: {auth}; database: "
           f"{running.store.dialect} ({_redact(cfg.effective_database_url)}); metrics: {metrics_url or 'off'}",
           flush=True)
@@ -82,18 +84,20 @@ def _redact(url: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="cgsvc", description="The cgsvc plan, audit and launch service.")
     sub = ap.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="run the gRPC server")
-    s.add_argument("--config", help="TOML file ([server] table)")
+    s = sub.add_parser("serve", help="run the gRPC server", description="Run the gRPC server. Every flag is also a "
+                       "[server] key in --config FILE.toml and an environment variable CGSVC_<NAME>; flags win.")
+    s.add_argument("--config", help="TOML file with a [server] table of the settings below")
     for f in dataclasses.fields(ServerConfig):
         flag = "--" + f.name.replace("_", "-")
+        text = f"{f.metadata['help']} (default: {f.default!r})"
         if f.type in ("bool", bool):
-            s.add_argument(flag, action="store_const", const=True, default=None)
+            s.add_argument(flag, action="store_const", const=True, default=None, help=text)
         else:
-            s.add_argument(flag, default=None)
+            s.add_argument(flag, default=None, help=text)
     t = sub.add_parser("token", help="token file helpers")
     tsub = t.add_subparsers(dest="token_command", required=True)
     h = tsub.add_parser("hash", help="print the SHA-256 of a token for the token file")
-    h.add_argument("token", nargs="?")
+    h.add_argument("token", nargs="?", help="the token (read from stdin when absent)")
     ns = ap.parse_args(argv)
 
     if ns.command == "token":

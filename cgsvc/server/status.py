@@ -1,4 +1,4 @@
-"""ResolveError <-> google.rpc.Status with BadRequest and ErrorInfo details (AIP-193)."""
+"""ServiceError <-> google.rpc.Status with BadRequest and ErrorInfo details (AIP-193)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from cgsvc.errors import CODE_NUMBERS, FieldViolation, ResolveError
+from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
 
 DOMAIN = "cgsvc.v1"
 
 
-def to_status(err: ResolveError) -> grpc.Status:
+def to_status(err: ServiceError) -> grpc.Status:
     st = status_pb2.Status(code=CODE_NUMBERS[err.code], message=err.message)
     if err.violations:
         detail = any_pb2.Any()
@@ -29,8 +29,8 @@ def to_status(err: ResolveError) -> grpc.Status:
     return rpc_status.to_status(st)
 
 
-def from_status(st: status_pb2.Status | None, code: str, message: str) -> ResolveError:
-    """Rebuild the ResolveError a server sent (the client side of to_status)."""
+def from_status(st: status_pb2.Status | None, code: str, message: str) -> ServiceError:
+    """Rebuild the ServiceError a server sent (the client side of to_status)."""
     violations: list[FieldViolation] = []
     rule_id = None
     for detail in st.details if st is not None else []:
@@ -42,8 +42,8 @@ def from_status(st: status_pb2.Status | None, code: str, message: str) -> Resolv
             info = error_details_pb2.ErrorInfo()
             detail.Unpack(info)
             rule_id = info.metadata.get("rule_id") or None
-    return ResolveError(code, st.message if st is not None else message, violations, rule_id)
+    return ServiceError(code, st.message if st is not None else message, violations, rule_id)
 
 
-def invalid(field: str, description: str) -> ResolveError:
-    return ResolveError.invalid([FieldViolation(field, description)])
+def invalid(field: str, description: str) -> ServiceError:
+    return ServiceError.invalid([FieldViolation(field, description)])

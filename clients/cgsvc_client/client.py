@@ -5,7 +5,7 @@
 
 Deadlines on every call; retries of UNAVAILABLE through gRPC's service config for calls that
 are idempotent (ResolvePlan is made idempotent by the request_id the client always sends);
-TLS, mutual TLS and bearer tokens. Server refusals surface as `ResolveError` with the same
+TLS, mutual TLS and bearer tokens. Server refusals surface as `ServiceError` with the same
 code, message, field violations and rule id as an in-process resolution.
 """
 
@@ -22,7 +22,7 @@ import grpc
 from grpc_status import rpc_status
 
 from cgsvc import codec
-from cgsvc.errors import CODE_NUMBERS, ResolveError
+from cgsvc.errors import CODE_NUMBERS, ServiceError
 from cgsvc.plan import Plan
 from cgsvc.server.status import from_status
 from cgsvc.v1 import (
@@ -57,8 +57,8 @@ def _read(path: str | None) -> bytes | None:
         return fh.read()
 
 
-def error_from_rpc(err: grpc.RpcError) -> ResolveError:
-    """The ResolveError a failed call carries (rich details decoded where present)."""
+def error_from_rpc(err: grpc.RpcError) -> ServiceError:
+    """The ServiceError a failed call carries (rich details decoded where present)."""
     code = err.code().name if hasattr(err, "code") else "UNKNOWN"  # type: ignore[attr-defined]
     details = err.details() if hasattr(err, "details") else str(err)  # type: ignore[attr-defined]
     try:

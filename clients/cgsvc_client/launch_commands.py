@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import json_format
 
-from cgsvc.errors import FieldViolation, ResolveError
+from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc_client import render
+from cgsvc_client.args import add_listing, add_output, add_server, add_spec_flags, build_spec
 from cgsvc_client.client import Client
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "LOST")
@@ -49,7 +49,9 @@ class Progress:
 def report_table(launch: Any) -> str:
     r = launch.report
     rows = [("launch", f"{launch.name} ({launch.state})"), ("plan", f"{launch.plan} (audit {launch.plan_audit_record})"),
-            ("workers", f"{launch.tp} ranks, {launch.dispatcher} dispatcher, {launch.model_path}")]
+            ("workers", f"{launch.tp} ranks, {launch.dispatcher} dispatcher, {launch.model_path}"),
+            ("devices", ", ".join(launch.devices) or "(not placed yet)"),
+            ("placement", launch.placement or "-")]
     if launch.error:
         rows.append(("error", launch.error))
     if launch.state == "SUCCEEDED":
@@ -70,18 +72,17 @@ def report_table(launch: Any) -> str:
 
 
 def cmd_launch(ns: argparse.Namespace) -> int:
-    from cgsvc_client.cli import build_spec
-
     spec = build_spec(ns) if (ns.spec or ns.model) else None
     if spec is not None and ns.plan:
-        raise ResolveError.invalid([FieldViolation("plan", "give a spec or --plan, not both")])
+        raise ServiceError.invalid([FieldViolation("plan", "give a spec or --plan, not both")])
     if spec is None and not ns.plan:
-        raise ResolveError.invalid([FieldViolation("spec", "give --spec FILE (or --model/--gpu flags) or --plan plans/ID")])
+        raise ServiceError.invalid([FieldViolation("spec", "give --spec FILE (or --model/--gpu flags) or --plan plans/ID")])
     workload = {"input_len": ns.input_len, "output_len": ns.output_len, "requests": ns.requests,
                 "concurrency": ns.concurrency, "seed": ns.seed}
     with Client.from_args(ns) as c:
         op = c.create_launch(ns.checkpoint, workload, spec=spec, plan=ns.plan or "",
-                             wait_for_resources=ns.wait_for_resources, dispatcher=ns.dispatcher or "")
+                             wait_for_resources=ns.wait_for_resources, dispatcher=ns.dispatcher or "",
+                             request_id=ns.request_id)
         launch = op.metadata
         if ns.wait:
             bar = Progress()
@@ -103,8 +104,8 @@ def launches_list(ns: argparse.Namespace) -> int:
     if render.output_mode(ns) == "json":
         render.print_json({"launches": [launch_dict(x) for x in page.launches], "next_page_token": page.next_page_token})
         return 0
-    print(render.page(["name", "state", "plan", "tp", "tokens", "created", "error"],
-                      [(x.name, x.state, x.plan, x.tp, f"{x.tokens_done}/{x.tokens_total}",
+    print(render.page(["name", "state", "plan", "tp", "devices", "tokens", "created", "error"],
+                      [(x.name, x.state, x.plan, x.tp, ",".join(x.devices), f"{x.tokens_done}/{x.tokens_total}",
                         x.create_time.ToJsonString(), x.error.splitlines()[0] if x.error else "")
                        for x in page.launches], page.next_page_token))
     return 0
@@ -145,18 +146,19 @@ def launches_logs(ns: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: Any, add_output: Callable[..., None], add_server: Callable[..., None],
-             spec_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+def register(sub: Any) -> None:
     la = sub.add_parser("launch", help="resolve (or take) a plan and run it on a worker group")
-    spec_flags(la)
+    add_spec_flags(la, exclude=("--model-path",))
     la.add_argument("--plan", help="plans/ID of a stored plan instead of a spec")
     la.add_argument("--model-path", dest="checkpoint", required=True, help="checkpoint directory for the workers")
-    la.add_argument("--input-len", type=int, default=128)
-    la.add_argument("--output-len", type=int, default=32)
-    la.add_argument("--requests", type=int, default=4)
-    la.add_argument("--concurrency", type=int, default=1)
-    la.add_argument("--seed", type=int, default=0)
+    la.add_argument("--input-len", type=int, default=128, help="prompt tokens per request (default 128)")
+    la.add_argument("--output-len", type=int, default=32, help="tokens to generate per request (default 32)")
+    la.add_argument("--requests", type=int, default=4, help="number of requests (default 4)")
+    la.add_argument("--concurrency", type=int, default=1, help="requests in flight, 0 for all (default 1)")
+    la.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompts and of sampling")
     la.add_argument("--dispatcher", help="local (default) or ray")
+    la.add_argument("--request-id", help="idempotency key: a retry with the same id returns the same launch "
+                                          "(default: a fresh id per invocation)")
     la.add_argument("--wait", action="store_true", help="follow progress until the launch ends")
     la.add_argument("--wait-for-resources", action="store_true", help="queue when devices are busy instead of failing")
     la.set_defaults(func=cmd_launch)
@@ -164,23 +166,20 @@ def register(sub: Any, add_output: Callable[..., None], add_server: Callable[...
     add_server(la, required=True)
 
     ls = sub.add_parser("launches", help="launches").add_subparsers(dest="launches_command", required=True)
-    p = ls.add_parser("list")
-    p.add_argument("--filter", help='e.g. state = "RUNNING"')
-    p.add_argument("--page-size", type=int, default=50)
-    p.add_argument("--page-token")
+    p = ls.add_parser("list", help="list launches")
+    add_listing(p, 'state = "RUNNING" AND plan = "plans/ID"')
     p.set_defaults(func=launches_list)
-    p2 = ls.add_parser("show")
-    p2.add_argument("name")
+    p2 = ls.add_parser("show", help="show one launch: state, devices, report and plan fidelity")
+    p2.add_argument("name", help="launches/ID or ID")
     p2.set_defaults(func=launches_show)
-    p3 = ls.add_parser("cancel")
-    p3.add_argument("name")
+    p3 = ls.add_parser("cancel", help="stop a launch's worker group")
+    p3.add_argument("name", help="launches/ID or ID")
     p3.set_defaults(func=launches_cancel)
-    p4 = ls.add_parser("logs")
-    p4.add_argument("name")
+    p4 = ls.add_parser("logs", help="the ranks' (and the supervisor's) log tails")
+    p4.add_argument("name", help="launches/ID or ID")
     p4.add_argument("--rank", type=int, default=-1, help="one rank (default: every rank and the supervisor)")
     p4.add_argument("--tail", type=int, default=50, help="last N lines (0: all)")
     p4.set_defaults(func=launches_logs)
     for parser in (p, p2, p3, p4):
         add_output(parser)
         add_server(parser, required=True)
-

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import json_format
@@ -14,6 +13,7 @@ from google.protobuf.message import Message
 from cgsvc import codec
 from cgsvc.errors import CODE_NAMES
 from cgsvc_client import render
+from cgsvc_client.args import add_listing, add_output, add_server
 from cgsvc_client.client import Client
 
 
@@ -96,16 +96,11 @@ def audit_verify(ns: argparse.Namespace) -> int:
     return 0 if v.ok else 3
 
 
-def register(sub: Any, add_output: Callable[..., None], add_server: Callable[..., None]) -> None:
+def register(sub: Any) -> None:
     """Add the commands that talk to a server."""
-    def listing(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--filter", help='e.g. model = "deepseek-ai/DeepSeek-V3" AND gpu = "H100"')
-        p.add_argument("--page-size", type=int, default=50)
-        p.add_argument("--page-token")
-
     plans = sub.add_parser("plans", help="stored plans").add_subparsers(dest="plans_command", required=True)
     p = plans.add_parser("list", help="list plans")
-    listing(p)
+    add_listing(p, 'model = "deepseek-ai/DeepSeek-V3" AND gpu = "H100"')
     p.set_defaults(func=plans_list)
     p2 = plans.add_parser("show", help="show one plan")
     p2.add_argument("name", help="plans/ID or ID")
@@ -113,7 +108,7 @@ def register(sub: Any, add_output: Callable[..., None], add_server: Callable[...
 
     audit = sub.add_parser("audit", help="the audit log").add_subparsers(dest="audit_command", required=True)
     a = audit.add_parser("list", help="list audit records")
-    listing(a)
+    add_listing(a, 'rule_id = "breakable.mla" AND outcome = "OK"')
     a.set_defaults(func=audit_list)
     a2 = audit.add_parser("show", help="show one record")
     a2.add_argument("name", help="auditRecords/N or N")

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from cgsvc_client.client import Client
 
 from cgsvc.audit.store import AuditStore
-from cgsvc.errors import ResolveError
+from cgsvc.errors import ServiceError
 from tests.e2e.server import ServerProcess
 from tests.integration.pg import pg_url_or_skip
 
@@ -24,7 +24,7 @@ def load(address: str, acked: list[tuple[str, str]], stop: threading.Event, erro
             try:
                 p = c.resolve_proto(KIMI)
                 acked.append((p.name, p.audit_record))
-            except ResolveError as exc:
+            except ServiceError as exc:
                 errors.append(exc.code)
                 return
 

@@ -18,7 +18,7 @@ import pytest
 from cgsvc_client.client import Client
 from cgsvc_worker.checkpoint import make_checkpoint
 
-from cgsvc.errors import ResolveError
+from cgsvc.errors import ServiceError
 from cgsvc.launch.dispatch import session_members
 from tests.conftest import ROOT
 from tests.e2e.server import ServerProcess
@@ -138,7 +138,7 @@ def test_cancel_stops_every_rank(srv: ServerProcess, ckpt: str) -> None:
         launch = c.cancel_launch(name)
         assert launch.state == "CANCELLED" and "cancelled by local" in launch.error
         assert no_processes_left(pgid)
-        with pytest.raises(ResolveError) as e:
+        with pytest.raises(ServiceError) as e:
             c.cancel_launch(name)
         assert e.value.code == "FAILED_PRECONDITION"
 
@@ -178,7 +178,7 @@ def test_server_restart_marks_a_vanished_group_lost(srv: ServerProcess, ckpt: st
 def test_admission_refuses_or_queues(srv: ServerProcess, ckpt: str) -> None:
     with Client(srv.address) as c:
         first = c.create_launch(ckpt, {**LONG, "output_len": 30}, spec=KIMI).metadata.name
-        with pytest.raises(ResolveError) as e:
+        with pytest.raises(ServiceError) as e:
             c.create_launch(ckpt, SHORT, spec=KIMI)
         assert e.value.code == "RESOURCE_EXHAUSTED" and "free" in e.value.message
         queued = c.create_launch(ckpt, SHORT, spec=KIMI, wait_for_resources=True).metadata
@@ -186,7 +186,7 @@ def test_admission_refuses_or_queues(srv: ServerProcess, ckpt: str) -> None:
         wait_state(c, first, ("SUCCEEDED",), timeout=180)
         assert wait_state(c, queued.name, ("SUCCEEDED",), timeout=180).state == "SUCCEEDED"
         too_big = {**KIMI, "hardware": {"gpu": "GB300", "gpu_count": 8}, "parallelism": {"tp": 8}}
-        with pytest.raises(ResolveError) as e:
+        with pytest.raises(ServiceError) as e:
             c.create_launch(ckpt, SHORT, spec=too_big)
         assert e.value.code == "FAILED_PRECONDITION" and "needs 8 devices" in e.value.message
 
@@ -210,7 +210,7 @@ def test_bad_launches_start_nothing_and_are_audited(srv: ServerProcess, ckpt: st
         for case, code, field in cases:
             kwargs: dict[str, Any] = {"spec": case.get("spec"), "plan": case.get("plan", ""),
                                       "dispatcher": case.get("dispatcher", "")}
-            with pytest.raises(ResolveError) as e:
+            with pytest.raises(ServiceError) as e:
                 c.create_launch(case.get("model_path", ckpt), case.get("workload", SHORT), **kwargs)
             assert e.value.code == code, (case, e.value.message)
             if field:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from cgsvc_client.client import Client
 
-from cgsvc.errors import ResolveError
+from cgsvc.errors import ServiceError
 from cgsvc.server.auth import hash_token
 from tests.e2e.certs import ThrowawayPKI
 from tests.e2e.server import ServerProcess
@@ -32,20 +32,20 @@ def test_tokens_and_roles(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "srv", "--token-file", tf) as srv:
         with Client(srv.address, token="") as anon:
             anon.token = None
-            with pytest.raises(ResolveError) as e:
+            with pytest.raises(ServiceError) as e:
                 anon.resolve(KIMI)
             assert e.value.code == "UNAUTHENTICATED"
-        with Client(srv.address, token="wrong") as c, pytest.raises(ResolveError) as e:
+        with Client(srv.address, token="wrong") as c, pytest.raises(ServiceError) as e:
             c.resolve(KIMI)
         assert e.value.code == "UNAUTHENTICATED"
         with Client(srv.address, token=TOKENS["resolver"]) as c:
             plan = c.resolve_proto(KIMI)
             assert plan.name
-            with pytest.raises(ResolveError) as e:
+            with pytest.raises(ServiceError) as e:
                 c.verify_audit_log()
             assert e.value.code == "PERMISSION_DENIED" and "resolver-bot" in e.value.message
         with Client(srv.address, token=TOKENS["auditor"]) as c:
-            with pytest.raises(ResolveError) as e:
+            with pytest.raises(ServiceError) as e:
                 c.resolve(KIMI)
             assert e.value.code == "PERMISSION_DENIED"
             assert c.get_plan(plan.name).plan_hash == plan.plan_hash
@@ -86,7 +86,7 @@ def test_tls_and_mutual_tls(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "tls", "--tls-cert", cert, "--tls-key", key) as srv:
         with Client(srv.address, tls_ca=pki.ca_path) as c:
             assert c.resolve(KIMI).prefill_backend == "disabled"
-        with Client(srv.address, timeout=3) as plain, pytest.raises(ResolveError) as e:
+        with Client(srv.address, timeout=3) as plain, pytest.raises(ServiceError) as e:
             plain.resolve(KIMI)
         assert e.value.code == "UNAVAILABLE"
 
@@ -98,10 +98,10 @@ def test_tls_and_mutual_tls(tmp_path: Path) -> None:
         with Client(srv.address, tls_ca=pki.ca_path, tls_cert=ccert, tls_key=ckey) as c:
             plan = c.resolve_proto(KIMI)
             assert plan.name
-        with Client(srv.address, tls_ca=pki.ca_path, timeout=3) as nocert, pytest.raises(ResolveError) as e:
+        with Client(srv.address, tls_ca=pki.ca_path, timeout=3) as nocert, pytest.raises(ServiceError) as e:
             nocert.resolve(KIMI)
         assert e.value.code == "UNAVAILABLE"  # handshake refused without a client certificate
-        with Client(srv.address, tls_ca=pki.ca_path, tls_cert=scert, tls_key=skey) as c, pytest.raises(ResolveError) as e:
+        with Client(srv.address, tls_ca=pki.ca_path, tls_cert=scert, tls_key=skey) as c, pytest.raises(ServiceError) as e:
             c.resolve(KIMI)
         assert e.value.code == "UNAUTHENTICATED"  # a valid certificate, but no roles for it
         with Client(srv.address, tls_ca=pki.ca_path, tls_cert=scert, tls_key=skey, token=TOKENS["admin"]) as c:

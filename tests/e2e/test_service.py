@@ -19,7 +19,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from cgsvc.errors import ResolveError
+from cgsvc.errors import ServiceError
 from cgsvc.v1 import plan_service_pb2
 from tests.conftest import ROOT
 from tests.e2e.server import ServerProcess
@@ -87,17 +87,17 @@ def test_request_id_is_idempotent(client: Client) -> None:
     a = client.resolve_proto(KIMI, request_id=rid)
     b = client.resolve_proto(KIMI, request_id=rid)
     assert a.name == b.name and a.plan_hash == b.plan_hash
-    with pytest.raises(ResolveError) as err:
+    with pytest.raises(ServiceError) as err:
         client.resolve_proto({**KIMI, "parallelism": {"tp": 2}}, request_id=rid)
     assert err.value.code == "INVALID_ARGUMENT" and err.value.violations[0].field == "request_id"
 
 
 def test_refusals_carry_rich_details_and_are_audited(client: Client) -> None:
-    with pytest.raises(ResolveError) as err:
+    with pytest.raises(ServiceError) as err:
         client.resolve({"model": {"name": "nope"}, "hardware": {"gpu": "GB300"}})
     assert err.value.code == "INVALID_ARGUMENT"
     assert [v.field for v in err.value.violations] == ["model.name"]
-    with pytest.raises(ResolveError) as err:
+    with pytest.raises(ServiceError) as err:
         client.resolve({**KIMI, "overrides": {"enforce_piecewise_cuda_graph": True}, "features": {"cpu_offload_gb": 8}})
     assert err.value.code == "FAILED_PRECONDITION" and err.value.rule_id == "tc_piecewise.cpu_offload_or_hicache"
     refused = client.list_audit_records('outcome = FAILED_PRECONDITION AND rule_id = "tc_piecewise.cpu_offload_or_hicache"')
@@ -155,17 +155,17 @@ def test_bad_input_keeps_the_server_up(server: ServerProcess, client: Client) ->
                 plan_service_pb2.ResolvePlanRequest().SerializeToString(), timeout=0.000001)
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     for bad in ({"filter": "model ="}, {"page_token": "zzz"}, {"page_size": -1}):
-        with pytest.raises(ResolveError) as e:
+        with pytest.raises(ServiceError) as e:
             client.list_plans(**bad)  # type: ignore[arg-type]
         assert e.value.code == "INVALID_ARGUMENT" and e.value.violations[0].field in ("filter", "page_token", "page_size")
     for name in ("plans/", "x/1", "plans/a/b"):
-        with pytest.raises(ResolveError) as e:
+        with pytest.raises(ServiceError) as e:
             client.get_plan(name)
         assert e.value.code == "INVALID_ARGUMENT"
-    with pytest.raises(ResolveError) as e:
+    with pytest.raises(ServiceError) as e:
         client.get_plan("plans/doesnotexist")
     assert e.value.code == "NOT_FOUND"
-    with pytest.raises(ResolveError) as e:
+    with pytest.raises(ServiceError) as e:
         client.get_audit_record("auditRecords/abc")
     assert e.value.code == "INVALID_ARGUMENT"
     assert server.alive() and client.verify_audit_log().ok

@@ -44,17 +44,34 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 2
+    assert store.schema_version() == 3
     assert store.migrate() == []  # idempotent
 
 
 def test_migrations_upgrade_an_older_schema(store: AuditStore) -> None:
+    """A schema-2 database (launches without devices, placement and request ids) with a launch
+    in it is upgraded in place, and the old launch stays readable."""
+    from cgsvc.audit.store import LAUNCH_COLUMNS_3, launches
+    from cgsvc.launch.store import LaunchStore
+
     store.append(entry(1))
-    with store.write_engine.begin() as conn:  # back to schema 1, as a database from before launches
+    new = {c.name for c in LAUNCH_COLUMNS_3}
+    with store.write_engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE launch_requests"))
         conn.execute(sa.text("DROP TABLE launches"))
-        conn.execute(sa.text("DELETE FROM schema_migrations WHERE version = 2"))
-    assert store.migrate() == [2]
-    assert store.schema_version() == 2 and store.list_launches()[0] == []
+        conn.execute(sa.text("DELETE FROM schema_migrations WHERE version = 3"))
+        old = sa.Table("launches", sa.MetaData(), *[sa.Column(c.name, c.type, primary_key=c.primary_key)
+                                                    for c in launches.columns if c.name not in new])
+        old.create(conn)
+        conn.execute(old.insert().values(
+            launch_id="old1", sequence=1, plan_id="p", state="SUCCEEDED", principal="alice", dispatcher="local",
+            tp=4, model_path="/m", workload_json='{"input_len": 1, "output_len": 1, "requests": 1, "concurrency": 1}',
+            create_time="2026-01-01T00:00:00Z", update_time="2026-01-01T00:00:00Z", tokens_done=1, tokens_total=1,
+            error="", report_json="", run_dir="/r", handle_json="", owner=""))
+    assert store.migrate() == [3]
+    assert store.schema_version() == 3
+    (row,), _ = LaunchStore(store).list_rows()
+    assert row.launch_id == "old1" and row.devices == () and row.request_id == "" and row.placement == ""
     assert store.get_record(1) is not None and store.verify().ok
 
 

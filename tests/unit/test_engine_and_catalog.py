@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cgsvc import catalog, codec
-from cgsvc.errors import ResolveError
+from cgsvc.errors import ServiceError
 from cgsvc.resolve import engine, policy_version, resolve, validate_and_lock
 from cgsvc.resolve.engine import Rule, Stage
 from cgsvc.resolve.policy import RULES
@@ -49,7 +49,7 @@ def test_engine_keeps_locks_and_records_forced_decisions() -> None:
     assert ctx.decisions[-1].forced and ctx.decisions[-1].rule_id == "soft.test"
     hard = Rule(id="hard.test", stage=Stage.LATE, source="compatibility", reads=(), writes=("decode.backend",),
                 when=lambda c: True, effect=lambda c: {"decode.backend": "full"}, reason="cannot work", hard=True)
-    with pytest.raises(ResolveError) as err:
+    with pytest.raises(ServiceError) as err:
         engine.apply(hard, ctx)
     assert err.value.code == "FAILED_PRECONDITION" and err.value.rule_id == "hard.test"
     assert [v.field for v in err.value.violations] == ["decode.backend"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from cgsvc.errors import ResolveError
+from cgsvc.errors import ServiceError
 from cgsvc.resolve import resolve
 from cgsvc.resolve.policy import RULES
 from cgsvc.spec import parse_spec
@@ -34,10 +34,10 @@ def assert_subset(expected: Any, actual: Any, where: str = "plan") -> None:
         assert expected == actual, f"{where}: expected {expected!r}, got {actual!r}"
 
 
-def run_case(case: dict[str, Any]) -> tuple[Any, ResolveError | None]:
+def run_case(case: dict[str, Any]) -> tuple[Any, ServiceError | None]:
     try:
         return resolve(parse_spec(case["spec"])), None
-    except ResolveError as exc:
+    except ServiceError as exc:
         return None, exc
 
 

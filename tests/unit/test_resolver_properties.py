@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cgsvc import catalog
-from cgsvc.errors import ResolveError
+from cgsvc.errors import ServiceError
 from cgsvc.plan import canonical_json
 from cgsvc.resolve import resolve
 from cgsvc.spec import (
@@ -74,7 +74,7 @@ FIELD_VALUES = {
 def try_resolve(data: dict[str, Any]) -> Any:
     try:
         return resolve(parse_spec(data))
-    except ResolveError as exc:
+    except ServiceError as exc:
         assert exc.code in ("INVALID_ARGUMENT", "FAILED_PRECONDITION")
         assert exc.violations and all(v.field and v.description for v in exc.violations)
         return None
@@ -154,7 +154,7 @@ def test_unknown_fields_are_named(data: dict[str, Any], section: str, key: str) 
     sec[key] = 1
     try:
         resolve(parse_spec(data))
-    except ResolveError as exc:
+    except ServiceError as exc:
         assert exc.code == "INVALID_ARGUMENT"
         assert f"{section}.{key}" in [v.field for v in exc.violations]
     else:

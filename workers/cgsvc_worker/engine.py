@@ -123,11 +123,11 @@ class _AmaxRecorder:
 def _plan_model(spec: dict[str, Any]) -> tuple[str, str]:
     """The text architecture and name of the model a plan's spec names (through the catalog)."""
     from cgsvc import catalog
-    from cgsvc.errors import ResolveError
+    from cgsvc.errors import ServiceError
 
     try:
         facts = catalog.facts_for_spec(spec)
-    except ResolveError:  # an unreadable model.path just means "unknown" here
+    except ServiceError:  # an unreadable model.path just means "unknown" here
         return "", ""
     return (facts.text_architecture, facts.name) if facts else ("", "")
 

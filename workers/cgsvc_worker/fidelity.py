@@ -13,18 +13,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from cgsvc.contract import FIDELITY_STATUSES, FidelityEntry
+
 PLAN_FIELDS = ("attention_backend.prefill", "attention_backend.decode", "prefill.backend", "prefill.max_num_tokens",
                "prefill.num_tokens", "decode.backend", "decode.max_bs", "decode.bs", "kv_cache_dtype",
                "chunked_prefill_size")
-STATUSES = ("honoured", "substituted", "not_applicable")
+STATUSES = FIDELITY_STATUSES
 
 
 def entry(field: str, requested: Any, effective: Any, status: str = "", reason: str = "") -> dict[str, Any]:
     if not status:
         status = "honoured" if requested == effective else "substituted"
-    if status != "honoured" and not reason:
-        raise ValueError(f"plan fidelity entry {field!r} is {status} without a reason")
-    return {"field": field, "requested": requested, "effective": effective, "status": status, "reason": reason}
+    return FidelityEntry(field, requested, effective, status, reason).to_dict()  # checks the reason is there
 
 
 def plan_fidelity(engine: Any) -> list[dict[str, Any]]:

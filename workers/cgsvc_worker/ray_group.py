@@ -6,14 +6,15 @@
 
 Started by the server's Ray dispatcher as a supervisor in its own session, like the local
 one. It follows rank 0's events into DIR/events.jsonl, stops every actor when one dies or
-when it is told to stop (SIGTERM), removes the placement group, and writes DIR/report.json.
-Actors are owned by this driver, so if it is killed they die with it.
+when it is told to stop (SIGTERM), removes the placement group, and writes DIR/report.json
+(cgsvc.contract). Actors are owned by this driver, so if it is killed they die with it.
+Each actor's device is the one Ray assigned it (Ray sets its CUDA_VISIBLE_DEVICES), which
+the rank reports in its `placed` event.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -26,7 +27,10 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from cgsvc_worker.cli import free_port, parser, rank_entry, write_report
+from cgsvc.contract import ContractError, RankError, RunDir, WorkerReport, read_report, write_report
+from cgsvc_worker.cli import parser
+from cgsvc_worker.runtime import rank_entry, rank_error_path
+from cgsvc_worker.supervisor import free_port
 
 
 @ray.remote
@@ -49,41 +53,45 @@ class RankActor:
         return text, offset + len(text.encode())
 
     def run(self, argv: list[str], env: dict[str, str]) -> tuple[int, dict[str, Any]]:
-        os.environ.update(env)
+        # Ray gives this actor its own CUDA_VISIBLE_DEVICES (one GPU, or none for a CPU
+        # bundle): the rank's device is the one Ray assigned, which torch sees as cuda:0.
+        os.environ.update({**env, "LOCAL_RANK": "0"})
         ns = parser().parse_args(argv)
         ns.events = self.events
         out = os.path.join(os.path.dirname(self.events), "report.json")
         ns.output = out
         code = rank_entry(ns)
-        report: dict[str, Any] = {}
-        for path in (out, f"{out}.rank{self.rank}.error.json"):
+        for path in (out, rank_error_path(out, self.rank)):
             if os.path.exists(path):
-                with open(path, encoding="utf-8") as fh:
-                    report = json.load(fh)
-        return code, report
+                try:
+                    return code, read_report(path).to_dict()
+                except ContractError as exc:
+                    return code, WorkerReport.failed(f"rank {self.rank} wrote an unreadable report: {exc}").to_dict()
+        return code, {}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--")
-    ap = argparse.ArgumentParser(prog="cgsvc_worker.ray_group")
-    ap.add_argument("--address", required=True)
-    ap.add_argument("--launch-id", required=True)
-    ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--gpus-per-rank", type=float, default=0.0)
-    ap.add_argument("--place-timeout", type=float, default=60.0)
+    ap = argparse.ArgumentParser(prog="cgsvc_worker.ray_group", description=__doc__.split("\n")[0],
+                                 epilog="After --: the `cgsvc-worker bench` arguments every rank runs.")
+    ap.add_argument("--address", required=True, help="HOST:PORT of the Ray cluster's GCS")
+    ap.add_argument("--launch-id", required=True, help="the launch this group runs (names the placement group)")
+    ap.add_argument("--run-dir", required=True, help="the launch's run directory (events, report, logs)")
+    ap.add_argument("--gpus-per-rank", type=float, default=0.0, help="GPUs per rank bundle (0: CPU bundles)")
+    ap.add_argument("--place-timeout", type=float, default=60.0, help="seconds to wait for the placement group")
     ns = ap.parse_args(argv[:split])
     worker_argv = argv[split + 1:]
     tp = int(worker_argv[worker_argv.index("--tp") + 1])
     run_dir = Path(ns.run_dir)
-    report_path = str(run_dir / "report.json")
+    report_path = str(RunDir(run_dir).report)
     stop = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     try:
         ray.init(address=ns.address, log_to_driver=False, logging_level=logging.WARNING)
     except Exception as exc:  # noqa: BLE001 - any failure to connect ends here, reported
-        write_report(report_path, {"status": "failed", "error": f"Ray cluster at {ns.address} is not reachable: {exc}"})
+        write_report(report_path, WorkerReport.failed(f"Ray cluster at {ns.address} is not reachable: {exc}"))
         return 1
     bundle: dict[str, float] = {"CPU": 1.0, **({"GPU": ns.gpus_per_rank} if ns.gpus_per_rank else {})}
     pg = placement_group([bundle] * tp, strategy="STRICT_PACK", name=f"cgsvc-{ns.launch_id}")
@@ -92,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             ray.get(pg.ready(), timeout=ns.place_timeout)
         except ray.exceptions.GetTimeoutError:
-            write_report(report_path, {"status": "failed", "error": f"cannot place {tp} x {bundle} on one node of "
-                                                                     f"the Ray cluster within {ns.place_timeout:.0f} s"})
+            write_report(report_path, WorkerReport.failed(f"cannot place {tp} x {bundle} on one node of the Ray "
+                                                          f"cluster within {ns.place_timeout:.0f} s"))
             return 1
         actors = [RankActor.options(  # type: ignore[attr-defined]
             num_cpus=1, num_gpus=ns.gpus_per_rank or 0,
@@ -102,13 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         host, port = ray.get(actors[0].endpoint.remote())
         env = {"WORLD_SIZE": str(tp), "MASTER_ADDR": host, "MASTER_PORT": str(port)}
         logs = ["--log-dir", str(run_dir / "logs")]
-        refs = {actors[r].run.remote(worker_argv + logs, {**env, "RANK": str(r), "LOCAL_RANK": str(r)}): r
-                for r in range(tp)}
+        refs = {actors[r].run.remote(worker_argv + logs, {**env, "RANK": str(r)}): r for r in range(tp)}
         offset, results = 0, {}
         events = run_dir / "events.jsonl"
         while refs:
             if stop["flag"]:
-                write_report(report_path, {"status": "failed", "error": "stopped by the supervisor's owner"})
+                write_report(report_path, WorkerReport.failed("stopped by the supervisor's owner"))
                 return 1
             try:
                 text, offset = ray.get(actors[0].read_events.remote(offset), timeout=5)
@@ -123,18 +130,23 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     results[rank] = ray.get(ref)
                 except ray.exceptions.RayError as exc:
-                    results[rank] = (-9, {"status": "failed", "error": f"rank {rank} actor died: {type(exc).__name__}"})
+                    results[rank] = (-9, WorkerReport.failed(f"rank {rank} actor died: {type(exc).__name__}").to_dict())
                 code, rep = results[rank]
                 if code != 0:
-                    errors = [{"rank": rank, "exit_code": code, "error": rep.get("error", "")}]
-                    write_report(report_path, {"status": "failed", "error": rep.get("error") or
-                                               f"rank {rank} exited with code {code}", "rank_errors": errors})
+                    error = str(rep.get("error") or "")
+                    write_report(report_path, WorkerReport.failed(error or f"rank {rank} exited with code {code}",
+                                                                  str(rep.get("error_kind") or ""),
+                                                                  (RankError(rank, code, error),)))
                     return 1
         text, offset = ray.get(actors[0].read_events.remote(offset), timeout=5)
         if text:
             with open(events, "a", encoding="utf-8") as fh:
                 fh.write(text)
-        write_report(report_path, results[0][1])
+        try:
+            write_report(report_path, WorkerReport.from_dict(results[0][1]))
+        except ContractError as exc:
+            write_report(report_path, WorkerReport.failed(f"rank 0's report does not follow the contract: {exc}"))
+            return 1
         return 0
     finally:
         for a in actors:

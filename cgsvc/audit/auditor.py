@@ -1,0 +1,47 @@
+"""The auditor: builds audit entries and appends them through the group-commit writer.
+
+Every service and the launch lifecycle append through it; an append is shielded from the
+caller's cancellation, so a caller that gives up (deadline, disconnect) is still audited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from cgsvc import __version__
+from cgsvc.audit.records import AuditEntry, mask_secrets
+from cgsvc.audit.store import AppendResult, AuditStore, PendingAppend, PlanRow
+from cgsvc.audit.writer import AuditWriter
+from cgsvc.errors import CODE_NUMBERS
+from cgsvc.plan import canonical_json
+from cgsvc.resolve import policy_version
+
+
+class Auditor:
+    """Builds audit entries for requests and appends them through the group-commit writer."""
+
+    def __init__(self, store: AuditStore, writer: AuditWriter) -> None:
+        self.store = store
+        self.writer = writer
+
+    async def append(self, entry: AuditEntry, plan: PlanRow | None = None, request_id: str = "") -> AppendResult:
+        # Shielded: a caller that cancels (deadline, disconnect) does not unqueue its record.
+        return await asyncio.shield(asyncio.wrap_future(self.writer.submit(PendingAppend(entry, plan, request_id))))
+
+    @staticmethod
+    def spec_fields(spec_dict: dict[str, Any] | None) -> dict[str, Any]:
+        """Audit fields of a spec (JSON form): its masked canonical JSON, model and GPU."""
+        if spec_dict is None:
+            return {}
+        spec = mask_secrets(spec_dict)
+        model = spec.get("model", {})
+        return {"spec_json": canonical_json(spec), "model": str(model.get("name") or model.get("path") or ""),
+                "gpu": str(spec.get("hardware", {}).get("gpu", ""))}
+
+    def entry(self, method: str, principal: str, peer: str, request_id: str, trace_id: str,
+              spec_dict: dict[str, Any] | None, code: str, message: str, **extra: Any) -> AuditEntry:
+        return AuditEntry(principal=principal, peer=peer, method=method, request_id=request_id,
+                          trace_id=trace_id, policy_version=policy_version(), service_version=__version__,
+                          outcome_code=CODE_NUMBERS[code], outcome_message=message,
+                          **self.spec_fields(spec_dict), **extra)

@@ -1,0 +1,345 @@
+"""The one contract between the server and its workers: what crosses the boundary, typed.
+
+    run directory   RunDir: plan.json (in), events.jsonl and report.json (out), logs/
+    events          StateEvent, ProgressEvent, PlacedEvent: JSON lines a group's rank 0 appends
+    report          WorkerReport: how the run ended and what ran (plan fidelity included)
+    rank errors     RankError: which rank failed, its exit code and error
+
+Both sides import this module and nothing else of each other; it imports neither torch nor
+grpc. Every message carries `schema` (SCHEMA_VERSION); anything malformed — bad JSON, a
+missing or mistyped field, an unknown event or state, a newer schema — raises ContractError
+naming the field, which the server turns into a clear launch failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+WORKER_STATES = ("loading", "capturing", "running", "succeeded", "failed")
+FIDELITY_STATUSES = ("honoured", "substituted", "not_applicable")
+
+
+class ContractError(ValueError):
+    """A message that does not follow the contract; the message names the field."""
+
+
+# ---------------------------------------------------------------------------- the run directory
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Where one launch's worker group reads its plan and writes events, report and logs."""
+
+    path: Path
+
+    @property
+    def plan(self) -> Path:
+        return self.path / "plan.json"
+
+    @property
+    def events(self) -> Path:
+        return self.path / "events.jsonl"
+
+    @property
+    def report(self) -> Path:
+        return self.path / "report.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank{rank}.log"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.logs / "supervisor.log"
+
+
+# ---------------------------------------------------------------------------- field readers
+
+
+def _get(d: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str, default: Any = ...) -> Any:
+    if key not in d:
+        if default is ...:
+            raise ContractError(f"{where}.{key}: missing")
+        return default
+    value = d[key]
+    numeric = kind in (int, float) or (isinstance(kind, tuple) and float in kind)
+    if isinstance(value, bool) and numeric:
+        raise ContractError(f"{where}.{key}: expected a number, got {value!r}")
+    if not isinstance(value, kind):
+        name = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ContractError(f"{where}.{key}: expected {name}, got {type(value).__name__}")
+    return value
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ContractError(f"{where}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _schema(d: dict[str, Any], where: str) -> None:
+    version = _get(d, "schema", int, where, SCHEMA_VERSION)
+    if version > SCHEMA_VERSION:
+        raise ContractError(f"{where}.schema: version {version} is newer than this server's {SCHEMA_VERSION}")
+
+
+# ---------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class StateEvent:
+    state: str
+    error: str = ""
+    time: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"schema": SCHEMA_VERSION, "time": self.time or time.time(), "event": "state",
+                               "state": self.state}
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    tokens_done: int
+    tokens_total: int
+    time: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA_VERSION, "time": self.time or time.time(), "event": "progress",
+                "tokens_done": self.tokens_done, "tokens_total": self.tokens_total}
+
+
+@dataclass(frozen=True)
+class PlacedEvent:
+    """Where the ranks landed: one device per rank, in rank order (a GPU id as the rank's
+    CUDA_VISIBLE_DEVICES names it, or "cpu")."""
+
+    devices: tuple[str, ...]
+    time: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA_VERSION, "time": self.time or time.time(), "event": "placed",
+                "devices": list(self.devices)}
+
+
+Event = StateEvent | ProgressEvent | PlacedEvent
+
+
+def parse_event(line: str) -> Event:
+    """One line of events.jsonl."""
+    try:
+        d = _object(json.loads(line), "event")
+    except ValueError as exc:
+        raise ContractError(f"event: not JSON ({exc})") from None
+    _schema(d, "event")
+    kind, t = _get(d, "event", str, "event"), float(_get(d, "time", (int, float), "event", 0.0))
+    if kind == "state":
+        state = _get(d, "state", str, "event")
+        if state not in WORKER_STATES:
+            raise ContractError(f"event.state: {state!r} is not one of {', '.join(WORKER_STATES)}")
+        return StateEvent(state, _get(d, "error", str, "event", ""), t)
+    if kind == "progress":
+        done, total = _get(d, "tokens_done", int, "event"), _get(d, "tokens_total", int, "event")
+        if not 0 <= done <= total:
+            raise ContractError(f"event.tokens_done: {done} is not within [0, tokens_total={total}]")
+        return ProgressEvent(done, total, t)
+    if kind == "placed":
+        devices = _get(d, "devices", list, "event")
+        if not devices or not all(isinstance(x, str) and x for x in devices):
+            raise ContractError("event.devices: expected a non-empty list of device names")
+        return PlacedEvent(tuple(devices), t)
+    raise ContractError(f"event.event: {kind!r} is not one of state, progress, placed")
+
+
+def append_event(path: str | Path, event: Event) -> None:
+    """Append one event line (a whole line per write, so a reader never sees half of one)."""
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(event.to_dict()) + "\n")
+
+
+# ---------------------------------------------------------------------------- the report
+
+
+@dataclass(frozen=True)
+class RankError:
+    rank: int
+    exit_code: int | None
+    error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class FidelityEntry:
+    """One plan field as it ran (see docs/worker-report.md)."""
+
+    field: str
+    requested: Any
+    effective: Any
+    status: str
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in FIDELITY_STATUSES:
+            raise ContractError(f"plan_fidelity.status: {self.status!r} is not one of {', '.join(FIDELITY_STATUSES)}")
+        if self.status != "honoured" and not self.reason:
+            raise ContractError(f"plan_fidelity[{self.field}].reason: required when {self.status}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    mean: float = 0.0
+    p50: float = 0.0
+    p90: float = 0.0
+    p99: float = 0.0
+
+
+@dataclass(frozen=True)
+class PhaseReport:
+    """A phase's graph mode or attention backend: requested, effective, why, capture cost."""
+
+    requested: str
+    effective: str
+    reason: str = ""
+    capture_seconds: float = 0.0
+    capture_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class RankPlacement:
+    rank: int
+    device: str  # what the rank computes on, e.g. "cuda:0" or "cpu"
+    visible_devices: str  # its CUDA_VISIBLE_DEVICES ("" when unset)
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """How a worker group's run ended. `body` is the whole JSON (requests, timings, notes, ...);
+    the typed fields are the parts the server reads."""
+
+    status: str  # "ok" or "failed"
+    error: str = ""
+    error_kind: str = ""
+    rank_errors: tuple[RankError, ...] = ()
+    plan_fidelity: tuple[FidelityEntry, ...] = ()
+    modes: dict[str, PhaseReport] = field(default_factory=dict)
+    attention: dict[str, PhaseReport] = field(default_factory=dict)
+    ttft_ms: Percentiles = Percentiles()
+    tpot_ms: Percentiles = Percentiles()
+    throughput_tok_s: float = 0.0
+    output_tokens: int = 0
+    kv_bytes_per_token: int = 0
+    placement: tuple[RankPlacement, ...] = ()
+    body: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @classmethod
+    def failed(cls, error: str, error_kind: str = "", rank_errors: tuple[RankError, ...] = (),
+               **extra: Any) -> WorkerReport:
+        body = {"schema": SCHEMA_VERSION, "status": "failed", "error": error, "error_kind": error_kind,
+                **({"rank_errors": [e.to_dict() for e in rank_errors]} if rank_errors else {}), **extra}
+        return cls("failed", error, error_kind, rank_errors, body=body)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> WorkerReport:
+        d = _object(data, "report")
+        _schema(d, "report")
+        status = _get(d, "status", str, "report")
+        if status not in ("ok", "failed"):
+            raise ContractError(f"report.status: {status!r} is not one of ok, failed")
+        rank_errors = tuple(RankError(_get(r, "rank", int, "report.rank_errors[]"),
+                                      _get(r, "exit_code", (int, type(None)), "report.rank_errors[]", None),
+                                      _get(r, "error", str, "report.rank_errors[]", ""))
+                            for r in (_object(x, "report.rank_errors[]")
+                                      for x in _get(d, "rank_errors", list, "report", [])))
+        if status == "failed":
+            return cls("failed", _get(d, "error", str, "report", ""), _get(d, "error_kind", str, "report", ""),
+                       rank_errors, body=dict(d))
+        try:
+            fidelity = tuple(FidelityEntry(**_object(f, "report.plan_fidelity[]"))
+                             for f in _get(d, "plan_fidelity", list, "report"))
+        except TypeError as exc:
+            raise ContractError(f"report.plan_fidelity[]: {exc}") from None
+        agg = _object(_get(d, "aggregate", dict, "report"), "report.aggregate")
+        kv = _object(_get(d, "kv_cache", dict, "report"), "report.kv_cache")
+        return cls(
+            status="ok", rank_errors=rank_errors, plan_fidelity=fidelity,
+            modes={k: _phase(_get(d, "modes", dict, "report"), k, "report.modes") for k in ("prefill", "decode")},
+            attention={k: _phase(_get(d, "attention", dict, "report"), k, "report.attention")
+                       for k in ("prefill", "decode")},
+            ttft_ms=_percentiles(agg, "ttft_ms"), tpot_ms=_percentiles(agg, "tpot_ms"),
+            throughput_tok_s=float(_get(agg, "throughput_tok_s", (int, float), "report.aggregate")),
+            output_tokens=_get(agg, "output_tokens", int, "report.aggregate"),
+            kv_bytes_per_token=_get(kv, "bytes_per_token", int, "report.kv_cache"),
+            placement=tuple(RankPlacement(_get(p, "rank", int, "report.placement[]"),
+                                          _get(p, "device", str, "report.placement[]"),
+                                          _get(p, "visible_devices", str, "report.placement[]"))
+                            for p in (_object(x, "report.placement[]")
+                                      for x in _get(d, "placement", list, "report", []))),
+            body=dict(d))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA_VERSION, **self.body}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def _phase(section: dict[str, Any], key: str, where: str) -> PhaseReport:
+    p = _object(_get(section, key, dict, where), f"{where}.{key}")
+    w = f"{where}.{key}"
+    return PhaseReport(_get(p, "requested", str, w), _get(p, "effective", str, w), _get(p, "reason", str, w, ""),
+                       float(_get(p, "capture_seconds", (int, float), w, 0.0)),
+                       _get(p, "capture_bytes", int, w, 0))
+
+
+def _percentiles(agg: dict[str, Any], key: str) -> Percentiles:
+    p = _object(_get(agg, key, dict, "report.aggregate"), f"report.aggregate.{key}")
+    w = f"report.aggregate.{key}"
+    return Percentiles(*(float(_get(p, k, (int, float), w, 0.0)) for k in ("mean", "p50", "p90", "p99")))
+
+
+def read_report(path: str | Path) -> WorkerReport:
+    """The report a worker group left; ContractError when it is missing, not JSON or malformed."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ContractError(f"report: no {Path(path).name} was written") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ContractError(f"report: not JSON ({exc})") from None
+    return WorkerReport.from_dict(data)
+
+
+def write_report(path: str | Path | None, report: WorkerReport | dict[str, Any]) -> None:
+    """Write a report atomically (never half a report); to stdout when path is None. A dict is
+    validated first, so a worker never writes a report the server cannot read."""
+    if isinstance(report, dict):
+        report = WorkerReport.from_dict({"schema": SCHEMA_VERSION, **report})
+    text = report.to_json()
+    if path is None:
+        print(text)
+        return
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)

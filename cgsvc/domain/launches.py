@@ -1,0 +1,383 @@
+"""The launch lifecycle: admission, devices, dispatch, monitoring, cancellation and recovery.
+
+    PLACING -> LOADING -> CAPTURING -> RUNNING (tokens done) -> SUCCEEDED | FAILED | CANCELLED
+    (LOST: a group this server started is gone and left no report)
+
+Launch state lives in the service's database (LaunchStore); every state change is appended
+to the audit log, linked to the plan by plan_id and to the launch by launch_id. One asyncio
+task per active launch follows the worker group's events and its supervisor process. What
+the workers write is read through cgsvc.contract only: a malformed event or report fails the
+launch with the reason, it never stops the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from cgsvc import __version__, catalog
+from cgsvc.audit.auditor import Auditor
+from cgsvc.audit.records import AuditEntry
+from cgsvc.contract import (
+    ContractError,
+    PlacedEvent,
+    ProgressEvent,
+    RunDir,
+    StateEvent,
+    WorkerReport,
+    parse_event,
+    read_report,
+)
+from cgsvc.domain.plans import Caller
+from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
+from cgsvc.launch.dispatch import DispatchError, LocalDispatcher, RunHandle
+from cgsvc.launch.store import LaunchRow, LaunchStore, Workload
+from cgsvc.plan import canonical_json
+from cgsvc.resolve import policy_version
+
+log = structlog.get_logger("cgsvc.launch")
+
+CREATE_METHOD = "/cgsvc.v1.LaunchService/CreateLaunch"
+ACTIVE = ("PLACING", "LOADING", "CAPTURING", "RUNNING")
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "LOST")
+WORKER_STATES = {"loading": "LOADING", "capturing": "CAPTURING", "running": "RUNNING"}
+STATE_METHOD = "launch.state"
+
+
+@dataclass(frozen=True)
+class LaunchOrder:
+    """Everything a new launch needs, checked by the service."""
+
+    plan_id: str
+    plan_json: str
+    spec_json: str
+    plan_audit: str  # "auditRecords/N" of the plan
+    tp: int
+    model_path: str
+    workload: Workload
+    dispatcher: str
+    wait: bool
+    request_id: str = ""
+    request_hash: str = ""
+
+
+def request_hash(parts: dict[str, Any]) -> str:
+    """What makes two CreateLaunch requests the same request (request_id aside)."""
+    return hashlib.sha256(canonical_json(parts).encode()).hexdigest()
+
+
+@dataclass
+class Watched:
+    """In-memory companion of an active launch: who waits on it, and cancellation."""
+
+    version: int = 0
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    cancel: bool = False
+    cancel_principal: str = ""
+    events_offset: int = 0
+    task: asyncio.Task[None] | None = None
+
+
+def tail(path: Path, lines: int) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:]) if lines > 0 else text
+
+
+class Launches:
+    def __init__(self, store: LaunchStore, auditor: Auditor, run_root: Path, dispatchers: list[LocalDispatcher],
+                 instance: str = "") -> None:
+        self.store, self.auditor = store, auditor
+        self.run_root = run_root
+        self.dispatchers: dict[str, LocalDispatcher] = {d.name: d for d in dispatchers}
+        self.instance = instance or uuid.uuid4().hex[:12]
+        self.watched: dict[str, Watched] = {}
+        self.poll_seconds = 0.1
+
+    # ------------------------------------------------------------------ audit and state
+    async def audit(self, row: LaunchRow | None, principal: str, method: str, code: str, message: str,
+                    caller: Caller | None = None, spec_json: str = "", model: str = "", gpu: str = "") -> str:
+        entry = AuditEntry(principal=principal, peer=caller.peer if caller else "", method=method,
+                           request_id=caller.request_id if caller else "", trace_id=caller.trace_id if caller else "",
+                           launch_id=row.launch_id if row else "", plan_id=row.plan_id if row else "",
+                           policy_version=policy_version(), service_version=__version__,
+                           outcome_code=CODE_NUMBERS[code], outcome_message=message, spec_json=spec_json,
+                           model=model, gpu=gpu)
+        return str((await self.auditor.append(entry)).record.name)
+
+    async def transition(self, row: LaunchRow, state: str, reason: str = "", principal: str = "cgsvc",
+                         **values: Any) -> LaunchRow:
+        """Persist, audit and announce a state change."""
+        if row.state == state and not values:
+            return row
+        await asyncio.to_thread(self.store.update, row.launch_id, state=state, **values)
+        if row.state != state:
+            await self.audit(row, principal, STATE_METHOD, "OK",
+                             f"{row.state} -> {state}" + (f": {reason}" if reason else ""))
+            log.info("launch state", launch_id=row.launch_id, state=state, reason=reason)
+        new = await asyncio.to_thread(self.store.get, row.launch_id)
+        assert new is not None
+        await self.announce(row.launch_id)
+        return new
+
+    async def announce(self, launch_id: str) -> None:
+        w = self.watched.setdefault(launch_id, Watched())
+        async with w.changed:
+            w.version += 1
+            w.changed.notify_all()
+
+    # ------------------------------------------------------------------ create
+    def _busy(self, disp: LocalDispatcher, rows: list[LaunchRow]) -> list[str]:
+        """Devices held by active launches: this machine's (owned here) for local devices, the
+        whole cluster's slots for Ray."""
+        held = [r for r in rows if r.dispatcher == disp.name and r.state != "PLACING"
+                and (not disp.assigns_devices or r.owner == self.instance)]
+        if disp.assigns_devices:
+            return [d for r in held for d in r.devices]
+        return [f"ray{i}" for i in range(sum(r.tp for r in held))]
+
+    async def create(self, order: LaunchOrder, caller: Caller) -> tuple[LaunchRow, bool]:
+        """Start a launch (or find the one this request_id already started); returns the row
+        and whether it is new."""
+        disp = self.dispatchers.get(order.dispatcher)
+        if disp is None:
+            raise ServiceError("FAILED_PRECONDITION", f"dispatcher {order.dispatcher!r} is not configured on this "
+                               f"server; available: {', '.join(self.dispatchers)}",
+                               [FieldViolation("dispatcher", f"one of {', '.join(self.dispatchers)}")])
+        problem = await asyncio.to_thread(disp.check)
+        if problem:
+            raise ServiceError("FAILED_PRECONDITION", problem, [FieldViolation("dispatcher", problem)])
+        if order.tp > disp.slots:
+            raise ServiceError("FAILED_PRECONDITION", f"the plan needs {order.tp} devices, the {order.dispatcher} "
+                               f"dispatcher has {disp.slots} in all ({', '.join(disp.inventory.devices)})",
+                               [FieldViolation("plan", f"tp={order.tp} > {disp.slots} devices")])
+        active = await asyncio.to_thread(self.store.in_states, ACTIVE)
+        free = disp.slots - len(self._busy(disp, active))
+        if free < order.tp and not order.wait:
+            raise ServiceError("RESOURCE_EXHAUSTED", f"the plan needs {order.tp} devices and {free} of {disp.slots} "
+                               "are free; retry later or set wait_for_resources to queue")
+        launch_id = uuid.uuid4().hex[:20]
+        run = RunDir(self.run_root / launch_id)
+        row = LaunchRow(launch_id=launch_id, plan_id=order.plan_id, state="PLACING", principal=caller.principal,
+                        dispatcher=order.dispatcher, tp=order.tp, model_path=order.model_path,
+                        workload=order.workload, run_dir=str(run.path),
+                        tokens_total=order.workload.requests * order.workload.output_len, owner=self.instance,
+                        request_id=order.request_id, request_hash=order.request_hash)
+        created = await asyncio.to_thread(self.store.create, row)
+        if not created.new:
+            return created.row, False
+        run.path.mkdir(parents=True)
+        run.plan.write_text(json.dumps({"plan": json.loads(order.plan_json), "spec": json.loads(order.spec_json)}))
+        await self.audit(created.row, caller.principal, CREATE_METHOD, "OK",
+                         f"launch of {order.plan_audit} on {order.tp} {order.dispatcher} ranks", caller=caller,
+                         spec_json=order.spec_json)
+        self.watched[launch_id] = Watched()
+        await self.schedule()
+        got = await asyncio.to_thread(self.store.get, launch_id)
+        assert got is not None
+        return got, True
+
+    async def schedule(self) -> None:
+        """Start placing launches, oldest first, while devices are free."""
+        for row in await asyncio.to_thread(self.store.in_states, ("PLACING",)):
+            if row.owner != self.instance:
+                continue
+            disp = self.dispatchers[row.dispatcher]
+            busy = self._busy(disp, await asyncio.to_thread(self.store.in_states, ACTIVE))
+            devices = disp.inventory.take(row.tp, busy)
+            if devices is None:
+                return  # FIFO: later launches wait behind this one
+            w = self.watched.setdefault(row.launch_id, Watched())
+            if w.cancel:
+                continue
+            run = RunDir(Path(row.run_dir))
+            gpu_plan = _gpu_plan(run)
+            row = row.replace(devices=tuple(devices) if disp.assigns_devices else ())
+            placement = disp.placement(row, gpu_plan)
+            try:
+                handle = await asyncio.to_thread(disp.start, row, run, gpu_plan)
+            except DispatchError as exc:
+                await self.transition(row, "FAILED", str(exc), error=str(exc))
+                continue
+            row = await self.transition(row, "LOADING", f"supervisor pid {handle.pid}; {placement}",
+                                        handle_json=handle.to_json(), devices=row.devices, placement=placement)
+            w.task = asyncio.create_task(self.monitor(row.launch_id))
+
+    # ------------------------------------------------------------------ monitor
+    async def monitor(self, launch_id: str) -> None:
+        w = self.watched.setdefault(launch_id, Watched())
+        row = await asyncio.to_thread(self.store.get, launch_id)
+        assert row is not None
+        disp = self.dispatchers[row.dispatcher]
+        handle = RunHandle.from_json(row.handle_json)
+        run = RunDir(Path(row.run_dir))
+        while True:
+            row, bad = await self.follow_events(row, run, w)
+            if bad:  # the group broke the contract: stop it, say why
+                await asyncio.to_thread(disp.stop, handle)
+                await self.transition(row, "FAILED", bad, error=bad)
+                break
+            if w.cancel:
+                await asyncio.to_thread(disp.stop, handle)
+                await self.transition(row, "CANCELLED", f"cancelled by {w.cancel_principal}",
+                                      principal=w.cancel_principal, error=f"cancelled by {w.cancel_principal}")
+                break
+            code = disp.exit_code(handle)
+            if code is not None:
+                row, _ = await self.follow_events(row, run, w)
+                await self.finish(row, run, code)
+                break
+            await asyncio.sleep(self.poll_seconds)
+        await self.schedule()
+
+    async def follow_events(self, row: LaunchRow, run: RunDir, w: Watched) -> tuple[LaunchRow, str]:
+        """Apply the events written since the last call; returns the row and, when an event
+        breaks the contract, why."""
+        try:
+            with open(run.events, encoding="utf-8") as fh:
+                fh.seek(w.events_offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return row, ""
+        complete = chunk[: chunk.rfind("\n") + 1]
+        w.events_offset += len(complete.encode())
+        for line in complete.splitlines():
+            try:
+                event = parse_event(line)
+            except ContractError as exc:
+                return row, f"the worker group wrote a malformed event ({exc}): {line[:200]!r}"
+            if isinstance(event, StateEvent) and event.state in WORKER_STATES:
+                row = await self.transition(row, WORKER_STATES[event.state])
+            elif isinstance(event, ProgressEvent):
+                await asyncio.to_thread(self.store.update, row.launch_id, tokens_done=event.tokens_done,
+                                        tokens_total=event.tokens_total)
+                row = row.replace(tokens_done=event.tokens_done, tokens_total=event.tokens_total)
+                await self.announce(row.launch_id)
+            elif isinstance(event, PlacedEvent) and not row.devices:  # Ray: the devices it assigned
+                await asyncio.to_thread(self.store.update, row.launch_id, devices=event.devices)
+                row = row.replace(devices=event.devices)
+                await self.announce(row.launch_id)
+        return row, ""
+
+    async def finish(self, row: LaunchRow, run: RunDir, code: int) -> None:
+        try:
+            report = read_report(run.report)
+        except ContractError as exc:
+            if code == -1 and not run.report.exists():
+                await self.transition(row, "LOST", "the worker group is gone and left no report",
+                                      error="the worker group is gone and left no report (killed, or the machine "
+                                            "restarted)")
+                return
+            report = WorkerReport.failed(f"the worker group left no readable report ({exc}); its supervisor "
+                                         f"exited with code {code}")
+        if report.ok and code in (0, -1):
+            done = report.output_tokens or row.tokens_done
+            await self.transition(row, "SUCCEEDED", report_json=json.dumps(report.to_dict()), tokens_done=done)
+            return
+        error = report.error or f"the worker supervisor exited with code {code}"
+        for r in report.rank_errors:
+            last = tail(run.rank_log(r.rank), 5)
+            error += f"\nrank {r.rank} exited with code {r.exit_code}" + (f"; last log lines:\n{last}" if last else "")
+        if not report.rank_errors:
+            last = tail(run.rank_log(0), 5) or tail(run.supervisor_log, 5)
+            if last:
+                error += f"\nlast log lines:\n{last}"
+        await self.transition(row, "FAILED", error.splitlines()[0], error=error,
+                              report_json=json.dumps(report.to_dict()))
+
+    # ------------------------------------------------------------------ read, cancel, watch, recover
+    async def get(self, launch_id: str) -> LaunchRow:
+        row = await asyncio.to_thread(self.store.get, launch_id)
+        if row is None:
+            raise ServiceError("NOT_FOUND", f"launches/{launch_id} does not exist")
+        return row
+
+    async def cancel(self, launch_id: str, principal: str) -> LaunchRow:
+        row = await self.get(launch_id)
+        if row.state in TERMINAL:
+            raise ServiceError("FAILED_PRECONDITION", f"launches/{launch_id} has already ended ({row.state})")
+        w = self.watched.setdefault(launch_id, Watched())
+        w.cancel, w.cancel_principal = True, principal
+        if row.state == "PLACING":
+            return await self.transition(row, "CANCELLED", f"cancelled by {principal} before it started",
+                                         principal=principal, error=f"cancelled by {principal}")
+        for _ in range(400):  # the monitor stops the group; wait for it (bounded)
+            row = await self.get(launch_id)
+            if row.state in TERMINAL:
+                break
+            await asyncio.sleep(0.05)
+        return row
+
+    async def watch(self, launch_id: str) -> AsyncIterator[tuple[str, LaunchRow]]:
+        row = await self.get(launch_id)
+        w = self.watched.setdefault(launch_id, Watched())
+        yield "state", row
+        seen_version, last_state = w.version, row.state
+        while row.state not in TERMINAL:
+            async with w.changed:
+                # Also re-read every second: another replica may own this launch.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(w.changed.wait_for(functools.partial(self._moved, w, seen_version)),
+                                           timeout=1.0)
+            seen_version = w.version
+            new = await self.get(launch_id)
+            if new.state != last_state or new.tokens_done != row.tokens_done:
+                yield ("state" if new.state != last_state else "progress"), new
+            row, last_state = new, new.state
+
+    @staticmethod
+    def _moved(w: Watched, version: int) -> bool:
+        return w.version != version
+
+    async def recover(self) -> list[str]:
+        """At start-up: re-attach to groups that still run, settle those that ended, never forget one."""
+        notes = []
+        for row in await asyncio.to_thread(self.store.in_states, ACTIVE):
+            disp = self.dispatchers.get(row.dispatcher)
+            w = self.watched.setdefault(row.launch_id, Watched())
+            await asyncio.to_thread(self.store.update, row.launch_id, owner=self.instance)
+            row = row.replace(owner=self.instance)
+            if row.state == "PLACING" or disp is None:
+                if disp is None:
+                    await self.transition(row, "LOST", f"dispatcher {row.dispatcher!r} is not configured here",
+                                          error=f"dispatcher {row.dispatcher!r} is not configured on this server")
+                continue
+            handle = RunHandle.from_json(row.handle_json)
+            if disp.alive(handle):
+                notes.append(f"re-attached launches/{row.launch_id} (pid {handle.pid})")
+                await self.audit(row, "cgsvc", STATE_METHOD, "OK",
+                                 f"re-attached after a server restart (pid {handle.pid})")
+                w.task = asyncio.create_task(self.monitor(row.launch_id))
+            else:
+                await self.finish(row, RunDir(Path(row.run_dir)), -1)
+                notes.append(f"settled launches/{row.launch_id} that ended while the server was down")
+        await self.schedule()
+        return notes
+
+    async def close(self) -> None:
+        """Stop following launches (they keep running; a restarted server re-attaches)."""
+        for w in self.watched.values():
+            if w.task is not None:
+                w.task.cancel()
+
+
+def _gpu_plan(run: RunDir) -> bool:
+    """Whether the launch's plan (as written to its run directory) is for CUDA GPUs."""
+    try:
+        spec = json.loads(run.plan.read_text()).get("spec") or {}
+    except (OSError, ValueError):
+        return False
+    gpu = catalog.find_gpu(str(spec.get("hardware", {}).get("gpu", "")))
+    return bool(gpu and gpu.cuda)

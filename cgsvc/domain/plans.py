@@ -1,0 +1,113 @@
+"""Resolve and record: the one way a plan comes into being.
+
+A spec is resolved (memoised: the resolver is pure and the policy fixed for the life of the
+process) and the outcome — plan or refusal — is appended to the audit log, committed before
+anyone is answered. PlanService.ResolvePlan and LaunchService.CreateLaunch both call
+`Plans.resolve_and_record`; neither calls the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from cgsvc.audit.auditor import Auditor
+from cgsvc.audit.records import AuditEntry
+from cgsvc.audit.store import PlanRow, StoredPlan
+from cgsvc.errors import FieldViolation, ServiceError
+from cgsvc.plan import Plan, canonical_json
+from cgsvc.resolve import resolve
+from cgsvc.spec import parse_spec
+
+RESOLVE_METHOD = "/cgsvc.v1.PlanService/ResolvePlan"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asks, from where, and the request's ids (for the audit record)."""
+
+    principal: str
+    peer: str = ""
+    request_id: str = ""
+    trace_id: str = ""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    plan: Plan
+    plan_json: str
+    rule_ids: tuple[str, ...]
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolve_canonical(spec_key: str) -> Resolution:
+    plan = resolve(parse_spec(json.loads(spec_key)))
+    rule_ids = tuple(dict.fromkeys([d.rule_id for d in plan.decisions] + [w.rule_id for w in plan.warnings]))
+    return Resolution(plan, canonical_json(plan.to_dict()), rule_ids)
+
+
+def resolve_spec(spec: dict[str, Any]) -> Resolution:
+    """Resolve, memoised by the canonical spec. Specs naming a model.path are not memoised
+    (the file may change)."""
+    key = canonical_json(spec)
+    if isinstance(spec.get("model"), dict) and "path" in spec["model"]:
+        return _resolve_canonical.__wrapped__(key)
+    return _resolve_canonical(key)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A recorded plan. `replay` is the stored plan when an earlier request with the same
+    request_id made it (the answer is then that plan)."""
+
+    resolution: Resolution
+    plan_id: str  # "" for validate_only
+    audit_record: str  # "auditRecords/N"
+    time: str
+    replay: StoredPlan | None = None
+
+
+class Plans:
+    def __init__(self, auditor: Auditor) -> None:
+        self.auditor = auditor
+        self.store = auditor.store
+
+    async def resolve_and_record(self, spec: dict[str, Any], caller: Caller, validate_only: bool = False,
+                                 idempotency_key: str = "", method: str = RESOLVE_METHOD) -> Recorded:
+        """Resolve the spec and append the outcome; a refusal is appended, then raised."""
+
+        def entry(code: str, message: str, **extra: Any) -> AuditEntry:
+            return self.auditor.entry(method, caller.principal, caller.peer, caller.request_id, caller.trace_id,
+                                      spec, code, message, **extra)
+
+        try:
+            resolution = resolve_spec(spec)
+        except ServiceError as err:
+            await self.auditor.append(entry(err.code, err.message, rule_ids=(err.rule_id,) if err.rule_id else ()))
+            raise
+        plan = resolution.plan
+        plan_id = "" if validate_only else uuid.uuid4().hex[:20]
+        e = entry("OK", "validate_only" if validate_only else "", plan_json=resolution.plan_json,
+                  plan_hash=plan.plan_hash, rule_ids=resolution.rule_ids, plan_id=plan_id)
+        row = None if validate_only else PlanRow(
+            plan_id=plan_id, model=e.model, gpu=e.gpu, prefill_backend=plan.prefill_backend,
+            decode_backend=plan.decode_backend, attention_prefill=plan.attention_prefill,
+            attention_decode=plan.attention_decode, policy_version=plan.policy_version,
+            plan_hash=plan.plan_hash, spec_json=e.spec_json, plan_json=resolution.plan_json)
+        result = await self.auditor.append(e, row, "" if validate_only else idempotency_key)
+        if result.conflict:
+            raise ServiceError.invalid([FieldViolation("request_id", result.record.outcome_message)])
+        replay = None
+        if result.replay_of is not None:
+            replay = await asyncio.to_thread(self.store.get_plan, result.replay_of.plan_id)
+        return Recorded(resolution, plan_id, result.record.name, result.record.time, replay)
+
+    async def get(self, plan_id: str) -> StoredPlan:
+        stored = await asyncio.to_thread(self.store.get_plan, plan_id)
+        if stored is None:
+            raise ServiceError("NOT_FOUND", f"plans/{plan_id} does not exist")
+        return stored

@@ -1,0 +1,155 @@
+"""The launch store: launches as typed rows, beside the audit log in the same database.
+
+Creation is serialised (PostgreSQL: a transaction-scoped advisory lock; SQLite: `BEGIN
+IMMEDIATE`), so replicas sharing one database give launches distinct, ordered sequence
+numbers, and a (principal, request_id) pair maps to one launch however often, and from
+however many replicas, it is retried.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from cgsvc.audit import filters
+from cgsvc.audit.store import AuditStore, launch_requests, launches, utc_now
+
+LAUNCH_FILTER_FIELDS = {"state": "str", "plan": "str", "principal": "str", "dispatcher": "str",
+                        "create_time": "str", "model_path": "str"}
+_LAUNCH_LOCK = 727375  # PostgreSQL advisory lock key for launch creation
+
+
+@dataclass(frozen=True)
+class Workload:
+    input_len: int
+    output_len: int
+    requests: int
+    concurrency: int
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class LaunchRow:
+    """One launch as stored; `devices` has one entry per rank, in rank order, once placed."""
+
+    launch_id: str
+    plan_id: str
+    state: str
+    principal: str
+    dispatcher: str
+    tp: int
+    model_path: str
+    workload: Workload
+    run_dir: str
+    create_time: str = ""
+    update_time: str = ""
+    sequence: int = 0
+    tokens_done: int = 0
+    tokens_total: int = 0
+    error: str = ""
+    report_json: str = ""
+    handle_json: str = ""
+    owner: str = ""
+    devices: tuple[str, ...] = ()
+    placement: str = ""
+    request_id: str = ""
+    request_hash: str = ""
+
+    def replace(self, **changes: Any) -> LaunchRow:
+        return dataclasses.replace(self, **changes)
+
+
+def _to_columns(row: LaunchRow) -> dict[str, Any]:
+    values = {f.name: getattr(row, f.name) for f in dataclasses.fields(LaunchRow)
+              if f.name not in ("workload", "devices")}
+    values["workload_json"] = json.dumps(dataclasses.asdict(row.workload))
+    values["devices_json"] = json.dumps(list(row.devices))
+    return values
+
+
+def _from_columns(m: Any) -> LaunchRow:
+    names = {f.name for f in dataclasses.fields(LaunchRow)} - {"workload", "devices"}
+    return LaunchRow(**{k: m[k] for k in names}, workload=Workload(**json.loads(m["workload_json"])),
+                     devices=tuple(json.loads(m["devices_json"] or "[]")))
+
+
+def _update_values(values: dict[str, Any]) -> dict[str, Any]:
+    out = dict(values)
+    if "devices" in out:
+        out["devices_json"] = json.dumps(list(out.pop("devices")))
+    if "workload" in out:
+        out["workload_json"] = json.dumps(dataclasses.asdict(out.pop("workload")))
+    return out
+
+
+@dataclass(frozen=True)
+class Created:
+    row: LaunchRow
+    new: bool  # False: an earlier launch of the same (principal, request_id) was found
+    conflicts: bool = False  # that earlier launch was asked for with a different request
+
+
+class LaunchStore:
+    def __init__(self, audit: AuditStore) -> None:
+        self.audit = audit
+        self.write_engine, self.read_engine = audit.write_engine, audit.read_engine
+
+    def create(self, row: LaunchRow) -> Created:
+        """Insert a new launch with the next sequence number; when (principal, request_id)
+        already named a launch, return that one instead (and whether the request differs)."""
+        with self.write_engine.begin() as conn:
+            if self.audit.dialect == "postgresql":
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_LAUNCH_LOCK})")
+            if row.request_id:
+                found = conn.execute(sa.select(launch_requests.c.launch_id).where(
+                    launch_requests.c.principal == row.principal,
+                    launch_requests.c.request_id == row.request_id)).scalar()
+                if found is not None:
+                    earlier = conn.execute(sa.select(launches).where(launches.c.launch_id == found)).first()
+                    if earlier is not None:
+                        old = _from_columns(earlier._mapping)
+                        return Created(old, False, conflicts=old.request_hash != row.request_hash)
+            seq = conn.execute(sa.select(sa.func.coalesce(sa.func.max(launches.c.sequence), 0))).scalar_one()
+            now = utc_now()
+            row = row.replace(sequence=int(seq) + 1, create_time=now, update_time=now)
+            conn.execute(launches.insert().values(**_to_columns(row)))
+            if row.request_id:
+                conn.execute(launch_requests.insert().values(principal=row.principal, request_id=row.request_id,
+                                                             launch_id=row.launch_id))
+        return Created(row, True)
+
+    def by_request(self, principal: str, request_id: str) -> LaunchRow | None:
+        """The launch an earlier CreateLaunch of (principal, request_id) made, if any."""
+        with self.read_engine.begin() as conn:
+            row = conn.execute(sa.select(launches).join(launch_requests,
+                                                        launch_requests.c.launch_id == launches.c.launch_id)
+                               .where(launch_requests.c.principal == principal,
+                                      launch_requests.c.request_id == request_id)).first()
+        return _from_columns(row._mapping) if row is not None else None
+
+    def update(self, launch_id: str, **values: Any) -> None:
+        with self.write_engine.begin() as conn:
+            conn.execute(launches.update().where(launches.c.launch_id == launch_id)
+                         .values(**_update_values(values), update_time=utc_now()))
+
+    def get(self, launch_id: str) -> LaunchRow | None:
+        with self.read_engine.begin() as conn:
+            row = conn.execute(sa.select(launches).where(launches.c.launch_id == launch_id)).first()
+        return _from_columns(row._mapping) if row is not None else None
+
+    def list_rows(self, filter_text: str = "", page_size: int = 0, page_token: str = "") -> tuple[list[LaunchRow], str]:
+        terms = [filters.Term("plan_id", t.op, str(t.value).removeprefix("plans/")) if t.field == "plan" else t
+                 for t in filters.parse_filter(filter_text, LAUNCH_FILTER_FIELDS)]
+        rows, token = self.audit.page(launches, terms, filter_text, page_size, page_token)
+        return [_from_columns(r._mapping) for r in rows], token
+
+    def in_states(self, states: Sequence[str]) -> list[LaunchRow]:
+        with self.read_engine.begin() as conn:
+            rows = conn.execute(sa.select(launches).where(launches.c.state.in_(list(states)))
+                                .order_by(launches.c.sequence))
+            return [_from_columns(r._mapping) for r in rows]

@@ -1,0 +1,158 @@
+"""LaunchService: CreateLaunch (a long-running operation), Get/List/Cancel/Watch, and logs.
+
+A shell over cgsvc.domain: it checks the request, has the plan resolved and recorded
+(domain.plans) or fetched, and hands a LaunchOrder to the lifecycle (domain.launches).
+CreateLaunch is idempotent: the same principal and request_id return the same launch, also
+after a server restart or from another replica; a request_id reused for a different request
+is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from cgsvc import catalog, codec
+from cgsvc.contract import RunDir
+from cgsvc.domain.launches import CREATE_METHOD, TERMINAL, Launches, LaunchOrder, request_hash, tail
+from cgsvc.domain.plans import Caller, Plans
+from cgsvc.errors import FieldViolation, ServiceError
+from cgsvc.launch.store import LaunchRow, Workload
+from cgsvc.server.interceptors import RequestContext
+from cgsvc.server.services import caller, list_page, parse_name
+from cgsvc.server.status import invalid
+from cgsvc.v1 import launch_pb2
+
+
+class LaunchService:
+    def __init__(self, launches: Launches, plans: Plans) -> None:
+        self.launches, self.plans = launches, plans
+        self.store = launches.store
+
+    async def _records(self, launch_id: str) -> list[str]:
+        recs, _ = await asyncio.to_thread(self.plans.store.list_records, f'launch_id = "{launch_id}"', 1000)
+        return [r.name for r in recs]
+
+    async def _proto(self, row: LaunchRow) -> launch_pb2.Launch:
+        stored = await asyncio.to_thread(self.plans.store.get_plan, row.plan_id)
+        return codec.launch_proto(row, await self._records(row.launch_id),
+                                  f"auditRecords/{stored.sequence}" if stored is not None else "")
+
+    async def CreateLaunch(self, request: launch_pb2.CreateLaunchRequest,  # noqa: N802 - gRPC name
+                           rc: RequestContext) -> launch_pb2.Operation:
+        who = caller(rc)
+        try:
+            row = await self._create(request, who)
+        except ServiceError as err:
+            fields = self.plans.auditor.spec_fields(
+                codec.spec_dict_from_proto(request.spec) if request.HasField("spec") else None)
+            await self.launches.audit(None, who.principal, CREATE_METHOD, err.code, err.message, caller=who,
+                                      **fields)
+            raise
+        msg = await self._proto(row)
+        return launch_pb2.Operation(name=f"operations/{row.launch_id}", done=row.state in TERMINAL, metadata=msg)
+
+    async def _create(self, request: launch_pb2.CreateLaunchRequest, who: Caller) -> LaunchRow:
+        wl = request.workload
+        problems = [FieldViolation(f"workload.{k}", f"must be at least 1, got {v}") for k, v in
+                    (("input_len", wl.input_len), ("output_len", wl.output_len), ("requests", wl.requests)) if v < 1]
+        if wl.concurrency < 0:
+            problems.append(FieldViolation("workload.concurrency", "must be 0 (all at once) or positive"))
+        if not request.model_path:
+            problems.append(FieldViolation("model_path", "required: the checkpoint directory the workers load"))
+        if request.WhichOneof("source") is None:
+            problems.append(FieldViolation("source", "give spec (resolved now) or plan (plans/ID of a stored plan)"))
+        if problems:
+            raise ServiceError.invalid(problems)
+        model_path = os.path.abspath(request.model_path)
+        workload = Workload(wl.input_len, wl.output_len, wl.requests, wl.concurrency, wl.seed)
+        dispatcher = request.dispatcher or "local"
+        source = (codec.spec_dict_from_proto(request.spec) if request.WhichOneof("source") == "spec"
+                  else {"plan": request.plan})
+        digest = request_hash({"source": source, "workload": workload.__dict__, "model_path": model_path,
+                               "dispatcher": dispatcher, "wait_for_resources": request.wait_for_resources})
+        if request.request_id:  # a retry of a request that already made a launch: that launch
+            earlier = await self._earlier(who, request.request_id, digest)
+            if earlier is not None:
+                return earlier
+        try:
+            ckpt = catalog.read_model_dir(model_path)
+        except ServiceError as err:
+            raise ServiceError.invalid([FieldViolation("model_path", v.description) for v in err.violations]) from None
+        max_pos = ckpt.max_position_embeddings or 0
+        if max_pos and wl.input_len + wl.output_len > max_pos:
+            raise invalid("workload.input_len", f"input_len + output_len = {wl.input_len + wl.output_len} exceeds the "
+                                                f"checkpoint's context of {max_pos} tokens")
+        if request.WhichOneof("source") == "spec":
+            # The launch carries the idempotency key; the plan it resolves is recorded plainly.
+            recorded = await self.plans.resolve_and_record(source, who)
+            plan_id = recorded.plan_id
+        else:
+            plan_id = parse_name(request.plan, "plans", "plan")
+        stored = await self.plans.get(plan_id)
+        spec = json.loads(stored.row.spec_json)
+        wanted = catalog.facts_for_spec(spec)
+        if wanted is not None and wanted.text_architecture != ckpt.text_architecture:
+            raise ServiceError("FAILED_PRECONDITION",
+                               f"the checkpoint at {model_path} is a {ckpt.text_architecture} model; the plan was "
+                               f"resolved for {wanted.name} ({wanted.text_architecture})",
+                               [FieldViolation("model_path", "a checkpoint of the plan's model family")])
+        order = LaunchOrder(plan_id=plan_id, plan_json=stored.row.plan_json, spec_json=stored.row.spec_json,
+                            plan_audit=f"auditRecords/{stored.sequence}",
+                            tp=int(spec.get("parallelism", {}).get("tp", 1)), model_path=model_path,
+                            workload=workload, dispatcher=dispatcher, wait=request.wait_for_resources,
+                            request_id=request.request_id, request_hash=digest)
+        row, new = await self.launches.create(order, who)
+        if not new:  # another call with this request_id got there first (a concurrent retry)
+            return self._same_request(row, request.request_id, digest)
+        return row
+
+    async def _earlier(self, who: Caller, request_id: str, digest: str) -> LaunchRow | None:
+        row = await asyncio.to_thread(self.store.by_request, who.principal, request_id)
+        if row is None:
+            return None
+        row = self._same_request(row, request_id, digest)
+        await self.launches.audit(row, who.principal, CREATE_METHOD, "OK",
+                                  f"replay of request_id {request_id!r}: launches/{row.launch_id}", caller=who)
+        return row
+
+    @staticmethod
+    def _same_request(row: LaunchRow, request_id: str, digest: str) -> LaunchRow:
+        if row.request_hash != digest:
+            raise ServiceError.invalid([FieldViolation(
+                "request_id", f"{request_id!r} already created launches/{row.launch_id} with a different request; "
+                              "use a new request_id for a new launch")])
+        return row
+
+    async def GetLaunch(self, request: launch_pb2.GetLaunchRequest,  # noqa: N802
+                        rc: RequestContext) -> launch_pb2.Launch:
+        return await self._proto(await self.launches.get(parse_name(request.name, "launches")))
+
+    async def ListLaunches(self, request: launch_pb2.ListLaunchesRequest,  # noqa: N802
+                           rc: RequestContext) -> launch_pb2.ListLaunchesResponse:
+        rows, token = await list_page(self.store.list_rows, request)
+        return launch_pb2.ListLaunchesResponse(launches=[codec.launch_proto(r) for r in rows], next_page_token=token)
+
+    async def CancelLaunch(self, request: launch_pb2.CancelLaunchRequest,  # noqa: N802
+                           rc: RequestContext) -> launch_pb2.Launch:
+        row = await self.launches.cancel(parse_name(request.name, "launches"), rc.principal.name)
+        return await self._proto(row)
+
+    async def WatchLaunch(self, request: launch_pb2.WatchLaunchRequest,  # noqa: N802
+                          rc: RequestContext) -> AsyncIterator[launch_pb2.LaunchEvent]:
+        async for kind, row in self.launches.watch(parse_name(request.name, "launches")):
+            yield launch_pb2.LaunchEvent(kind=kind, launch=await self._proto(row) if kind == "state"
+                                         else codec.launch_proto(row))
+
+    async def GetLaunchLogs(self, request: launch_pb2.GetLaunchLogsRequest,  # noqa: N802
+                            rc: RequestContext) -> launch_pb2.LaunchLogs:
+        row = await self.launches.get(parse_name(request.name, "launches"))
+        logs = RunDir(Path(row.run_dir)).logs
+        names = sorted(p.name for p in logs.glob("*.log")) if logs.exists() else []
+        if request.rank >= 0:
+            names = [n for n in names if n == f"rank{request.rank}.log"]
+        return launch_pb2.LaunchLogs(logs=[launch_pb2.RankLog(name=n, text=tail(logs / n, request.tail_lines))
+                                           for n in names])

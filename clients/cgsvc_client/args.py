@@ -1,0 +1,109 @@
+"""Arguments every `cgsvc-cli` command shares: the spec flags that build a launch spec, the
+output mode, the server connection, and the one error type commands raise. Command modules
+(cli.py, remote_commands.py, launch_commands.py) import from here; nothing here imports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from cgsvc.errors import FieldViolation, ServiceError
+
+REFUSAL_CODES = ("INVALID_ARGUMENT", "FAILED_PRECONDITION")
+
+
+class CliError(Exception):
+    """A failure to report as {"error": ...} with an exit code."""
+
+    def __init__(self, error: dict[str, Any], exit_code: int) -> None:
+        super().__init__(error.get("message", ""))
+        self.error = error
+        self.exit_code = exit_code
+
+    @classmethod
+    def from_resolve(cls, exc: ServiceError) -> CliError:
+        return cls(exc.to_dict(), 2 if exc.code in REFUSAL_CODES else 1)
+
+
+# Convenience flags: (flag, spec path, type).
+SPEC_FLAGS: tuple[tuple[str, tuple[str, ...], type, str], ...] = (
+    ("--model", ("model", "name"), str, "catalog id or hub repo id"),
+    ("--model-path", ("model", "path"), str, "checkpoint directory with config.json"),
+    ("--gpu", ("hardware", "gpu"), str, "GPU name, e.g. GB300, H200, cpu"),
+    ("--gpus", ("hardware", "gpu_count"), int, "GPUs per node"),
+    ("--nodes", ("hardware", "nodes"), int, "nodes"),
+    ("--tp", ("parallelism", "tp"), int, "tensor parallel size"),
+    ("--pp", ("parallelism", "pp"), int, "pipeline parallel size"),
+    ("--prefill-graph", ("overrides", "cuda_graph", "prefill", "backend"), str,
+     "explicit prefill graph backend (locks it)"),
+    ("--decode-graph", ("overrides", "cuda_graph", "decode", "backend"), str,
+     "explicit decode graph backend (locks it)"),
+    ("--attention-backend", ("overrides", "attention_backend"), str, "explicit attention backend"),
+    ("--kv-cache-dtype", ("features", "kv_cache_dtype"), str, "KV cache dtype"),
+)
+
+
+def build_spec(ns: argparse.Namespace) -> dict[str, Any]:
+    """The spec dict from --spec FILE (if any) with the convenience flags layered on top."""
+    spec: Any = {}
+    if ns.spec:
+        try:
+            with open(ns.spec, encoding="utf-8") as fh:
+                spec = json.load(fh)
+        except OSError as exc:
+            raise CliError.from_resolve(ServiceError.invalid(
+                [FieldViolation("spec", f"cannot read {ns.spec!r}: {exc.strerror}")])) from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CliError.from_resolve(ServiceError.invalid(
+                [FieldViolation("spec", f"malformed JSON in {ns.spec!r}: {exc}")])) from None
+        if not isinstance(spec, dict):
+            raise CliError.from_resolve(ServiceError.invalid(
+                [FieldViolation("spec", "must be a JSON object")]))
+    for flag, path, _typ, _help in SPEC_FLAGS:
+        value = getattr(ns, flag.lstrip("-").replace("-", "_"), None)
+        if value is None:
+            continue
+        node = spec
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    if getattr(ns, "enforce_piecewise", False):
+        spec.setdefault("overrides", {})["enforce_piecewise_cuda_graph"] = True
+    if getattr(ns, "disable_cuda_graph", False):
+        spec.setdefault("overrides", {})["disable_cuda_graph"] = True
+    return spec
+
+
+def add_spec_flags(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+    """--spec FILE and the convenience flags that build or amend a spec."""
+    p.add_argument("--spec", help="launch spec JSON file (docs/launch-spec.md)")
+    for flag, _path, typ, help_text in SPEC_FLAGS:
+        if flag not in exclude:
+            p.add_argument(flag, type=typ, help=help_text)
+    p.add_argument("--enforce-piecewise", action="store_true", help="set enforce_piecewise_cuda_graph")
+    p.add_argument("--disable-cuda-graph", action="store_true", help="set disable_cuda_graph")
+
+
+def add_output(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--output", "-o", choices=("table", "json"),
+                   help="table (default on a terminal) or json (default otherwise)")
+
+
+def add_listing(p: argparse.ArgumentParser, example: str) -> None:
+    """--filter and paging for List commands."""
+    p.add_argument("--filter", help=f"AIP-160 subset: FIELD OP VALUE joined by AND, e.g. {example}")
+    p.add_argument("--page-size", type=int, default=50, help="results per page (default 50, at most 1000)")
+    p.add_argument("--page-token", help="next_page_token of the previous page")
+
+
+def add_server(p: argparse.ArgumentParser, required: bool = False) -> None:
+    p.add_argument("--server", required=required, help="HOST:PORT of a cgsvc server")
+    p.add_argument("--token", help="bearer token (or set CGSVC_TOKEN)")
+    p.add_argument("--tls-ca", help="CA certificate (PEM) to verify the server; enables TLS")
+    p.add_argument("--tls-cert", help="client certificate (PEM) for mutual TLS")
+    p.add_argument("--tls-key", help="client key (PEM) for mutual TLS")
+    p.add_argument("--timeout", type=float, default=10.0, help="deadline per call, seconds")
+
+

@@ -1,0 +1,128 @@
+"""The launch path's promises, end to end: an idempotent CreateLaunch (across a restart),
+devices of their own for every rank, launches from two replicas on one PostgreSQL, and
+log lines that carry the request they serve."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cgsvc_client.client import Client
+from cgsvc_worker.checkpoint import make_checkpoint
+
+from cgsvc.errors import ServiceError
+from tests.e2e.server import ServerProcess
+from tests.e2e.test_launches import KIMI, SHORT, wait_state
+from tests.integration.pg import pg_url_or_skip
+
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "LOST")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_checkpoint(str(tmp_path_factory.mktemp("kimi") / "tiny-kimi"), "tiny-kimi")
+
+
+def run_dirs(srv: ServerProcess) -> list[Path]:
+    root = srv.data_dir / "launches"
+    return sorted(root.iterdir()) if root.exists() else []
+
+
+def test_a_retried_create_launch_is_one_launch_even_after_a_restart(ckpt: str, tmp_path: Path) -> None:
+    srv = ServerProcess(tmp_path / "srv").start()
+    try:
+        with Client(srv.address) as c:
+            first = c.create_launch(ckpt, SHORT, spec=KIMI, request_id="retry-1").metadata
+            again = c.create_launch(ckpt, SHORT, spec=KIMI, request_id="retry-1").metadata  # a lost answer, retried
+            assert again.name == first.name and again.request_id == "retry-1"
+            wait_state(c, first.name, TERMINAL)
+            with pytest.raises(ServiceError) as err:  # the same id for another request
+                c.create_launch(ckpt, {**SHORT, "requests": 3}, spec=KIMI, request_id="retry-1")
+            assert err.value.code == "INVALID_ARGUMENT" and err.value.violations[0].field == "request_id"
+            assert first.name.split("/")[1] in err.value.message
+        srv.stop()
+        srv.start()  # the retry arrives at a restarted server
+        with Client(srv.address) as c:
+            assert c.create_launch(ckpt, SHORT, spec=KIMI, request_id="retry-1").metadata.name == first.name
+            assert [x.name for x in c.list_launches().launches] == [first.name]
+            methods = [r.outcome_message for r in c.list_audit_records('method = "/cgsvc.v1.LaunchService/'
+                                                                        'CreateLaunch"').records]
+            assert sum("replay of request_id 'retry-1'" in m for m in methods) == 2
+        assert len(run_dirs(srv)) == 1  # one worker group was ever started
+    finally:
+        srv.stop()
+
+
+def test_concurrent_launches_get_disjoint_devices_and_each_rank_sees_only_its_own(ckpt: str,
+                                                                                  tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "srv", "--local-devices", "0,1,2,3,4,5,6,7") as srv, Client(srv.address) as c:
+        assert "local devices: 0, 1, 2, 3, 4, 5, 6, 7 (--local-devices)" in "".join(srv.output)
+        names: list[str] = []
+
+        def launch() -> None:
+            names.append(c.create_launch(ckpt, SHORT, spec=KIMI).metadata.name)
+
+        threads = [threading.Thread(target=launch) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        launches = [wait_state(c, n, TERMINAL, timeout=300) for n in names]
+        assert [x.state for x in launches] == ["SUCCEEDED", "SUCCEEDED"], [x.error for x in launches]
+        devices = [list(x.devices) for x in launches]
+        assert all(len(d) == 4 for d in devices) and not set(devices[0]) & set(devices[1])
+        for launch in launches:
+            report = json.loads(launch.report_json)
+            seen = [p["visible_devices"] for p in report["placement"]]
+            assert seen == list(launch.devices)  # rank r sees exactly the r-th device, alone
+            assert "local devices" in launch.placement and "substituted" not in launch.placement
+
+
+def test_two_replicas_create_launches_concurrently_on_postgres(tmp_path: Path) -> None:
+    url = pg_url_or_skip(f"launch_replicas_{uuid.uuid4().hex[:10]}")
+    tiny = make_checkpoint(str(tmp_path / "tiny"), "tiny")
+    spec = {"model": {"path": tiny}, "hardware": {"gpu": "cpu"}, "parallelism": {"tp": 1}}
+    work = {"input_len": 4, "output_len": 2, "requests": 1, "concurrency": 1}
+    servers = [ServerProcess(tmp_path / f"srv{i}", "--database-url", url, "--local-slots", "2").start()
+               for i in range(2)]
+    made: list[str] = []
+    errors: list[BaseException] = []
+    try:
+        def create(srv: ServerProcess) -> None:
+            try:
+                with Client(srv.address) as c:
+                    for _ in range(3):
+                        made.append(c.create_launch(tiny, work, spec=spec, wait_for_resources=True).metadata.name)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=create, args=(s,)) for s in servers for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        with Client(servers[0].address) as c:
+            for name in made:
+                assert wait_state(c, name, TERMINAL, timeout=300).state == "SUCCEEDED"
+            listed = [x.name for x in c.list_launches(page_size=100).launches]
+            assert sorted(listed) == sorted(made) and len(set(made)) == 12
+            assert c.verify_audit_log().ok
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def test_log_lines_carry_the_request_they_serve(ckpt: str, tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "srv", "--log-level", "info") as srv, Client(srv.address) as c:
+        name = c.create_launch(ckpt, SHORT, spec=KIMI, request_id="bound-request").metadata.name
+        wait_state(c, name, TERMINAL)
+    lines = [json.loads(x) for x in srv.log_path.read_text().splitlines() if x.startswith("{")]
+    states: list[dict[str, Any]] = [x for x in lines if x.get("event") == "launch state"
+                                    and x.get("launch_id") == name.split("/")[1]]
+    assert states and all(x.get("request_id") == "bound-request" for x in states), states
+    assert all(x.get("method") == "/cgsvc.v1.LaunchService/CreateLaunch" for x in states)

@@ -1,0 +1,91 @@
+"""The server-worker contract: every message round-trips, and anything malformed is refused
+with the field named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cgsvc.contract import (
+    SCHEMA_VERSION,
+    ContractError,
+    PlacedEvent,
+    ProgressEvent,
+    RankError,
+    StateEvent,
+    WorkerReport,
+    parse_event,
+    read_report,
+    write_report,
+)
+
+OK_REPORT = {
+    "status": "ok", "plan_fidelity": [{"field": "decode.backend", "requested": "full", "effective": "full",
+                                        "status": "honoured", "reason": ""}],
+    "modes": {p: {"requested": "full", "effective": "full", "reason": "", "capture_seconds": 0.5,
+                  "capture_bytes": 10} for p in ("prefill", "decode")},
+    "attention": {p: {"requested": "flashinfer", "effective": "flashinfer", "reason": ""} for p in ("prefill", "decode")},
+    "aggregate": {"throughput_tok_s": 12.5, "output_tokens": 8, "ttft_ms": {"mean": 1, "p50": 2, "p90": 3, "p99": 4},
+                  "tpot_ms": {"mean": 5, "p50": 6, "p90": 7, "p99": 8}},
+    "kv_cache": {"bytes_per_token": 384}, "placement": [{"rank": 0, "device": "cpu", "visible_devices": ""}],
+    "requests": [], "notes": ["kept in the body"],
+}
+
+
+def test_events_round_trip() -> None:
+    for event in (StateEvent("running"), StateEvent("failed", "boom"), ProgressEvent(3, 10), PlacedEvent(("2", "3"))):
+        back = parse_event(json.dumps(event.to_dict()))
+        assert type(back) is type(event) and {**back.__dict__, "time": 0.0} == {**event.__dict__, "time": 0.0}
+
+
+@pytest.mark.parametrize(("line", "names"), [
+    ("not json", "event: not JSON"),
+    ('{"event": "state"}', "event.state: missing"),
+    ('{"event": "state", "state": "dancing"}', "event.state: 'dancing' is not one of"),
+    ('{"event": "progress", "tokens_done": 5, "tokens_total": 2}', "event.tokens_done: 5 is not within"),
+    ('{"event": "progress", "tokens_done": "5", "tokens_total": 9}', "event.tokens_done: expected int"),
+    ('{"event": "placed", "devices": []}', "event.devices"),
+    ('{"event": "exploded"}', "event.event: 'exploded' is not one of state, progress, placed"),
+    (f'{{"schema": {SCHEMA_VERSION + 1}, "event": "state", "state": "running"}}', "newer than this server's"),
+])
+def test_malformed_events_name_the_field(line: str, names: str) -> None:
+    with pytest.raises(ContractError, match=names.replace("(", r"\(").replace(".", r"\.")):
+        parse_event(line)
+
+
+def test_reports_round_trip_and_keep_their_body(tmp_path: Path) -> None:
+    write_report(tmp_path / "r.json", OK_REPORT)
+    report = read_report(tmp_path / "r.json")
+    assert report.ok and report.ttft_ms.p99 == 4 and report.kv_bytes_per_token == 384
+    assert report.plan_fidelity[0].field == "decode.backend" and report.placement[0].device == "cpu"
+    assert report.body["notes"] == ["kept in the body"] and report.to_dict()["schema"] == SCHEMA_VERSION
+    failed = WorkerReport.failed("rank 2 died", "RuntimeError", (RankError(2, -9, "killed"),))
+    write_report(tmp_path / "f.json", failed)
+    back = read_report(tmp_path / "f.json")
+    assert not back.ok and back.rank_errors == (RankError(2, -9, "killed"),) and back.error == "rank 2 died"
+
+
+@pytest.mark.parametrize(("change", "names"), [
+    ({"status": "maybe"}, "report.status: 'maybe' is not one of ok, failed"),
+    ({"aggregate": None}, "report.aggregate: expected dict"),
+    ({"plan_fidelity": [{"field": "x", "requested": 1, "effective": 2, "status": "substituted", "reason": ""}]},
+     "plan_fidelity[x].reason: required"),
+    ({"modes": {"prefill": {"requested": "full"}}}, "report.modes.prefill.effective: missing"),
+    ({"kv_cache": {"bytes_per_token": 1.5}}, "report.kv_cache.bytes_per_token: expected int"),
+])
+def test_malformed_reports_name_the_field(tmp_path: Path, change: dict[str, object], names: str) -> None:
+    (tmp_path / "r.json").write_text(json.dumps({**OK_REPORT, **change}))
+    with pytest.raises(ContractError, match=names.replace("[", r"\[").replace("(", r"\(").replace(".", r"\.")):
+        read_report(tmp_path / "r.json")
+
+
+def test_missing_or_broken_report_files(tmp_path: Path) -> None:
+    with pytest.raises(ContractError, match="no r.json was written"):
+        read_report(tmp_path / "r.json")
+    (tmp_path / "r.json").write_text('{"status": "ok"')
+    with pytest.raises(ContractError, match="not JSON"):
+        read_report(tmp_path / "r.json")
+    with pytest.raises(ContractError, match="report.plan_fidelity: missing"):  # a worker cannot write it either
+        write_report(tmp_path / "w.json", {"status": "ok"})

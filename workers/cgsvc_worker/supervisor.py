@@ -1,0 +1,110 @@
+"""The supervisor of a local worker group: one process per rank, started with `spawn` (never
+a fork), each on its own device; when one rank dies the others are stopped, and the report
+names every failed rank.
+
+    spawn_group(ns)   start ns.tp ranks (rank r on ns.devices[r] when given: its own
+                      CUDA_VISIBLE_DEVICES, so it sees that device alone, as cuda:0)
+
+The server's local dispatcher runs `cgsvc-worker bench ...` as this supervisor, in its own
+session, so that a restarted server finds the group again and cancels it with one signal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import socket
+import sys
+import time
+
+from cgsvc.contract import ContractError, RankError, WorkerReport, read_report, write_report
+from cgsvc_worker.runtime import EXIT_FAILED, rank_entry, rank_error_path
+
+
+def rank_environment(rank: int, world: int, port: int, devices: list[str]) -> dict[str, str]:
+    """The environment a rank starts with: torch.distributed's variables and, when the group
+    was given devices, only its own one visible (a CPU slot sees no GPU)."""
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    if devices:
+        device = devices[rank]
+        env["CUDA_VISIBLE_DEVICES"] = "" if device.startswith("cpu") else device
+        env["LOCAL_RANK"] = "0"  # the one visible device is cuda:0
+    return env
+
+
+def _spawned(ns: argparse.Namespace, rank: int, world: int, port: int) -> None:
+    # Set before torch is imported in this process, so CUDA sees only this rank's device.
+    os.environ.update(rank_environment(rank, world, port, device_list(ns)))
+    sys.exit(rank_entry(ns))
+
+
+def device_list(ns: argparse.Namespace) -> list[str]:
+    return [d for d in (getattr(ns, "devices", "") or "").split(",") if d]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn_group(ns: argparse.Namespace) -> int:
+    """Start ns.tp ranks with `spawn`; when one fails, stop the others and report."""
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    if device_list(ns) and len(device_list(ns)) != ns.tp:
+        print(f"cgsvc-worker: --devices names {len(device_list(ns))} devices for --tp {ns.tp}", file=sys.stderr)
+        return 2
+    procs = [ctx.Process(target=_spawned, args=(ns, r, ns.tp, port), name=f"rank{r}") for r in range(ns.tp)]
+    for p in procs:
+        p.start()
+    code = 0
+    while any(p.is_alive() for p in procs):
+        dead = [p for p in procs if not p.is_alive() and p.exitcode not in (0, None)]
+        if dead:
+            code = dead[0].exitcode or EXIT_FAILED
+            time.sleep(1.0)  # let the failed rank's report land, then stop the rest
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+            break
+        time.sleep(0.05)
+    for p in procs:
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    codes = [p.exitcode for p in procs]
+    failed: list[tuple[int, int | None]] = [(i, c) for i, c in enumerate(codes) if c not in (0, None)]
+    if failed and ns.output:
+        _merge_rank_errors(ns.output, failed)
+    return code or next((c for _, c in failed if c and c > 0), EXIT_FAILED if failed else 0)
+
+
+def _merge_rank_errors(output: str, failed: list[tuple[int, int | None]]) -> None:
+    """Make sure the report says the run failed, naming each failed rank and its error."""
+    errors = []
+    for rank, code in failed:
+        path = rank_error_path(output, rank)
+        detail = ""
+        if os.path.exists(path):
+            try:
+                detail = read_report(path).error
+            except ContractError as exc:
+                detail = f"its report is unreadable: {exc}"
+            os.remove(path)
+        errors.append(RankError(rank, code, detail))
+    try:
+        report = read_report(output)
+    except ContractError:
+        report = WorkerReport.failed("")
+    if report.ok or not report.error:
+        first = next((e for e in errors if e.error), errors[0])
+        message = first.error or f"rank {first.rank} exited with code {first.exit_code}"
+        report = WorkerReport.failed(message, report.error_kind)
+    write_report(output, WorkerReport.failed(report.error, report.error_kind, tuple(errors),
+                                             **{k: v for k, v in report.body.items()
+                                                if k not in ("schema", "status", "error", "error_kind",
+                                                             "rank_errors")}))
