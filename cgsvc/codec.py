@@ -15,12 +15,13 @@ from typing import Any
 
 from google.protobuf import json_format, timestamp_pb2
 
+from cgsvc.audit.checkpoint import Checkpoint
 from cgsvc.audit.records import AuditRecord
 from cgsvc.audit.store import StoredPlan
 from cgsvc.contract import ContractError, WorkerReport
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.launch.store import LaunchRow
-from cgsvc.plan import Decision, Estimates, Plan, PlanWarning
+from cgsvc.plan import Decision, Estimates, Plan, PlanWarning, canonical_json
 from cgsvc.spec import LaunchSpec, parse_spec, spec_to_dict
 from cgsvc.v1 import audit_pb2, launch_pb2, launch_spec_pb2, plan_pb2
 
@@ -44,6 +45,11 @@ def spec_proto_from_dict(data: Any) -> launch_spec_pb2.LaunchSpec:
         return json_format.ParseDict(data, launch_spec_pb2.LaunchSpec())
     except json_format.ParseError as exc:  # pragma: no cover - parse_spec rejects first
         raise ServiceError.invalid([FieldViolation("spec", str(exc))]) from None
+
+
+def spec_proto_from_canonical(data: dict[str, Any]) -> launch_spec_pb2.LaunchSpec:
+    """A spec already parsed (its canonical dict) as a proto."""
+    return json_format.ParseDict(data, launch_spec_pb2.LaunchSpec())
 
 
 def plan_to_proto(plan: Plan) -> plan_pb2.Plan:
@@ -128,7 +134,13 @@ def record_proto(rec: AuditRecord) -> audit_pb2.AuditRecord:
         plan_hash=rec.plan_hash, rule_ids=list(rec.rule_ids), policy_version=rec.policy_version,
         service_version=rec.service_version, outcome_code=rec.outcome_code,
         outcome_message=rec.outcome_message, launch_id=rec.launch_id, plan_id=rec.plan_id,
-        prev_hash=rec.prev_hash, record_hash=rec.record_hash)
+        prev_hash=rec.prev_hash, record_hash=rec.record_hash, model=rec.model, gpu=rec.gpu,
+        hashed_json=canonical_json(rec.hashed_fields()))
+
+
+def checkpoint_from_proto(msg: audit_pb2.Checkpoint) -> Checkpoint:
+    return Checkpoint(origin=msg.origin, tree_size=msg.tree_size, root_hash=msg.root_hash, time=msg.time,
+                      key_id=msg.key_id, public_key=msg.public_key, signature=msg.signature)
 
 
 def report_summary(report_json: str) -> launch_pb2.LaunchReport:

@@ -171,8 +171,13 @@ def _check_scalar(path: str, value: Any, kind: type, meta: Mapping[str, Any],
         return None
     choices = meta.get("choices")
     if choices is not None and value not in choices:
-        out.append(FieldViolation(path, f"unknown value {value!r}; valid: {', '.join(choices)}"))
-        return None
+        # Closed sets match case-insensitively on input; what is kept is the one canonical
+        # spelling, so plans, the audit log and errors never see another.
+        canonical = {c.lower(): c for c in choices}.get(value.lower())
+        if canonical is None:
+            out.append(FieldViolation(path, f"unknown value {value!r}; valid: {', '.join(choices)}"))
+            return None
+        value = canonical
     if meta.get("nonempty") and not value.strip():
         out.append(FieldViolation(path, "must not be empty"))
         return None
@@ -222,6 +227,12 @@ def parse_spec(data: Any) -> LaunchSpec:
     spec = _parse_section(LaunchSpec, data, "", violations)
     if violations:
         raise ServiceError.invalid(violations)
+    if spec.hardware.gpu is not None:  # GPU names are the catalog's closed set: its spelling
+        from cgsvc.catalog import find_gpu
+
+        gpu = find_gpu(spec.hardware.gpu)
+        if gpu is not None and gpu.name != spec.hardware.gpu:
+            spec = dataclasses.replace(spec, hardware=dataclasses.replace(spec.hardware, gpu=gpu.name))
     return spec
 
 

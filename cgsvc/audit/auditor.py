@@ -7,6 +7,7 @@ caller's cancellation, so a caller that gives up (deadline, disconnect) is still
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Any
 
 from cgsvc import __version__
@@ -16,6 +17,11 @@ from cgsvc.audit.writer import AuditWriter
 from cgsvc.errors import CODE_NUMBERS
 from cgsvc.plan import canonical_json
 from cgsvc.resolve import policy_version
+
+# Whether the request being served has already been appended (set by every append made while
+# serving it), so that the pipeline audits an outcome the service did not — an internal fault
+# or a cancelled call — exactly once.
+REQUEST_AUDITED: contextvars.ContextVar[bool] = contextvars.ContextVar("cgsvc_request_audited", default=False)
 
 
 class Auditor:
@@ -27,6 +33,7 @@ class Auditor:
 
     async def append(self, entry: AuditEntry, plan: PlanRow | None = None, request_id: str = "") -> AppendResult:
         # Shielded: a caller that cancels (deadline, disconnect) does not unqueue its record.
+        REQUEST_AUDITED.set(True)
         return await asyncio.shield(asyncio.wrap_future(self.writer.submit(PendingAppend(entry, plan, request_id))))
 
     @staticmethod

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from cgsvc.audit import filters
+from cgsvc.audit import filters, merkle
 from cgsvc.audit.records import GENESIS, AuditEntry, AuditRecord, chain
 from cgsvc.errors import CODE_NUMBERS
 
@@ -71,6 +71,19 @@ chain_head = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("sequence", sa.BigInteger, nullable=False),
     sa.Column("record_hash", sa.Text, nullable=False),
+)
+# Added by migration 4: the Merkle tree's right edge, {level: hex hash}, one per set bit of
+# the tree size; with it an append reads nothing but this row.
+CHAIN_HEAD_COLUMNS_4 = (sa.Column("frontier", sa.Text, nullable=False, server_default="{}"),)
+for _column in CHAIN_HEAD_COLUMNS_4:
+    chain_head.append_column(_column)
+# Every complete, aligned subtree of the Merkle tree: level L, index i covers leaves
+# [i * 2**L, (i + 1) * 2**L) (leaf k is record sequence k + 1). Proofs read O(log n) of them.
+merkle_nodes = sa.Table(
+    "merkle_nodes", metadata,
+    sa.Column("level", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("idx", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("hash", sa.Text, nullable=False),
 )
 plans = sa.Table(
     "plans", metadata,
@@ -143,6 +156,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
     (2, "launches", (launches,), ()),
     (3, "launch devices and placement, idempotent CreateLaunch", (launch_requests,),
      tuple((launches, c) for c in LAUNCH_COLUMNS_3)),
+    (4, "Merkle tree over the audit records (RFC 9162)", (merkle_nodes,),
+     tuple((chain_head, c) for c in CHAIN_HEAD_COLUMNS_4)),
 )
 
 AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principal": "str", "outcome": "str",
@@ -153,6 +168,10 @@ PLAN_FILTER_FIELDS = {"model": "str", "gpu": "str", "prefill_backend": "str", "d
                       "plan_hash": "str", "principal": "str", "create_time": "str"}
 MAX_PAGE_SIZE = 1000
 DEFAULT_PAGE_SIZE = 50
+
+
+class TreeSizeError(ValueError):
+    """A tree size or record beyond the log."""
 
 
 class PageTokenError(ValueError):
@@ -236,6 +255,19 @@ def _sqlite_engines(url: str) -> tuple[Engine, Engine]:
             configure(sa.create_engine(url, connect_args=args), False))
 
 
+def _leaf(record_hash: str) -> bytes:
+    """A record's Merkle leaf: H(0x00 || its 32-byte record_hash)."""
+    return merkle.leaf_hash(bytes.fromhex(record_hash))
+
+
+def _frontier_json(frontier: dict[int, bytes]) -> str:
+    return json.dumps({str(k): v.hex() for k, v in sorted(frontier.items())})
+
+
+def _frontier_from_json(text: str) -> dict[int, bytes]:
+    return {int(k): bytes.fromhex(v) for k, v in json.loads(text or "{}").items()}
+
+
 def _row_to_record(row: Any) -> AuditRecord:
     m = row._mapping
     values: dict[str, Any] = {f.name: m[f.name] for f in dataclasses.fields(AuditRecord)}
@@ -247,6 +279,21 @@ def _record_values(rec: AuditRecord) -> dict[str, Any]:
     d = dict(rec.__dict__)  # shallow: asdict's deep copy dominated the append path
     d["rule_ids"] = json.dumps(list(rec.rule_ids))
     return d
+
+
+class _RawInsert:
+    """INSERT of whole rows through the driver's executemany: the append path's rows skip
+    SQLAlchemy's per-row parameter processing, which cost more than the database itself."""
+
+    def __init__(self, table: sa.Table, paramstyle: str) -> None:
+        self.columns = [c.name for c in table.columns]
+        mark = "?" if paramstyle == "qmark" else "%s"
+        self.sql = f"INSERT INTO {table.name} ({', '.join(self.columns)}) VALUES ({', '.join([mark] * len(self.columns))})"
+
+    def __call__(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+        if rows:
+            cols = self.columns
+            conn.exec_driver_sql(self.sql, [tuple(r[c] for c in cols) for r in rows])
 
 
 def _encode_token(after: int, filter_text: str) -> str:
@@ -299,6 +346,9 @@ class AuditStore:
             self.write_engine = sa.create_engine(url, pool_pre_ping=True)
             self.read_engine = self.write_engine
         self.dialect = self.write_engine.dialect.name
+        style = self.write_engine.dialect.paramstyle
+        self._insert = {t.name: _RawInsert(t, style) for t in (audit_records, audit_rule_ids, plans, idempotency,
+                                                               merkle_nodes)}
         self.migrate()
 
     # ------------------------------------------------------------------ schema
@@ -322,11 +372,29 @@ class AuditStore:
                         conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {column.name} TEXT NOT NULL "
                                              f"DEFAULT '{default}'")
                 if version == 1:
-                    conn.execute(chain_head.insert().values(id=1, sequence=0, record_hash=GENESIS))
+                    conn.execute(chain_head.insert().values(id=1, sequence=0, record_hash=GENESIS, frontier="{}"))
+                if version == 4:
+                    self._build_tree(conn)
                 conn.execute(schema_migrations.insert().values(
                     version=version, description=description, applied_at=utc_now()))
                 applied_now.append(version)
         return applied_now
+
+    @staticmethod
+    def _build_tree(conn: Connection) -> None:
+        """Migration 4: the Merkle tree of the records already in the log."""
+        size, after = 0, 0
+        frontier: dict[int, bytes] = {}
+        while True:
+            rows = list(conn.execute(sa.select(audit_records.c.sequence, audit_records.c.record_hash)
+                                     .where(audit_records.c.sequence > after).order_by(audit_records.c.sequence)
+                                     .limit(5000)))
+            if not rows:
+                break
+            frontier, made = merkle.append_leaves(size, frontier, [_leaf(r.record_hash) for r in rows])
+            conn.execute(merkle_nodes.insert(), [{"level": lv, "idx": i, "hash": h.hex()} for lv, i, h in made])
+            size, after = size + len(rows), int(rows[-1].sequence)
+        conn.execute(chain_head.update().where(chain_head.c.id == 1).values(frontier=_frontier_json(frontier)))
 
     def schema_version(self) -> int:
         with self.read_engine.begin() as conn:
@@ -349,9 +417,10 @@ class AuditStore:
         plan_rows: list[dict[str, Any]] = []
         idem_rows: list[dict[str, Any]] = []
         with self.write_engine.begin() as conn:
-            head = conn.execute(sa.select(chain_head.c.sequence, chain_head.c.record_hash)
+            head = conn.execute(sa.select(chain_head.c.sequence, chain_head.c.record_hash, chain_head.c.frontier)
                                 .where(chain_head.c.id == 1).with_for_update()).one()
             seq, prev = int(head.sequence), str(head.record_hash)
+            size, frontier = seq, _frontier_from_json(head.frontier)
             firsts = self._first_requests(conn, items)
             for item in items:
                 entry, plan_row, conflict = item.entry, item.plan, False
@@ -384,11 +453,13 @@ class AuditStore:
                                       "request_id": item.request_id, "sequence": seq})
                     firsts[key] = record  # a duplicate later in this batch is a replay
                 results.append(AppendResult(record, replay_of, conflict))
-            conn.execute(audit_records.insert(), records)
-            for table, rows in ((audit_rule_ids, rule_rows), (plans, plan_rows), (idempotency, idem_rows)):
-                if rows:
-                    conn.execute(table.insert(), rows)
-            conn.execute(chain_head.update().where(chain_head.c.id == 1).values(sequence=seq, record_hash=prev))
+            frontier, made = merkle.append_leaves(size, frontier, [_leaf(r["record_hash"]) for r in records])
+            node_rows = [{"level": lv, "idx": i, "hash": h.hex()} for lv, i, h in made]
+            for table, rows in ((audit_records, records), (audit_rule_ids, rule_rows), (plans, plan_rows),
+                                (idempotency, idem_rows), (merkle_nodes, node_rows)):
+                self._insert[table.name](conn, rows)
+            conn.execute(chain_head.update().where(chain_head.c.id == 1).values(
+                sequence=seq, record_hash=prev, frontier=_frontier_json(frontier)))
         return results
 
     @staticmethod
@@ -451,6 +522,55 @@ class AuditStore:
             return rows[:size], _encode_token(int(rows[size - 1]._mapping["sequence"]), filter_text)
         return rows, ""
 
+    # ------------------------------------------------------------------ Merkle tree
+    def tree_head(self) -> tuple[int, bytes]:
+        """The tree's size (records) and root now, from the chain head alone."""
+        with self.read_engine.begin() as conn:
+            head = conn.execute(sa.select(chain_head.c.sequence, chain_head.c.frontier)
+                                .where(chain_head.c.id == 1)).one()
+        return int(head.sequence), merkle.root_from_frontier(_frontier_from_json(head.frontier))
+
+    def _lookup(self, conn: Connection) -> merkle.SubtreeLookup:
+        cache: dict[tuple[int, int], bytes] = {}
+
+        def lookup(level: int, idx: int) -> bytes:
+            if (level, idx) not in cache:
+                h = conn.execute(sa.select(merkle_nodes.c.hash).where(merkle_nodes.c.level == level,
+                                                                      merkle_nodes.c.idx == idx)).scalar()
+                if h is None:
+                    raise LookupError(f"Merkle node ({level}, {idx}) is missing from the log")
+                cache[(level, idx)] = bytes.fromhex(h)
+            return cache[(level, idx)]
+        return lookup
+
+    def _size_for(self, tree_size: int) -> int:
+        size, _ = self.tree_head()
+        if tree_size > size:
+            raise TreeSizeError(f"the log holds {size} records, not {tree_size}")
+        return tree_size or size
+
+    def root_at(self, tree_size: int) -> bytes:
+        """The root of the tree of the first tree_size records (TreeSizeError when larger than the log)."""
+        size = self._size_for(tree_size)
+        with self.read_engine.begin() as conn:
+            return merkle.root(size, self._lookup(conn))
+
+    def inclusion_proof(self, sequence: int, tree_size: int = 0) -> tuple[int, list[bytes], AuditRecord]:
+        """(tree size, audit path, the record) for record `sequence` in the tree of tree_size."""
+        size = self._size_for(tree_size)
+        rec = self.get_record(sequence)
+        if rec is None or sequence > size:
+            raise TreeSizeError(f"auditRecords/{sequence} is not in the tree of {size} records")
+        with self.read_engine.begin() as conn:
+            return size, merkle.inclusion_proof(sequence - 1, size, self._lookup(conn)), rec
+
+    def consistency_proof(self, first: int, second: int = 0) -> tuple[int, list[bytes]]:
+        size = self._size_for(second)
+        if not 0 < first <= size:
+            raise TreeSizeError(f"first_size must be within 1..{size}, got {first}")
+        with self.read_engine.begin() as conn:
+            return size, merkle.consistency_proof(first, size, self._lookup(conn))
+
     # ------------------------------------------------------------------ verify
     def iter_records(self, chunk: int = 2000) -> Iterator[AuditRecord]:
         after = 0
@@ -465,8 +585,10 @@ class AuditStore:
             after = int(rows[-1]._mapping["sequence"])
 
     def verify(self) -> Verification:
-        """Recompute the chain; name the first record that fails and why."""
+        """Recompute the chain and the Merkle tree from the records; name the first record that
+        fails and why."""
         expected_seq, prev, checked = 1, GENESIS, 0
+        size, frontier = 0, dict[int, bytes]()
         for rec in self.iter_records():
             problem = ""
             if rec.sequence != expected_seq:
@@ -482,10 +604,21 @@ class AuditStore:
                 return Verification(False, checked, bad, problem, prev)
             checked += 1
             expected_seq, prev = rec.sequence + 1, rec.record_hash
+            frontier, _ = merkle.append_leaves(size, frontier, [_leaf(rec.record_hash)])
+            size += 1
         with self.read_engine.begin() as conn:
             head = conn.execute(sa.select(chain_head).where(chain_head.c.id == 1)).one()
-        if int(head.sequence) != expected_seq - 1 or head.record_hash != prev:
-            return Verification(False, checked, expected_seq if int(head.sequence) >= expected_seq else int(head.sequence),
-                                f"chain head says sequence {head.sequence} but the log ends at {expected_seq - 1} "
-                                "(records at the end were removed or the head was altered)", prev)
+            if int(head.sequence) != expected_seq - 1 or head.record_hash != prev:
+                return Verification(False, checked,
+                                    expected_seq if int(head.sequence) >= expected_seq else int(head.sequence),
+                                    f"chain head says sequence {head.sequence} but the log ends at {expected_seq - 1} "
+                                    "(records at the end were removed or the head was altered)", prev)
+            root = merkle.root_from_frontier(frontier)
+            try:
+                stored = merkle.root(size, self._lookup(conn))
+            except LookupError as exc:
+                return Verification(False, checked, 0, f"Merkle tree: {exc}", prev)
+        if merkle.root_from_frontier(_frontier_from_json(head.frontier)) != root or stored != root:
+            return Verification(False, checked, 0, "the stored Merkle tree does not match the records (its nodes or "
+                                                   "the head's right edge were altered)", prev)
         return Verification(True, checked, 0, "", prev)

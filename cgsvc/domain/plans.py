@@ -21,7 +21,7 @@ from cgsvc.audit.store import PlanRow, StoredPlan
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.plan import Plan, canonical_json
 from cgsvc.resolve import resolve
-from cgsvc.spec import parse_spec
+from cgsvc.spec import parse_spec, spec_to_dict
 
 RESOLVE_METHOD = "/cgsvc.v1.PlanService/ResolvePlan"
 
@@ -41,13 +41,15 @@ class Resolution:
     plan: Plan
     plan_json: str
     rule_ids: tuple[str, ...]
+    spec: dict[str, Any]  # the spec in its canonical spelling (closed sets as the catalog spells them)
 
 
 @functools.lru_cache(maxsize=4096)
 def _resolve_canonical(spec_key: str) -> Resolution:
-    plan = resolve(parse_spec(json.loads(spec_key)))
+    parsed = parse_spec(json.loads(spec_key))
+    plan = resolve(parsed)
     rule_ids = tuple(dict.fromkeys([d.rule_id for d in plan.decisions] + [w.rule_id for w in plan.warnings]))
-    return Resolution(plan, canonical_json(plan.to_dict()), rule_ids)
+    return Resolution(plan, canonical_json(plan.to_dict()), rule_ids, spec_to_dict(parsed))
 
 
 def resolve_spec(spec: dict[str, Any]) -> Resolution:
@@ -91,6 +93,7 @@ class Plans:
             raise
         plan = resolution.plan
         plan_id = "" if validate_only else uuid.uuid4().hex[:20]
+        spec = resolution.spec  # recorded in its canonical spelling
         e = entry("OK", "validate_only" if validate_only else "", plan_json=resolution.plan_json,
                   plan_hash=plan.plan_hash, rule_ids=resolution.rule_ids, plan_id=plan_id)
         row = None if validate_only else PlanRow(

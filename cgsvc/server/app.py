@@ -10,8 +10,8 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
+from cgsvc.audit import checkpoint
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.store import AuditStore
 from cgsvc.audit.writer import AuditWriter
@@ -20,7 +20,7 @@ from cgsvc.domain.plans import Plans
 from cgsvc.launch.devices import DeviceListError, Inventory
 from cgsvc.launch.dispatch import LocalDispatcher, RayDispatcher
 from cgsvc.launch.store import LaunchStore
-from cgsvc.server import metrics
+from cgsvc.server import metrics, reflection
 from cgsvc.server.auth import Authenticator
 from cgsvc.server.config import ServerConfig
 from cgsvc.server.interceptors import Pipeline
@@ -48,6 +48,24 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def check_exposure(cfg: ServerConfig) -> None:
+    """The authentication rules (README, "Who may call"): beyond loopback every caller is
+    authenticated, and bearer tokens travel only over TLS. --allow-insecure-remote is the one
+    escape, and only from the first rule."""
+    if is_loopback(cfg.address):
+        return
+    if not cfg.authenticated and not cfg.allow_insecure_remote:
+        raise ConfigError(
+            f"refusing to serve {cfg.address}: this server would authenticate nobody (no token_file, no "
+            "tls_client_ca), so every remote caller would be admin; configure token_file with tls_cert/tls_key, "
+            "or tls_client_ca, or bind a loopback address, or pass --allow-insecure-remote to serve everyone as "
+            "'anonymous'" + (" (TLS alone encrypts, it does not authenticate callers)" if cfg.secure else ""))
+    if cfg.token_file and not cfg.secure:
+        raise ConfigError(f"refusing to serve {cfg.address}: bearer tokens beyond loopback need TLS (tls_cert and "
+                          "tls_key), or they cross the network in plaintext; --allow-insecure-remote does not lift "
+                          "this")
 
 
 def _read(path: str) -> bytes:
@@ -88,19 +106,19 @@ class Running:
 
 async def start(cfg: ServerConfig) -> Running:
     """Start serving; returns once the port is bound. Raises ConfigError on a bad configuration."""
-    if not cfg.secure and not cfg.authenticated and not is_loopback(cfg.address) and not cfg.allow_insecure_remote:
-        raise ConfigError(f"refusing to serve {cfg.address} without TLS and tokens; bind a loopback address, "
-                          "configure tls_cert/tls_key and token_file, or set allow_insecure_remote")
+    check_exposure(cfg)
     os.makedirs(cfg.data_dir, exist_ok=True)
     creds = server_credentials(cfg)
     try:
         inventory = Inventory.local(cfg.local_devices, cfg.local_slots)
-    except DeviceListError as exc:
+        signing_key = checkpoint.load_or_create_key(cfg.signing_key or Path(cfg.data_dir) / "signing_key.pem")
+    except (DeviceListError, checkpoint.CheckpointError, OSError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
     store = AuditStore(cfg.effective_database_url)
     writer = AuditWriter(store, max_batch=cfg.audit_max_batch, observe=metrics.observe_batch)
     auditor = Auditor(store, writer)
-    pipeline = Pipeline(Authenticator(cfg.token_file, require=cfg.authenticated),
+    anonymous = "local" if is_loopback(cfg.address) else "anonymous"
+    pipeline = Pipeline(Authenticator(cfg.token_file, require=cfg.authenticated, anonymous=anonymous),
                         on_rejected=rejection_auditor(auditor))
 
     options = [("grpc.max_receive_message_length", cfg.max_message_bytes),
@@ -114,7 +132,7 @@ async def start(cfg: ServerConfig) -> Running:
     launches = Launches(LaunchStore(store), auditor, Path(cfg.data_dir).resolve() / "launches", dispatchers)
     servicers: dict[str, Any] = {
         "cgsvc.v1.PlanService": PlanService(plans),
-        "cgsvc.v1.AuditService": AuditService(store),
+        "cgsvc.v1.AuditService": AuditService(store, signing_key),
         "cgsvc.v1.DiagnosticsService": DiagnosticsService(),
         "cgsvc.v1.LaunchService": LaunchService(launches, plans),
     }
@@ -125,7 +143,7 @@ async def start(cfg: ServerConfig) -> Running:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in [*descriptors, ""]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection([*descriptors, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    reflection.enable(server, [*descriptors, health.SERVICE_NAME])
     port = server.add_secure_port(cfg.address, creds) if creds else server.add_insecure_port(cfg.address)
     if port == 0:
         writer.close()
@@ -135,4 +153,5 @@ async def start(cfg: ServerConfig) -> Running:
     recovered = await launches.recover()
     return Running(server, port, store, writer, health_servicer,
                    {"servicers": servicers, "auditor": auditor, "launches": launches,
-                    "recovered": recovered, "devices": inventory})
+                    "recovered": recovered, "devices": inventory,
+                    "key_id": checkpoint.key_id(signing_key.public_key().public_bytes_raw())})

@@ -48,7 +48,7 @@ class Principal:
         return any(r in allowed for r in self.roles)
 
 
-ANONYMOUS_LOCAL = Principal("local", ("admin",))
+ANONYMOUS_LOCAL = Principal("local", ("admin",))  # an unauthenticated server on loopback
 
 
 def hash_token(token: str) -> str:
@@ -65,7 +65,10 @@ class AuthError(Exception):
 class Authenticator:
     """Maps request credentials to a Principal, or raises AuthError."""
 
-    def __init__(self, token_file: str = "", require: bool = False) -> None:
+    def __init__(self, token_file: str = "", require: bool = False, anonymous: str = "local") -> None:
+        # Who an unauthenticated server's callers are: "local" on loopback, "anonymous" when
+        # --allow-insecure-remote serves everyone (every audit record then says so).
+        self.anonymous = Principal(anonymous, ("admin",))
         self.tokens: dict[str, Principal] = {}
         self.certificates: dict[str, Principal] = {}
         self.require = require or bool(token_file)
@@ -99,6 +102,6 @@ class Authenticator:
         if cert_common_name is not None and cert_common_name in self.certificates:
             return self.certificates[cert_common_name]
         if not self.require:
-            return ANONYMOUS_LOCAL
+            return self.anonymous
         raise AuthError("UNAUTHENTICATED", "this server requires a bearer token (authorization: Bearer <token>)"
                         + (" or a known client certificate" if self.certificates else ""))

@@ -12,6 +12,7 @@ of every service the same way, unary and server-streaming alike.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import time
 import traceback
@@ -26,6 +27,7 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 
+from cgsvc.audit.auditor import REQUEST_AUDITED
 from cgsvc.errors import ServiceError
 from cgsvc.server import metrics
 from cgsvc.server.auth import Authenticator, AuthError, Principal
@@ -46,8 +48,9 @@ class RequestContext:
 
 REQUEST: contextvars.ContextVar[RequestContext] = contextvars.ContextVar("cgsvc_request")
 
-# Called with (method, principal name, peer, request message or None, code, message) for a
-# request turned away before the service ran: denied, or malformed.
+# Called with (method, principal name, peer, request message or None, code, message) for an
+# outcome the service itself did not audit: denied, malformed, failed inside (INTERNAL) or
+# cancelled. The hook decides which methods it records.
 RejectedHook = Callable[[str, str, str, Any, str, str], Awaitable[None]]
 
 
@@ -121,14 +124,28 @@ class Pipeline:
         else:
             log.warning("rpc", **fields, error=error)
 
-    async def _fail(self, rc: RequestContext, t0: float, exc: Exception, context: Any) -> None:
-        """Answer a failed call: a refusal with its rich status, anything else as INTERNAL."""
+    async def _fail(self, rc: RequestContext, t0: float, exc: Exception, context: Any, request: Any) -> None:
+        """Answer a failed call: a refusal with its rich status, anything else as INTERNAL,
+        audited (once) before the answer leaves."""
         if isinstance(exc, ServiceError):
             self._finish(rc, t0, exc.code, exc.message)
+            await self._audit_unrecorded(rc, request, exc.code, exc.message)  # e.g. a refused CancelLaunch
             await context.abort_with_status(to_status(exc))
         self._finish(rc, t0, "INTERNAL", repr(exc))
         log.error("rpc failed", method=rc.method, error=traceback.format_exc())
-        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+        message = f"internal error: {type(exc).__name__}"
+        await self._audit_unrecorded(rc, request, "INTERNAL", message)
+        await context.abort(grpc.StatusCode.INTERNAL, message)
+
+    async def _audit_unrecorded(self, rc: RequestContext, request: Any, code: str, message: str) -> None:
+        if self.on_rejected is not None and not REQUEST_AUDITED.get():
+            await self.on_rejected(rc.method, rc.principal.name, rc.peer,
+                                   None if isinstance(request, _Malformed) else request, code, message)
+
+    async def _cancelled(self, rc: RequestContext, t0: float, request: Any) -> None:
+        """The caller went away (cancelled, or its deadline passed): audited, nobody answered."""
+        self._finish(rc, t0, "CANCELLED", "the caller cancelled the call or its deadline passed")
+        await self._audit_unrecorded(rc, request, "CANCELLED", "the caller cancelled the call or its deadline passed")
 
     def unary(self, method: str, fn: Callable[[Any, RequestContext], Awaitable[Any]]) -> Callable[..., Any]:
         async def handler(request: Any, context: Any) -> Any:
@@ -136,20 +153,24 @@ class Pipeline:
             rc = await self._enter(method, request, context)
             if rc is None:
                 return None
-            token, bound = REQUEST.set(rc), _bind(rc)
+            token, bound, audited = REQUEST.set(rc), _bind(rc), REQUEST_AUDITED.set(False)
             try:
                 if isinstance(request, _Malformed):
                     await self._malformed(rc, request)
                 response = await fn(request, rc)
+            except asyncio.CancelledError:
+                await self._cancelled(rc, t0, request)
+                raise
             except Exception as exc:
                 if _is_abort(exc):
                     raise
-                await self._fail(rc, t0, exc, context)
+                await self._fail(rc, t0, exc, context, request)
             else:
                 self._finish(rc, t0, "OK")
                 return response
             finally:
                 structlog.contextvars.reset_contextvars(**bound)
+                REQUEST_AUDITED.reset(audited)
                 REQUEST.reset(token)
         return handler
 
@@ -159,20 +180,24 @@ class Pipeline:
             rc = await self._enter(method, request, context)
             if rc is None:
                 return
-            token, bound = REQUEST.set(rc), _bind(rc)
+            token, bound, audited = REQUEST.set(rc), _bind(rc), REQUEST_AUDITED.set(False)
             try:
                 if isinstance(request, _Malformed):
                     await self._malformed(rc, request)
                 async for item in fn(request, rc):
                     yield item
+            except asyncio.CancelledError:
+                await self._cancelled(rc, t0, request)
+                raise
             except Exception as exc:
                 if _is_abort(exc):
                     raise
-                await self._fail(rc, t0, exc, context)
+                await self._fail(rc, t0, exc, context, request)
             else:
                 self._finish(rc, t0, "OK")
             finally:
                 structlog.contextvars.reset_contextvars(**bound)
+                REQUEST_AUDITED.reset(audited)
                 REQUEST.reset(token)
         return handler
 

@@ -52,11 +52,15 @@ async def serve(cfg: ServerConfig) -> int:
     auth = "bearer tokens" if cfg.token_file else ("client certificates" if cfg.tls_client_ca else "none")
     # The first line is for people and scripts alike (port 0 prints the port picked).
     print(f"cgsvc {__version__} listening on {host}:{running.port}", flush=True)
-    if not cfg.secure and not cfg.authenticated:
-        print("WARNING: insecure local mode: no TLS, no authentication; every caller is admin. "
+    if not cfg.authenticated and not app.is_loopback(cfg.address):
+        print(f"WARNING: --allow-insecure-remote: serving {cfg.address} with no authentication; every remote caller "
+              "is admin, audited as 'anonymous'. Configure token_file (with TLS) or tls_client_ca.", flush=True)
+    elif not cfg.authenticated:
+        print("WARNING: insecure local mode: no authentication; every local caller is admin (audited as 'local'). "
               "Configure tls_cert/tls_key and token_file before exposing this server.", flush=True)
     inventory = running.extras["devices"]
     print(f"local devices: {', '.join(inventory.devices)} ({inventory.source})", flush=True)
+    print(f"audit checkpoints signed with Ed25519 key {running.extras['key_id']}", flush=True)
     print(f"transport: {mode}; authentication: {auth}; database: "
           f"{running.store.dialect} ({_redact(cfg.effective_database_url)}); metrics: {metrics_url or 'off'}",
           flush=True)

@@ -11,16 +11,18 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from cgsvc import codec
-from cgsvc.audit import filters
+from cgsvc.audit import checkpoint, filters
 from cgsvc.audit.auditor import Auditor
-from cgsvc.audit.store import AuditStore, PageTokenError
+from cgsvc.audit.store import AuditStore, PageTokenError, TreeSizeError, utc_now
 from cgsvc.domain.plans import RESOLVE_METHOD, Caller, Plans
 from cgsvc.errors import ServiceError
 from cgsvc.server import metrics
 from cgsvc.server.interceptors import RequestContext
 from cgsvc.server.status import invalid
-from cgsvc.v1 import audit_pb2, diagnostics_pb2, plan_pb2, plan_service_pb2
+from cgsvc.v1 import audit_pb2, diagnostics_pb2, launch_pb2, plan_pb2, plan_service_pb2
 
 # Methods whose every call is audited, malformed ones included.
 AUDITED_METHODS = {RESOLVE_METHOD, "/cgsvc.v1.LaunchService/CreateLaunch", "/cgsvc.v1.LaunchService/CancelLaunch"}
@@ -48,14 +50,16 @@ async def list_page(lister: Callable[[str, int, str], tuple[list[Any], str]], re
 
 
 def rejection_auditor(auditor: Auditor) -> Callable[..., Any]:
-    """The pipeline's hook for requests turned away before a service ran: every denial, and
-    malformed calls of audited methods, with the spec when the request carries one."""
+    """The pipeline's hook for outcomes no service recorded: every denial (of any method), and
+    for the audited methods a malformed call, an internal failure or a cancelled call — with the
+    spec when the request carries one."""
 
     async def rejected(method: str, principal: str, peer: str, request: Any, code: str, message: str) -> None:
-        if code == "INVALID_ARGUMENT" and method not in AUDITED_METHODS:
+        if code not in ("UNAUTHENTICATED", "PERMISSION_DENIED") and method not in AUDITED_METHODS:
             return
         spec = codec.spec_dict_from_proto(request.spec) \
-            if isinstance(request, plan_service_pb2.ResolvePlanRequest) else None
+            if isinstance(request, plan_service_pb2.ResolvePlanRequest | launch_pb2.CreateLaunchRequest) \
+            and request.HasField("spec") else None
         request_id = getattr(request, "request_id", "") if request is not None else ""
         await auditor.append(auditor.entry(method, principal, peer, request_id, "", spec, code, message))
     return rejected
@@ -74,7 +78,8 @@ class PlanService:
         if rec.replay is not None:
             return codec.stored_plan_proto(rec.replay)
         msg = codec.plan_to_proto(plan)
-        msg.spec.CopyFrom(request.spec)
+        canonical = rec.resolution.spec  # the spec as recorded: closed sets in their one spelling
+        msg.spec.CopyFrom(request.spec if canonical == spec else codec.spec_proto_from_canonical(canonical))
         msg.audit_record = rec.audit_record
         if rec.plan_id:
             msg.name = f"plans/{rec.plan_id}"
@@ -93,8 +98,9 @@ class PlanService:
 
 
 class AuditService:
-    def __init__(self, store: AuditStore) -> None:
+    def __init__(self, store: AuditStore, signing_key: Ed25519PrivateKey) -> None:
         self.store = store
+        self.key = signing_key
 
     async def GetAuditRecord(self, request: audit_pb2.GetAuditRecordRequest,  # noqa: N802
                              rc: RequestContext) -> audit_pb2.AuditRecord:
@@ -118,6 +124,38 @@ class AuditService:
         return audit_pb2.VerifyAuditLogResponse(ok=v.ok, records_checked=v.records_checked,
                                                 first_bad_sequence=v.first_bad_sequence, reason=v.reason,
                                                 head_hash=v.head_hash)
+
+
+    async def GetCheckpoint(self, request: audit_pb2.GetCheckpointRequest,  # noqa: N802
+                            rc: RequestContext) -> audit_pb2.Checkpoint:
+        size, root = await asyncio.to_thread(self.store.tree_head)
+        return audit_pb2.Checkpoint(**checkpoint.sign(self.key, size, root, utc_now()).to_dict())
+
+    async def GetInclusionProof(self, request: audit_pb2.GetInclusionProofRequest,  # noqa: N802
+                                rc: RequestContext) -> audit_pb2.InclusionProof:
+        raw = parse_name(request.name, "auditRecords")
+        if not raw.isdigit() or int(raw) < 1:
+            raise invalid("name", f"the ID of auditRecords/ID is a sequence number from 1, got {raw!r}")
+        if request.tree_size < 0:
+            raise invalid("tree_size", "must be 0 (the current tree) or a checkpoint's tree_size")
+        try:
+            size, path, rec = await asyncio.to_thread(self.store.inclusion_proof, int(raw), request.tree_size)
+        except TreeSizeError as exc:
+            raise ServiceError("NOT_FOUND", str(exc)) from None
+        return audit_pb2.InclusionProof(leaf_index=int(raw) - 1, tree_size=size, hashes=[h.hex() for h in path],
+                                        record=codec.record_proto(rec))
+
+    async def GetConsistencyProof(self, request: audit_pb2.GetConsistencyProofRequest,  # noqa: N802
+                                  rc: RequestContext) -> audit_pb2.ConsistencyProof:
+        if request.first_size < 1 or request.second_size < 0:
+            raise invalid("first_size", "must be at least 1 (second_size: 0 for the current tree)")
+        try:
+            size, path = await asyncio.to_thread(self.store.consistency_proof, request.first_size,
+                                                 request.second_size)
+        except TreeSizeError as exc:
+            raise ServiceError("OUT_OF_RANGE", str(exc)) from None
+        return audit_pb2.ConsistencyProof(first_size=request.first_size, second_size=size,
+                                          hashes=[h.hex() for h in path])
 
 
 class DiagnosticsService:

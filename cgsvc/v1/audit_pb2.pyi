@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AuditRecord(_message.Message):
-    __slots__ = ("name", "sequence", "schema_version", "time", "principal", "peer", "method", "request_id", "trace_id", "spec_json", "spec_hash", "plan_json", "plan_hash", "rule_ids", "policy_version", "service_version", "outcome_code", "outcome_message", "launch_id", "plan_id", "prev_hash", "record_hash")
+    __slots__ = ("name", "sequence", "schema_version", "time", "principal", "peer", "method", "request_id", "trace_id", "spec_json", "spec_hash", "plan_json", "plan_hash", "rule_ids", "policy_version", "service_version", "outcome_code", "outcome_message", "launch_id", "plan_id", "prev_hash", "record_hash", "model", "gpu", "hashed_json")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,9 @@ class AuditRecord(_message.Message):
     PLAN_ID_FIELD_NUMBER: _ClassVar[int]
     PREV_HASH_FIELD_NUMBER: _ClassVar[int]
     RECORD_HASH_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    HASHED_JSON_FIELD_NUMBER: _ClassVar[int]
     name: str
     sequence: int
     schema_version: int
@@ -55,7 +58,10 @@ class AuditRecord(_message.Message):
     plan_id: str
     prev_hash: str
     record_hash: str
-    def __init__(self, name: _Optional[str] = ..., sequence: _Optional[int] = ..., schema_version: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., principal: _Optional[str] = ..., peer: _Optional[str] = ..., method: _Optional[str] = ..., request_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., spec_json: _Optional[str] = ..., spec_hash: _Optional[str] = ..., plan_json: _Optional[str] = ..., plan_hash: _Optional[str] = ..., rule_ids: _Optional[_Iterable[str]] = ..., policy_version: _Optional[str] = ..., service_version: _Optional[str] = ..., outcome_code: _Optional[int] = ..., outcome_message: _Optional[str] = ..., launch_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., prev_hash: _Optional[str] = ..., record_hash: _Optional[str] = ...) -> None: ...
+    model: str
+    gpu: str
+    hashed_json: str
+    def __init__(self, name: _Optional[str] = ..., sequence: _Optional[int] = ..., schema_version: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., principal: _Optional[str] = ..., peer: _Optional[str] = ..., method: _Optional[str] = ..., request_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., spec_json: _Optional[str] = ..., spec_hash: _Optional[str] = ..., plan_json: _Optional[str] = ..., plan_hash: _Optional[str] = ..., rule_ids: _Optional[_Iterable[str]] = ..., policy_version: _Optional[str] = ..., service_version: _Optional[str] = ..., outcome_code: _Optional[int] = ..., outcome_message: _Optional[str] = ..., launch_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., prev_hash: _Optional[str] = ..., record_hash: _Optional[str] = ..., model: _Optional[str] = ..., gpu: _Optional[str] = ..., hashed_json: _Optional[str] = ...) -> None: ...
 
 class GetAuditRecordRequest(_message.Message):
     __slots__ = ("name",)
@@ -98,3 +104,63 @@ class VerifyAuditLogResponse(_message.Message):
     reason: str
     head_hash: str
     def __init__(self, ok: _Optional[bool] = ..., records_checked: _Optional[int] = ..., first_bad_sequence: _Optional[int] = ..., reason: _Optional[str] = ..., head_hash: _Optional[str] = ...) -> None: ...
+
+class GetCheckpointRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Checkpoint(_message.Message):
+    __slots__ = ("origin", "tree_size", "root_hash", "time", "key_id", "public_key", "signature")
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    TREE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ROOT_HASH_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    origin: str
+    tree_size: int
+    root_hash: str
+    time: str
+    key_id: str
+    public_key: str
+    signature: str
+    def __init__(self, origin: _Optional[str] = ..., tree_size: _Optional[int] = ..., root_hash: _Optional[str] = ..., time: _Optional[str] = ..., key_id: _Optional[str] = ..., public_key: _Optional[str] = ..., signature: _Optional[str] = ...) -> None: ...
+
+class GetInclusionProofRequest(_message.Message):
+    __slots__ = ("name", "tree_size")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TREE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tree_size: int
+    def __init__(self, name: _Optional[str] = ..., tree_size: _Optional[int] = ...) -> None: ...
+
+class InclusionProof(_message.Message):
+    __slots__ = ("leaf_index", "tree_size", "hashes", "record")
+    LEAF_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TREE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    HASHES_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    leaf_index: int
+    tree_size: int
+    hashes: _containers.RepeatedScalarFieldContainer[str]
+    record: AuditRecord
+    def __init__(self, leaf_index: _Optional[int] = ..., tree_size: _Optional[int] = ..., hashes: _Optional[_Iterable[str]] = ..., record: _Optional[_Union[AuditRecord, _Mapping]] = ...) -> None: ...
+
+class GetConsistencyProofRequest(_message.Message):
+    __slots__ = ("first_size", "second_size")
+    FIRST_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SECOND_SIZE_FIELD_NUMBER: _ClassVar[int]
+    first_size: int
+    second_size: int
+    def __init__(self, first_size: _Optional[int] = ..., second_size: _Optional[int] = ...) -> None: ...
+
+class ConsistencyProof(_message.Message):
+    __slots__ = ("first_size", "second_size", "hashes")
+    FIRST_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SECOND_SIZE_FIELD_NUMBER: _ClassVar[int]
+    HASHES_FIELD_NUMBER: _ClassVar[int]
+    first_size: int
+    second_size: int
+    hashes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, first_size: _Optional[int] = ..., second_size: _Optional[int] = ..., hashes: _Optional[_Iterable[str]] = ...) -> None: ...

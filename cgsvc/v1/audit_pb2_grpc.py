@@ -50,6 +50,21 @@ class AuditServiceStub:
                 request_serializer=cgsvc_dot_v1_dot_audit__pb2.VerifyAuditLogRequest.SerializeToString,
                 response_deserializer=cgsvc_dot_v1_dot_audit__pb2.VerifyAuditLogResponse.FromString,
                 _registered_method=True)
+        self.GetCheckpoint = channel.unary_unary(
+                '/cgsvc.v1.AuditService/GetCheckpoint',
+                request_serializer=cgsvc_dot_v1_dot_audit__pb2.GetCheckpointRequest.SerializeToString,
+                response_deserializer=cgsvc_dot_v1_dot_audit__pb2.Checkpoint.FromString,
+                _registered_method=True)
+        self.GetInclusionProof = channel.unary_unary(
+                '/cgsvc.v1.AuditService/GetInclusionProof',
+                request_serializer=cgsvc_dot_v1_dot_audit__pb2.GetInclusionProofRequest.SerializeToString,
+                response_deserializer=cgsvc_dot_v1_dot_audit__pb2.InclusionProof.FromString,
+                _registered_method=True)
+        self.GetConsistencyProof = channel.unary_unary(
+                '/cgsvc.v1.AuditService/GetConsistencyProof',
+                request_serializer=cgsvc_dot_v1_dot_audit__pb2.GetConsistencyProofRequest.SerializeToString,
+                response_deserializer=cgsvc_dot_v1_dot_audit__pb2.ConsistencyProof.FromString,
+                _registered_method=True)
 
 
 class AuditServiceServicer:
@@ -74,6 +89,28 @@ class AuditServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCheckpoint(self, request, context):
+        """The log's Merkle tree (RFC 9162 hashing) now: size and root, signed with the server's
+        Ed25519 key. Keep one: later logs must extend it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetInclusionProof(self, request, context):
+        """The audit path of a record in the tree of a given size.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetConsistencyProof(self, request, context):
+        """Proof that the tree of first_size is a prefix of the tree of second_size.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AuditServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -91,6 +128,21 @@ def add_AuditServiceServicer_to_server(servicer, server):
                     servicer.VerifyAuditLog,
                     request_deserializer=cgsvc_dot_v1_dot_audit__pb2.VerifyAuditLogRequest.FromString,
                     response_serializer=cgsvc_dot_v1_dot_audit__pb2.VerifyAuditLogResponse.SerializeToString,
+            ),
+            'GetCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCheckpoint,
+                    request_deserializer=cgsvc_dot_v1_dot_audit__pb2.GetCheckpointRequest.FromString,
+                    response_serializer=cgsvc_dot_v1_dot_audit__pb2.Checkpoint.SerializeToString,
+            ),
+            'GetInclusionProof': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetInclusionProof,
+                    request_deserializer=cgsvc_dot_v1_dot_audit__pb2.GetInclusionProofRequest.FromString,
+                    response_serializer=cgsvc_dot_v1_dot_audit__pb2.InclusionProof.SerializeToString,
+            ),
+            'GetConsistencyProof': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConsistencyProof,
+                    request_deserializer=cgsvc_dot_v1_dot_audit__pb2.GetConsistencyProofRequest.FromString,
+                    response_serializer=cgsvc_dot_v1_dot_audit__pb2.ConsistencyProof.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +227,87 @@ class AuditService:
             '/cgsvc.v1.AuditService/VerifyAuditLog',
             cgsvc_dot_v1_dot_audit__pb2.VerifyAuditLogRequest.SerializeToString,
             cgsvc_dot_v1_dot_audit__pb2.VerifyAuditLogResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cgsvc.v1.AuditService/GetCheckpoint',
+            cgsvc_dot_v1_dot_audit__pb2.GetCheckpointRequest.SerializeToString,
+            cgsvc_dot_v1_dot_audit__pb2.Checkpoint.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetInclusionProof(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cgsvc.v1.AuditService/GetInclusionProof',
+            cgsvc_dot_v1_dot_audit__pb2.GetInclusionProofRequest.SerializeToString,
+            cgsvc_dot_v1_dot_audit__pb2.InclusionProof.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConsistencyProof(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cgsvc.v1.AuditService/GetConsistencyProof',
+            cgsvc_dot_v1_dot_audit__pb2.GetConsistencyProofRequest.SerializeToString,
+            cgsvc_dot_v1_dot_audit__pb2.ConsistencyProof.FromString,
             options,
             channel_credentials,
             insecure,

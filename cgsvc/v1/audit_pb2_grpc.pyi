@@ -36,6 +36,14 @@ class AuditServiceStub:
     GetAuditRecord: _grpc.UnaryUnaryMultiCallable[_audit_pb2.GetAuditRecordRequest, _audit_pb2.AuditRecord]
     ListAuditRecords: _grpc.UnaryUnaryMultiCallable[_audit_pb2.ListAuditRecordsRequest, _audit_pb2.ListAuditRecordsResponse]
     VerifyAuditLog: _grpc.UnaryUnaryMultiCallable[_audit_pb2.VerifyAuditLogRequest, _audit_pb2.VerifyAuditLogResponse]
+    GetCheckpoint: _grpc.UnaryUnaryMultiCallable[_audit_pb2.GetCheckpointRequest, _audit_pb2.Checkpoint]
+    """The log's Merkle tree (RFC 9162 hashing) now: size and root, signed with the server's
+    Ed25519 key. Keep one: later logs must extend it.
+    """
+    GetInclusionProof: _grpc.UnaryUnaryMultiCallable[_audit_pb2.GetInclusionProofRequest, _audit_pb2.InclusionProof]
+    """The audit path of a record in the tree of a given size."""
+    GetConsistencyProof: _grpc.UnaryUnaryMultiCallable[_audit_pb2.GetConsistencyProofRequest, _audit_pb2.ConsistencyProof]
+    """Proof that the tree of first_size is a prefix of the tree of second_size."""
 
 @_typing.type_check_only
 class AuditServiceAsyncStub(AuditServiceStub):
@@ -45,6 +53,14 @@ class AuditServiceAsyncStub(AuditServiceStub):
     GetAuditRecord: _aio.UnaryUnaryMultiCallable[_audit_pb2.GetAuditRecordRequest, _audit_pb2.AuditRecord]  # type: ignore[assignment]
     ListAuditRecords: _aio.UnaryUnaryMultiCallable[_audit_pb2.ListAuditRecordsRequest, _audit_pb2.ListAuditRecordsResponse]  # type: ignore[assignment]
     VerifyAuditLog: _aio.UnaryUnaryMultiCallable[_audit_pb2.VerifyAuditLogRequest, _audit_pb2.VerifyAuditLogResponse]  # type: ignore[assignment]
+    GetCheckpoint: _aio.UnaryUnaryMultiCallable[_audit_pb2.GetCheckpointRequest, _audit_pb2.Checkpoint]  # type: ignore[assignment]
+    """The log's Merkle tree (RFC 9162 hashing) now: size and root, signed with the server's
+    Ed25519 key. Keep one: later logs must extend it.
+    """
+    GetInclusionProof: _aio.UnaryUnaryMultiCallable[_audit_pb2.GetInclusionProofRequest, _audit_pb2.InclusionProof]  # type: ignore[assignment]
+    """The audit path of a record in the tree of a given size."""
+    GetConsistencyProof: _aio.UnaryUnaryMultiCallable[_audit_pb2.GetConsistencyProofRequest, _audit_pb2.ConsistencyProof]  # type: ignore[assignment]
+    """Proof that the tree of first_size is a prefix of the tree of second_size."""
 
 class AuditServiceServicer(metaclass=_abc_1.ABCMeta):
     """The append-only, hash-chained audit log."""
@@ -69,5 +85,31 @@ class AuditServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _audit_pb2.VerifyAuditLogRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_audit_pb2.VerifyAuditLogResponse, _abc.Awaitable[_audit_pb2.VerifyAuditLogResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetCheckpoint(
+        self,
+        request: _audit_pb2.GetCheckpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.Checkpoint, _abc.Awaitable[_audit_pb2.Checkpoint]]:
+        """The log's Merkle tree (RFC 9162 hashing) now: size and root, signed with the server's
+        Ed25519 key. Keep one: later logs must extend it.
+        """
+
+    @_abc_1.abstractmethod
+    def GetInclusionProof(
+        self,
+        request: _audit_pb2.GetInclusionProofRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.InclusionProof, _abc.Awaitable[_audit_pb2.InclusionProof]]:
+        """The audit path of a record in the tree of a given size."""
+
+    @_abc_1.abstractmethod
+    def GetConsistencyProof(
+        self,
+        request: _audit_pb2.GetConsistencyProofRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_audit_pb2.ConsistencyProof, _abc.Awaitable[_audit_pb2.ConsistencyProof]]:
+        """Proof that the tree of first_size is a prefix of the tree of second_size."""
 
 def add_AuditServiceServicer_to_server(servicer: AuditServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

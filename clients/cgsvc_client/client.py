@@ -150,6 +150,17 @@ class Client:
         return self.call(self.audit.VerifyAuditLog, audit_pb2.VerifyAuditLogRequest(),  # type: ignore[no-any-return]
                          timeout=max(self.timeout, 120))
 
+    def get_checkpoint(self) -> audit_pb2.Checkpoint:
+        return self.call(self.audit.GetCheckpoint, audit_pb2.GetCheckpointRequest())  # type: ignore[no-any-return]
+
+    def inclusion_proof(self, name: str, tree_size: int = 0) -> audit_pb2.InclusionProof:
+        req = audit_pb2.GetInclusionProofRequest(name=name, tree_size=tree_size)
+        return self.call(self.audit.GetInclusionProof, req)  # type: ignore[no-any-return]
+
+    def consistency_proof(self, first_size: int, second_size: int = 0) -> audit_pb2.ConsistencyProof:
+        req = audit_pb2.GetConsistencyProofRequest(first_size=first_size, second_size=second_size)
+        return self.call(self.audit.GetConsistencyProof, req)  # type: ignore[no-any-return]
+
     # ------------------------------------------------------------------ launches
     def create_launch(self, model_path: str, workload: dict[str, int], spec: dict[str, Any] | None = None,
                       plan: str = "", wait_for_resources: bool = False, dispatcher: str = "",

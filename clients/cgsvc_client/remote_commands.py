@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from typing import Any
@@ -11,9 +12,10 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from cgsvc import codec
-from cgsvc.errors import CODE_NAMES
+from cgsvc.audit import checkpoint, merkle
+from cgsvc.errors import CODE_NAMES, FieldViolation, ServiceError
 from cgsvc_client import render
-from cgsvc_client.args import add_listing, add_output, add_server
+from cgsvc_client.args import CliError, add_listing, add_output, add_server
 from cgsvc_client.client import Client
 
 
@@ -81,19 +83,106 @@ def audit_show(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint_file(path: str) -> checkpoint.Checkpoint:
+    """A checkpoint file (`audit checkpoint -o json` output); bad input is a CliError (exit 2)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return checkpoint.Checkpoint.from_dict(json.load(fh))
+    except OSError as exc:
+        raise _bad("checkpoint", f"cannot read {path!r}: {exc.strerror}") from None
+    except (ValueError, checkpoint.CheckpointError) as exc:
+        raise _bad("checkpoint", f"{path!r} is not a cgsvc checkpoint: {exc}") from None
+
+
+def _bad(field: str, message: str) -> CliError:
+    return CliError.from_resolve(ServiceError.invalid([FieldViolation(field, message)]))
+
+
+def _answer(ns: argparse.Namespace, key: str, result: dict[str, Any], text: str) -> int:
+    if render.output_mode(ns) == "json":
+        render.print_json({key: result})
+    else:
+        print(text)
+    return 0 if result["ok"] else 3
+
+
+def audit_checkpoint(ns: argparse.Namespace) -> int:
+    with Client.from_args(ns) as c:
+        cp = codec.checkpoint_from_proto(c.get_checkpoint())
+    checkpoint.verify(cp)
+    if render.output_mode(ns) == "json":
+        render.print_json({"checkpoint": cp.to_dict()})
+    else:
+        print(render.table(["field", "value"], list(cp.to_dict().items())))
+    return 0
+
+
 def audit_verify(ns: argparse.Namespace) -> int:
+    old = _checkpoint_file(ns.checkpoint) if ns.checkpoint else None
     with Client.from_args(ns) as c:
         v = c.verify_audit_log()
-    if render.output_mode(ns) == "json":
-        render.print_json({"verification": {"ok": v.ok, "records_checked": v.records_checked,
+        result: dict[str, Any] = {"ok": v.ok, "records_checked": v.records_checked,
                                   "first_bad_sequence": v.first_bad_sequence, "reason": v.reason,
-                                  "head_hash": v.head_hash}})
-    elif v.ok:
-        print(f"audit chain OK: {v.records_checked} records, head {v.head_hash[:16]}")
+                                  "head_hash": v.head_hash}
+        if old is not None and v.ok:
+            result.update(_extends(c, old))
+    if old is None:
+        text = (f"audit chain OK: {v.records_checked} records, head {v.head_hash[:16]}" if v.ok else
+                f"audit chain BROKEN at auditRecords/{v.first_bad_sequence}: {v.reason} "
+                f"({v.records_checked} records verified before it)")
+    elif result["ok"]:
+        text = (f"audit log OK: {v.records_checked} records; it extends the checkpoint of {old.tree_size} records "
+                f"(root {old.root_hash[:16]}, key {old.key_id[:16]}): consistency proof verified")
     else:
-        print(f"audit chain BROKEN at auditRecords/{v.first_bad_sequence}: {v.reason} "
-              f"({v.records_checked} records verified before it)")
-    return 0 if v.ok else 3
+        text = f"audit log does NOT extend the checkpoint: {result['reason']}"
+    return _answer(ns, "verification", result, text)
+
+
+def _extends(c: Client, old: checkpoint.Checkpoint) -> dict[str, Any]:
+    """Whether the log today extends `old`: its signature, the server's key, the size, and an
+    RFC 9162 consistency proof checked here, not on the server."""
+    try:
+        checkpoint.verify(old)
+    except checkpoint.CheckpointError as exc:
+        return {"ok": False, "reason": str(exc)}
+    new = codec.checkpoint_from_proto(c.get_checkpoint())
+    try:
+        checkpoint.verify(new, expected_key_id=old.key_id)
+    except checkpoint.CheckpointError as exc:
+        return {"ok": False, "reason": f"the server's checkpoint does not verify: {exc}"}
+    out: dict[str, Any] = {"checkpoint_size": old.tree_size, "tree_size": new.tree_size, "root_hash": new.root_hash}
+    if new.tree_size < old.tree_size:
+        return {**out, "ok": False, "reason": f"the log is shorter than the checkpoint ({new.tree_size} records, "
+                                              f"the checkpoint has {old.tree_size}): records were removed"}
+    if old.tree_size == 0:
+        return {**out, "ok": True, "reason": ""}
+    proof = c.consistency_proof(old.tree_size, new.tree_size)
+    ok = merkle.verify_consistency(old.tree_size, new.tree_size, bytes.fromhex(old.root_hash),
+                                   bytes.fromhex(new.root_hash), [bytes.fromhex(h) for h in proof.hashes])
+    return {**out, "ok": ok, "reason": "" if ok else
+            f"inconsistent history: the first {old.tree_size} records are not the ones the checkpoint signed "
+            "(a record was rewritten, or the log forked)"}
+
+
+def audit_prove(ns: argparse.Namespace) -> int:
+    cp = _checkpoint_file(ns.checkpoint)
+    try:
+        checkpoint.verify(cp)
+    except checkpoint.CheckpointError as exc:
+        return _answer(ns, "inclusion", {"ok": False, "reason": str(exc)}, f"NOT proven: {exc}")
+    name = ns.name if ns.name.startswith("auditRecords/") else f"auditRecords/{ns.name}"
+    with Client.from_args(ns) as c:
+        p = c.inclusion_proof(name, cp.tree_size)
+    content_hash = hashlib.sha256(p.record.hashed_json.encode()).hexdigest()  # from its contents, not its claim
+    leaf = merkle.leaf_hash(bytes.fromhex(content_hash))
+    ok = (content_hash == p.record.record_hash and merkle.verify_inclusion(
+        p.leaf_index, cp.tree_size, leaf, [bytes.fromhex(h) for h in p.hashes], bytes.fromhex(cp.root_hash)))
+    result = {"ok": ok, "record": name, "leaf_index": p.leaf_index, "tree_size": cp.tree_size,
+              "root_hash": cp.root_hash, "proof": list(p.hashes),
+              "reason": "" if ok else "the record is not in the checkpointed tree as it reads now"}
+    text = (f"{name} is in the checkpointed tree of {cp.tree_size} records (root {cp.root_hash[:16]}): "
+            f"inclusion proof of {len(p.hashes)} hashes verified" if ok else f"{name}: NOT proven: {result['reason']}")
+    return _answer(ns, "inclusion", result, text)
 
 
 def register(sub: Any) -> None:
@@ -113,8 +202,16 @@ def register(sub: Any) -> None:
     a2 = audit.add_parser("show", help="show one record")
     a2.add_argument("name", help="auditRecords/N or N")
     a2.set_defaults(func=audit_show)
-    a3 = audit.add_parser("verify", help="verify the hash chain (exit 3 when broken)")
+    a3 = audit.add_parser("verify", help="verify the hash chain and Merkle tree; with --checkpoint, that the log "
+                                         "extends it (exit 3 when not, naming why)")
+    a3.add_argument("--checkpoint", help="a checkpoint file saved earlier (audit checkpoint -o json)")
     a3.set_defaults(func=audit_verify)
-    for parser in (p, p2, a, a2, a3):
+    a4 = audit.add_parser("checkpoint", help="the log's signed Merkle tree head now (save it: -o json > FILE)")
+    a4.set_defaults(func=audit_checkpoint)
+    a5 = audit.add_parser("prove", help="prove a record is in a checkpointed tree (exit 3 when not)")
+    a5.add_argument("name", help="auditRecords/N or N")
+    a5.add_argument("--checkpoint", required=True, help="a checkpoint file saved earlier (audit checkpoint -o json)")
+    a5.set_defaults(func=audit_prove)
+    for parser in (p, p2, a, a2, a3, a4, a5):
         add_output(parser)
         add_server(parser, required=True)

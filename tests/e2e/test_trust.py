@@ -1,0 +1,197 @@
+"""Trust, tried as an attacker would: who may serve beyond loopback, a truncated, rewritten or
+forked log against a signed checkpoint, inclusion proofs, reflection v1, and closed sets in
+their one spelling."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from cgsvc_client.client import Client
+from grpc_reflection.v1alpha import reflection_pb2
+
+from cgsvc.audit import merkle
+from cgsvc.audit.records import AuditRecord
+from tests.conftest import ROOT
+from tests.e2e.certs import ThrowawayPKI
+from tests.e2e.server import ServerProcess
+from tests.e2e.test_security import KIMI, TOKENS, token_file
+
+
+def serve_refused(tmp_path: Path, *args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "cgsvc.server.main", "serve", "--data-dir", str(tmp_path / "x"),
+                           *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    return proc.stderr
+
+
+def test_the_authentication_matrix(tmp_path: Path) -> None:
+    pki = ThrowawayPKI(tmp_path)
+    cert, key = pki.issue("server", "localhost", server=True)
+    tokens = token_file(tmp_path / "tokens.toml")
+    remote = ("--address", "0.0.0.0:0")
+    tls = ("--tls-cert", cert, "--tls-key", key)
+    # Refused: nobody would be authenticated beyond loopback, TLS or not.
+    assert "would authenticate nobody" in serve_refused(tmp_path, *remote)
+    refused = serve_refused(tmp_path, *remote, *tls)
+    assert "would authenticate nobody" in refused and "TLS alone encrypts" in refused
+    # Refused: bearer tokens in plaintext, even with the escape flag.
+    assert "bearer tokens beyond loopback need TLS" in serve_refused(tmp_path, *remote, "--token-file", tokens)
+    assert "does not lift this" in serve_refused(tmp_path, *remote, "--token-file", tokens, "--allow-insecure-remote")
+    # Served: tokens over TLS, client certificates, and the explicit escape (warned, anonymous).
+    for name, args in (("tokens", (*tls, "--token-file", tokens)), ("mtls", (*tls, "--tls-client-ca", pki.ca_path))):
+        with ServerProcess(tmp_path / name, *remote, *args) as srv:
+            assert "WARNING" not in "".join(srv.output)
+    with ServerProcess(tmp_path / "escape", *remote, "--allow-insecure-remote") as srv, Client(srv.address) as c:
+        assert any("--allow-insecure-remote" in line and "'anonymous'" in line for line in srv.output)
+        plan = c.resolve_proto(KIMI)
+        assert c.get_audit_record(plan.audit_record).principal == "anonymous"
+    with ServerProcess(tmp_path / "local") as srv, Client(srv.address) as c:  # loopback: served, warned, "local"
+        assert any("insecure local mode" in line for line in srv.output)
+        assert c.get_audit_record(c.resolve_proto(KIMI).audit_record).principal == "local"
+    with ServerProcess(tmp_path / "local-tokens", "--token-file", tokens) as srv, \
+            Client(srv.address, token=TOKENS["resolver"]) as c:  # tokens on loopback need no TLS
+        assert c.resolve_proto(KIMI).name
+
+
+def cli(srv: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cgsvc_client.cli", *args, "--server", srv.address, "-o", "json"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def resolve_n(srv: ServerProcess, n: int) -> None:
+    with Client(srv.address) as c:
+        for i in range(n):
+            c.resolve({**KIMI, "features": {"max_running_requests": 10 + i}})
+
+
+def checkpoint_file(srv: ServerProcess, path: Path) -> dict[str, Any]:
+    proc = cli(srv, "audit", "checkpoint")
+    assert proc.returncode == 0, proc.stderr
+    path.write_text(proc.stdout)
+    return dict(json.loads(proc.stdout)["checkpoint"])
+
+
+def attack(db: Path, keep: int = 0, rewrite: int = 0) -> None:
+    """What anyone with write access to the database can do: cut the log back to `keep` records,
+    or rewrite record `rewrite` — then repair the chain, the head and the Merkle tree so that
+    the log is self-consistent and `audit verify` without a checkpoint passes."""
+    con = sqlite3.connect(db)
+    cols = [r[1] for r in con.execute("PRAGMA table_info(audit_records)")]
+    if keep:
+        for table in ("audit_records", "audit_rule_ids", "plans", "idempotency"):
+            con.execute(f"DELETE FROM {table} WHERE sequence > ?", (keep,))
+    if rewrite:
+        con.execute("UPDATE audit_records SET outcome_message = 'nothing to see here' WHERE sequence = ?", (rewrite,))
+    prev, leaves = "0" * 64, []
+    for row in con.execute("SELECT * FROM audit_records ORDER BY sequence").fetchall():
+        d = dict(zip(cols, row, strict=True))
+        rec = AuditRecord(**{**{k: d[k] for k in d if k in AuditRecord.__dataclass_fields__},
+                             "rule_ids": tuple(json.loads(d["rule_ids"]) if d["rule_ids"].startswith("[")
+                                               else [x for x in d["rule_ids"].split(",") if x]),
+                             "prev_hash": prev, "record_hash": ""})
+        h = rec.compute_hash()
+        con.execute("UPDATE audit_records SET prev_hash = ?, record_hash = ? WHERE sequence = ?", (prev, h, d["sequence"]))
+        prev = h
+        leaves.append(merkle.leaf_hash(bytes.fromhex(h)))
+    frontier, made = merkle.append_leaves(0, {}, leaves)
+    con.execute("DELETE FROM merkle_nodes")
+    con.executemany("INSERT INTO merkle_nodes (level, idx, hash) VALUES (?, ?, ?)", [(lv, i, x.hex()) for lv, i, x in made])
+    con.execute("UPDATE chain_head SET sequence = ?, record_hash = ?, frontier = ?",
+                (len(leaves), prev, json.dumps({str(k): v.hex() for k, v in sorted(frontier.items())})))
+    con.commit()
+    con.close()
+
+
+@pytest.mark.parametrize("how", ["truncated", "rewritten", "forked"])
+def test_a_checkpoint_catches_a_truncated_rewritten_or_forked_log(tmp_path: Path, how: str) -> None:
+    srv = ServerProcess(tmp_path / "srv").start()
+    try:
+        resolve_n(srv, 7)
+        cp = checkpoint_file(srv, tmp_path / "cp.json")
+        assert cp["tree_size"] == 7
+        ok = cli(srv, "audit", "verify", "--checkpoint", str(tmp_path / "cp.json"))
+        assert ok.returncode == 0 and json.loads(ok.stdout)["verification"]["ok"], ok.stdout
+        srv.stop()
+        db = srv.data_dir / "cgsvc.db"
+        if how == "truncated":
+            attack(db, keep=5)
+        elif how == "rewritten":
+            attack(db, rewrite=3)
+        else:  # a copy of the log (and its key) at 5 records grows another history
+            attack(db, keep=5)
+        srv.start()
+        if how == "forked":
+            resolve_n(srv, 4)
+        plain = cli(srv, "audit", "verify")
+        assert plain.returncode == 0, "the attacker's log is self-consistent: only the checkpoint can tell"
+        bad = cli(srv, "audit", "verify", "--checkpoint", str(tmp_path / "cp.json"))
+        result = json.loads(bad.stdout)["verification"]
+        assert bad.returncode == 3 and not result["ok"]
+        expected = "shorter than the checkpoint" if how == "truncated" else "inconsistent history"
+        assert expected in result["reason"], result
+    finally:
+        srv.stop()
+
+
+def test_inclusion_proofs_and_bad_checkpoints(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "srv") as srv:
+        resolve_n(srv, 6)
+        cp = checkpoint_file(srv, tmp_path / "cp.json")
+        resolve_n(srv, 3)  # the log grows past the checkpoint: records 1..6 are still proven in it
+        for n in (1, 4, 6):
+            proc = cli(srv, "audit", "prove", f"auditRecords/{n}", "--checkpoint", str(tmp_path / "cp.json"))
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            assert json.loads(proc.stdout)["inclusion"]["tree_size"] == cp["tree_size"]
+        beyond = cli(srv, "audit", "prove", "auditRecords/8", "--checkpoint", str(tmp_path / "cp.json"))
+        assert beyond.returncode != 0 and "not in the tree of 6" in beyond.stdout
+        missing = cli(srv, "audit", "prove", "auditRecords/999", "--checkpoint", str(tmp_path / "cp.json"))
+        assert missing.returncode != 0 and "NOT_FOUND" in missing.stdout
+        (tmp_path / "junk.json").write_text('{"tree_size": "seven"}')
+        junk = cli(srv, "audit", "verify", "--checkpoint", str(tmp_path / "junk.json"))
+        assert junk.returncode == 2 and "checkpoint" in json.loads(junk.stdout)["error"]["field_violations"][0]["field"]
+        forged = {**cp, "root_hash": "00" * 32}
+        (tmp_path / "forged.json").write_text(json.dumps(forged))
+        sig = cli(srv, "audit", "verify", "--checkpoint", str(tmp_path / "forged.json"))
+        assert sig.returncode == 3 and "bad signature" in json.loads(sig.stdout)["verification"]["reason"]
+        with ServerProcess(tmp_path / "other") as other:  # another server: another key
+            resolve_n(other, 7)
+            foreign = cli(other, "audit", "verify", "--checkpoint", str(tmp_path / "cp.json"))
+            reason = json.loads(foreign.stdout)["verification"]["reason"]
+            assert foreign.returncode == 3 and f"expected {cp['key_id'][:16]}" in reason
+
+
+def test_reflection_v1_for_a_client_that_asks_only_v1(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "srv") as srv, grpc.insecure_channel(srv.address) as channel:
+        call = channel.stream_stream("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                                     request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                                     response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+        answers = list(call(iter([reflection_pb2.ServerReflectionRequest(list_services=""),
+                                  reflection_pb2.ServerReflectionRequest(
+                                      file_containing_symbol="cgsvc.v1.PlanService")]), timeout=10))
+        names = {s.name for s in answers[0].list_services_response.service}
+        assert {"cgsvc.v1.PlanService", "cgsvc.v1.AuditService", "grpc.reflection.v1.ServerReflection",
+                "grpc.reflection.v1alpha.ServerReflection"} <= names
+        assert answers[1].file_descriptor_response.file_descriptor_proto
+
+
+def test_closed_sets_are_case_insensitive_and_recorded_in_one_spelling(tmp_path: Path) -> None:
+    spec = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "gb300", "gpu_count": 4},
+            "parallelism": {"tp": 4}, "features": {"speculative_algorithm": "ngram", "kv_cache_dtype": "FP8_E4M3"},
+            "overrides": {"cuda_graph": {"decode": {"backend": "FULL"}}}}
+    with ServerProcess(tmp_path / "srv") as srv, Client(srv.address) as c:
+        plan = c.resolve_proto(spec)
+        stored = json.loads(c.get_audit_record(plan.audit_record).spec_json)
+        assert stored["hardware"]["gpu"] == "GB300" and stored["features"]["speculative_algorithm"] == "NGRAM"
+        assert stored["features"]["kv_cache_dtype"] == "fp8_e4m3" and plan.decode.backend == "full"
+        assert plan.spec.hardware.gpu == "GB300" and plan.kv_cache_dtype == "fp8_e4m3"
+        with pytest.raises(Exception, match="unknown value 'nGrAm2'; valid: EAGLE"):
+            c.resolve({**spec, "features": {"speculative_algorithm": "nGrAm2"}})
+    shutil.rmtree(tmp_path / "srv")
