@@ -34,7 +34,7 @@ class Auditor:
     async def append(self, entry: AuditEntry, plan: PlanRow | None = None, request_id: str = "") -> AppendResult:
         # Shielded: a caller that cancels (deadline, disconnect) does not unqueue its record.
         REQUEST_AUDITED.set(True)
-        return await asyncio.shield(asyncio.wrap_future(self.writer.submit(PendingAppend(entry, plan, request_id))))
+        return await asyncio.shield(self.writer.submit_async(PendingAppend(entry, plan, request_id)))
 
     @staticmethod
     def spec_fields(spec_dict: dict[str, Any] | None) -> dict[str, Any]:

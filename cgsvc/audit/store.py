@@ -66,6 +66,22 @@ audit_rule_ids = sa.Table(
     sa.Column("sequence", sa.BigInteger, primary_key=True),
     sa.Column("rule_id", sa.Text, primary_key=True, index=True),
 )
+# Rule sets (migration 5): the rule ids of a record are one of few distinct sets, so a record
+# carries its set's id and the set's members are stored once; `rule_id = X` finds the sets
+# with X, then their records. (Before: one index row per rule per record, ~10 per append.)
+rule_sets = sa.Table(
+    "rule_sets", metadata,
+    sa.Column("set_id", sa.Text, primary_key=True),
+    sa.Column("rule_ids", sa.Text, nullable=False),
+)
+rule_set_members = sa.Table(
+    "rule_set_members", metadata,
+    sa.Column("rule_id", sa.Text, primary_key=True),
+    sa.Column("set_id", sa.Text, primary_key=True),
+)
+AUDIT_COLUMNS_5 = (sa.Column("rule_set", sa.Text, nullable=False, server_default="", index=True),)
+for _column in AUDIT_COLUMNS_5:
+    audit_records.append_column(_column)
 chain_head = sa.Table(
     "chain_head", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
@@ -106,7 +122,7 @@ idempotency = sa.Table(
     "idempotency", metadata,
     sa.Column("principal", sa.Text, primary_key=True),
     sa.Column("method", sa.Text, primary_key=True),
-    sa.Column("request_id", sa.Text, primary_key=True),
+    sa.Column("request_id", sa.Text, primary_key=True, index=True),  # the index: migration 5 for older logs
     sa.Column("sequence", sa.BigInteger, nullable=False),
 )
 
@@ -158,6 +174,9 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      tuple((launches, c) for c in LAUNCH_COLUMNS_3)),
     (4, "Merkle tree over the audit records (RFC 9162)", (merkle_nodes,),
      tuple((chain_head, c) for c in CHAIN_HEAD_COLUMNS_4)),
+    (5, "rule sets instead of one index row per rule per record; idempotency keys indexed by request id",
+     (rule_sets, rule_set_members),
+     tuple((audit_records, c) for c in AUDIT_COLUMNS_5)),
 )
 
 AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principal": "str", "outcome": "str",
@@ -223,6 +242,11 @@ class AppendResult:
     replay_of: AuditRecord | None = None  # the first record for this request_id, when replayed
     conflict: bool = False  # request_id reused with a different spec
 
+    def slim(self) -> AppendResult:
+        """Without the spec and plan JSON its caller already has (for crossing a process pipe)."""
+        return AppendResult(dataclasses.replace(self.record, spec_json="", plan_json=""), self.replay_of,
+                            self.conflict)
+
 
 @dataclass(frozen=True)
 class Verification:
@@ -253,6 +277,21 @@ def _sqlite_engines(url: str) -> tuple[Engine, Engine]:
     args = {"check_same_thread": False, "timeout": 30}
     return (configure(sa.create_engine(url, connect_args=args), True),
             configure(sa.create_engine(url, connect_args=args), False))
+
+
+def rule_set_id(rule_ids: Sequence[str]) -> str:
+    """The id of a set of rule ids ("" for none)."""
+    ids = sorted(set(rule_ids))
+    return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:32] if ids else ""
+
+
+def _insert_rule_set(conn: Connection, set_id: str, rule_ids: Sequence[str]) -> None:
+    """Store a rule set and its members unless another writer already did."""
+    ids = sorted(set(rule_ids))
+    if conn.execute(sa.select(rule_sets.c.set_id).where(rule_sets.c.set_id == set_id)).first() is not None:
+        return
+    conn.execute(rule_sets.insert().values(set_id=set_id, rule_ids=json.dumps(ids)))
+    conn.execute(rule_set_members.insert(), [{"rule_id": r, "set_id": set_id} for r in ids])
 
 
 def _leaf(record_hash: str) -> bytes:
@@ -322,8 +361,8 @@ def _where(table: sa.Table, terms: Sequence[filters.Term]) -> list[Any]:
         if t.field == "rule_id":
             if t.op != "=":
                 raise filters.FilterError("rule_id supports only '='")
-            out.append(table.c.sequence.in_(
-                sa.select(audit_rule_ids.c.sequence).where(audit_rule_ids.c.rule_id == t.value)))
+            out.append(table.c.rule_set.in_(
+                sa.select(rule_set_members.c.set_id).where(rule_set_members.c.rule_id == t.value)))
             continue
         if t.field == "outcome":
             code = CODE_NUMBERS.get(str(t.value).upper())
@@ -347,8 +386,8 @@ class AuditStore:
             self.read_engine = self.write_engine
         self.dialect = self.write_engine.dialect.name
         style = self.write_engine.dialect.paramstyle
-        self._insert = {t.name: _RawInsert(t, style) for t in (audit_records, audit_rule_ids, plans, idempotency,
-                                                               merkle_nodes)}
+        self._insert = {t.name: _RawInsert(t, style) for t in (audit_records, plans, idempotency, merkle_nodes)}
+        self._known_rule_sets: set[str] = set()  # sets this process has seen committed
         self.migrate()
 
     # ------------------------------------------------------------------ schema
@@ -375,6 +414,8 @@ class AuditStore:
                     conn.execute(chain_head.insert().values(id=1, sequence=0, record_hash=GENESIS, frontier="{}"))
                 if version == 4:
                     self._build_tree(conn)
+                if version == 5:
+                    self._build_rule_sets(conn)
                 conn.execute(schema_migrations.insert().values(
                     version=version, description=description, applied_at=utc_now()))
                 applied_now.append(version)
@@ -396,6 +437,19 @@ class AuditStore:
             size, after = size + len(rows), int(rows[-1].sequence)
         conn.execute(chain_head.update().where(chain_head.c.id == 1).values(frontier=_frontier_json(frontier)))
 
+    @staticmethod
+    def _build_rule_sets(conn: Connection) -> None:
+        """Migration 5: the rule set of every record already in the log; the old per-rule rows go."""
+        conn.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_audit_records_rule_set ON audit_records (rule_set)")
+        conn.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_idempotency_request_id ON idempotency (request_id)")
+        for text in list(conn.execute(sa.select(audit_records.c.rule_ids).distinct()).scalars()):
+            ids = tuple(json.loads(text))
+            set_id = rule_set_id(ids)
+            if set_id:
+                _insert_rule_set(conn, set_id, ids)
+            conn.execute(audit_records.update().where(audit_records.c.rule_ids == text).values(rule_set=set_id))
+        conn.exec_driver_sql("DROP TABLE IF EXISTS audit_rule_ids")
+
     def schema_version(self) -> int:
         with self.read_engine.begin() as conn:
             return int(conn.execute(sa.select(sa.func.max(schema_migrations.c.version))).scalar() or 0)
@@ -413,9 +467,9 @@ class AuditStore:
         """
         results: list[AppendResult] = []
         records: list[dict[str, Any]] = []
-        rule_rows: list[dict[str, Any]] = []
         plan_rows: list[dict[str, Any]] = []
         idem_rows: list[dict[str, Any]] = []
+        new_sets: dict[str, tuple[str, ...]] = {}
         with self.write_engine.begin() as conn:
             head = conn.execute(sa.select(chain_head.c.sequence, chain_head.c.record_hash, chain_head.c.frontier)
                                 .where(chain_head.c.id == 1).with_for_update()).one()
@@ -443,11 +497,14 @@ class AuditStore:
                 seq += 1
                 record = chain(entry, seq, utc_now(), prev)
                 prev = record.record_hash
-                records.append(_record_values(record))
-                rule_rows += [{"sequence": seq, "rule_id": r} for r in sorted(set(record.rule_ids))]
-                if plan_row is not None:
-                    plan_rows.append({**plan_row.__dict__, "sequence": seq, "create_time": record.time,
-                                      "principal": entry.principal})
+                values = _record_values(record)
+                values["rule_set"] = set_id = rule_set_id(record.rule_ids)
+                if set_id and set_id not in self._known_rule_sets:
+                    new_sets[set_id] = record.rule_ids
+                records.append(values)
+                if plan_row is not None:  # its spec and plan JSON are the record's: not stored twice
+                    plan_rows.append({**plan_row.__dict__, "spec_json": "", "plan_json": "", "sequence": seq,
+                                      "create_time": record.time, "principal": entry.principal})
                 if item.request_id and replay_of is None and record.outcome_code == 0:
                     idem_rows.append({"principal": entry.principal, "method": entry.method,
                                       "request_id": item.request_id, "sequence": seq})
@@ -455,21 +512,26 @@ class AuditStore:
                 results.append(AppendResult(record, replay_of, conflict))
             frontier, made = merkle.append_leaves(size, frontier, [_leaf(r["record_hash"]) for r in records])
             node_rows = [{"level": lv, "idx": i, "hash": h.hex()} for lv, i, h in made]
-            for table, rows in ((audit_records, records), (audit_rule_ids, rule_rows), (plans, plan_rows),
-                                (idempotency, idem_rows), (merkle_nodes, node_rows)):
+            for table, rows in ((audit_records, records), (plans, plan_rows), (idempotency, idem_rows),
+                                (merkle_nodes, node_rows)):
                 self._insert[table.name](conn, rows)
+            for set_id, ids in new_sets.items():
+                _insert_rule_set(conn, set_id, ids)
             conn.execute(chain_head.update().where(chain_head.c.id == 1).values(
                 sequence=seq, record_hash=prev, frontier=_frontier_json(frontier)))
+        self._known_rule_sets.update(new_sets)  # committed
         return results
 
     @staticmethod
     def _first_requests(conn: Connection, items: Sequence[PendingAppend]) -> dict[tuple[str, str, str], AuditRecord]:
         """The first records of the batch's request ids, keyed by (principal, method, request_id)."""
-        ids = sorted({i.request_id for i in items if i.request_id})
-        if not ids:
+        keys = {(i.entry.principal, i.entry.method, i.request_id) for i in items if i.request_id}
+        if not keys:
             return {}
-        # The narrow key table first; the (rare) hits then fetch their records.
-        hits = list(conn.execute(sa.select(idempotency).where(idempotency.c.request_id.in_(ids))))
+        # The narrow key table first, through its request_id index (without one, this lookup
+        # scanned the table on every batch); the (rare) hits then fetch their records.
+        hits = [h for h in conn.execute(sa.select(idempotency).where(
+            idempotency.c.request_id.in_(sorted({k[2] for k in keys})))) if (h.principal, h.method, h.request_id) in keys]
         if not hits:
             return {}
         recs = {r.sequence: r for r in map(_row_to_record, conn.execute(
@@ -494,19 +556,29 @@ class AuditStore:
     def get_plan(self, plan_id: str) -> StoredPlan | None:
         with self.read_engine.begin() as conn:
             row = conn.execute(sa.select(plans).where(plans.c.plan_id == plan_id)).first()
-        return self._stored_plan(row) if row is not None else None
+            return self._stored_plans(conn, [row])[0] if row is not None else None
 
     def list_plans(self, filter_text: str = "", page_size: int = 0,
                    page_token: str = "") -> tuple[list[StoredPlan], str]:
         terms = filters.parse_filter(filter_text, PLAN_FILTER_FIELDS)
         rows, next_token = self.page(plans, terms, filter_text, page_size, page_token)
-        return [self._stored_plan(r) for r in rows], next_token
+        with self.read_engine.begin() as conn:
+            return self._stored_plans(conn, rows), next_token
 
     @staticmethod
-    def _stored_plan(row: Any) -> StoredPlan:
-        m = row._mapping
-        fields = {f.name: m[f.name] for f in dataclasses.fields(PlanRow)}
-        return StoredPlan(PlanRow(**fields), int(m["sequence"]), m["create_time"], m["principal"])
+    def _stored_plans(conn: Connection, rows: Sequence[Any]) -> list[StoredPlan]:
+        """Plan rows with their spec and plan JSON, read from the records that created them."""
+        seqs = [int(r._mapping["sequence"]) for r in rows]
+        texts = {int(r.sequence): (r.spec_json, r.plan_json) for r in conn.execute(
+            sa.select(audit_records.c.sequence, audit_records.c.spec_json, audit_records.c.plan_json)
+            .where(audit_records.c.sequence.in_(seqs)))} if seqs else {}
+        out = []
+        for r in rows:
+            m = r._mapping
+            fields = {f.name: m[f.name] for f in dataclasses.fields(PlanRow)}
+            fields["spec_json"], fields["plan_json"] = texts.get(int(m["sequence"]), (m["spec_json"], m["plan_json"]))
+            out.append(StoredPlan(PlanRow(**fields), int(m["sequence"]), m["create_time"], m["principal"]))
+        return out
 
     def page(self, table: sa.Table, terms: Sequence[filters.Term], filter_text: str, page_size: int,
               page_token: str) -> tuple[list[Any], str]:

@@ -42,6 +42,7 @@ class Resolution:
     plan_json: str
     rule_ids: tuple[str, ...]
     spec: dict[str, Any]  # the spec in its canonical spelling (closed sets as the catalog spells them)
+    audit_fields: dict[str, Any]  # the spec's audit fields (masked canonical JSON, model, GPU), made once
 
 
 @functools.lru_cache(maxsize=4096)
@@ -49,7 +50,8 @@ def _resolve_canonical(spec_key: str) -> Resolution:
     parsed = parse_spec(json.loads(spec_key))
     plan = resolve(parsed)
     rule_ids = tuple(dict.fromkeys([d.rule_id for d in plan.decisions] + [w.rule_id for w in plan.warnings]))
-    return Resolution(plan, canonical_json(plan.to_dict()), rule_ids, spec_to_dict(parsed))
+    canonical = spec_to_dict(parsed)
+    return Resolution(plan, canonical_json(plan.to_dict()), rule_ids, canonical, Auditor.spec_fields(canonical))
 
 
 def resolve_spec(spec: dict[str, Any]) -> Resolution:
@@ -86,6 +88,10 @@ class Plans:
             return self.auditor.entry(method, caller.principal, caller.peer, caller.request_id, caller.trace_id,
                                       spec, code, message, **extra)
 
+        def resolved_entry(resolution: Resolution, code: str, message: str, **extra: Any) -> AuditEntry:
+            return self.auditor.entry(method, caller.principal, caller.peer, caller.request_id, caller.trace_id,
+                                      None, code, message, **resolution.audit_fields, **extra)
+
         try:
             resolution = resolve_spec(spec)
         except ServiceError as err:
@@ -93,9 +99,9 @@ class Plans:
             raise
         plan = resolution.plan
         plan_id = "" if validate_only else uuid.uuid4().hex[:20]
-        spec = resolution.spec  # recorded in its canonical spelling
-        e = entry("OK", "validate_only" if validate_only else "", plan_json=resolution.plan_json,
-                  plan_hash=plan.plan_hash, rule_ids=resolution.rule_ids, plan_id=plan_id)
+        # recorded with the spec in its canonical spelling
+        e = resolved_entry(resolution, "OK", "validate_only" if validate_only else "", plan_json=resolution.plan_json,
+                           plan_hash=plan.plan_hash, rule_ids=resolution.rule_ids, plan_id=plan_id)
         row = None if validate_only else PlanRow(
             plan_id=plan_id, model=e.model, gpu=e.gpu, prefill_backend=plan.prefill_backend,
             decode_backend=plan.decode_backend, attention_prefill=plan.attention_prefill,

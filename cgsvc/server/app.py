@@ -14,7 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from cgsvc.audit import checkpoint
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.store import AuditStore
-from cgsvc.audit.writer import AuditWriter
+from cgsvc.audit.writer import AuditWriter, ProcessAuditWriter
 from cgsvc.domain.launches import Launches
 from cgsvc.domain.plans import Plans
 from cgsvc.launch.devices import DeviceListError, Inventory
@@ -115,7 +115,10 @@ async def start(cfg: ServerConfig) -> Running:
     except (DeviceListError, checkpoint.CheckpointError, OSError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
     store = AuditStore(cfg.effective_database_url)
-    writer = AuditWriter(store, max_batch=cfg.audit_max_batch, observe=metrics.observe_batch)
+    if cfg.audit_writer not in ("process", "thread"):
+        raise ConfigError(f"audit_writer must be process or thread, got {cfg.audit_writer!r}")
+    writer_class = ProcessAuditWriter if cfg.audit_writer == "process" else AuditWriter
+    writer = writer_class(store, max_batch=cfg.audit_max_batch, observe=metrics.observe_batch)
     auditor = Auditor(store, writer)
     anonymous = "local" if is_loopback(cfg.address) else "anonymous"
     pipeline = Pipeline(Authenticator(cfg.token_file, require=cfg.authenticated, anonymous=anonymous),

@@ -35,6 +35,8 @@ class ServerConfig:
     allow_insecure_remote: bool = _opt(False, "serve a non-loopback address without TLS and tokens (warned)")
     log_level: str = _opt("info", "debug, info, warning or error (JSON lines on stderr)")
     audit_max_batch: int = _opt(256, "most audit records committed in one group commit")
+    audit_writer: str = _opt("process", "process (default: group commit in a writer process, off the event loop's "
+                                        "GIL) or thread")
     signing_key: str = _opt("", "Ed25519 private key (PEM) that signs audit-log checkpoints; default: "
                                 "data_dir/signing_key.pem, created at first start")
     local_devices: str = _opt("", "devices the local dispatcher gives ranks, e.g. 0,1,2,3 or 0-7 (GPU ids); "

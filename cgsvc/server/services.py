@@ -68,6 +68,15 @@ def rejection_auditor(auditor: Auditor) -> Callable[..., Any]:
 class PlanService:
     def __init__(self, plans: Plans) -> None:
         self.plans = plans
+        self._plan_bytes: dict[str, bytes] = {}  # plan_hash -> the Plan message, built once per plan
+
+    def _plan_message(self, plan: Any) -> plan_pb2.Plan:
+        raw = self._plan_bytes.get(plan.plan_hash)
+        if raw is None:
+            if len(self._plan_bytes) > 4096:
+                self._plan_bytes.clear()
+            raw = self._plan_bytes[plan.plan_hash] = codec.plan_to_proto(plan).SerializeToString()
+        return plan_pb2.Plan.FromString(raw)
 
     async def ResolvePlan(self, request: plan_service_pb2.ResolvePlanRequest,  # noqa: N802 - gRPC name
                           rc: RequestContext) -> plan_pb2.Plan:
@@ -77,7 +86,7 @@ class PlanService:
         metrics.PLANS_TOTAL.labels(plan.prefill_backend, plan.decode_backend).inc()
         if rec.replay is not None:
             return codec.stored_plan_proto(rec.replay)
-        msg = codec.plan_to_proto(plan)
+        msg = self._plan_message(plan)
         canonical = rec.resolution.spec  # the spec as recorded: closed sets in their one spelling
         msg.spec.CopyFrom(request.spec if canonical == spec else codec.spec_proto_from_canonical(canonical))
         msg.audit_record = rec.audit_record

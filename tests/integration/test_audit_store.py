@@ -44,7 +44,7 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 4
+    assert store.schema_version() == 5
     assert store.migrate() == []  # idempotent
 
 
@@ -61,6 +61,8 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore) -> None:
         conn.execute(sa.text("DROP TABLE launches"))
         conn.execute(sa.text("DELETE FROM schema_migrations WHERE version >= 3"))
         conn.execute(sa.text("DROP TABLE merkle_nodes"))
+        conn.execute(sa.text("DROP TABLE rule_set_members"))
+        conn.execute(sa.text("DROP TABLE rule_sets"))
         old = sa.Table("launches", sa.MetaData(), *[sa.Column(c.name, c.type, primary_key=c.primary_key)
                                                     for c in launches.columns if c.name not in new])
         old.create(conn)
@@ -69,8 +71,9 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore) -> None:
             tp=4, model_path="/m", workload_json='{"input_len": 1, "output_len": 1, "requests": 1, "concurrency": 1}',
             create_time="2026-01-01T00:00:00Z", update_time="2026-01-01T00:00:00Z", tokens_done=1, tokens_total=1,
             error="", report_json="", run_dir="/r", handle_json="", owner=""))
-    assert store.migrate() == [3, 4]  # 4 builds the Merkle tree of the records already there
-    assert store.schema_version() == 4
+    assert store.migrate() == [3, 4, 5]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 5
+    assert [r.sequence for r in store.list_records('rule_id = "breakable.mla"')[0]] == [1]
     (row,), _ = LaunchStore(store).list_rows()
     assert row.launch_id == "old1" and row.devices == () and row.request_id == "" and row.placement == ""
     assert store.get_record(1) is not None and store.verify().ok
