@@ -21,10 +21,19 @@ from cgsvc.audit.records import AuditRecord
 from cgsvc.audit.store import StoredPlan
 from cgsvc.contract import ContractError, WorkerReport
 from cgsvc.errors import FieldViolation, ServiceError
-from cgsvc.launch.store import LaunchRow
+from cgsvc.launch.store import ExperimentRow, LaunchRow
 from cgsvc.plan import Decision, Estimates, Plan, PlanWarning, canonical_json
+from cgsvc.resolve import DEFAULT_POLICY, policy_version
+from cgsvc.resolve.engine import Policy
 from cgsvc.spec import LaunchSpec, parse_spec, spec_to_dict
-from cgsvc.v1 import audit_pb2, launch_pb2, launch_spec_pb2, plan_pb2
+from cgsvc.v1 import (
+    audit_pb2,
+    experiment_pb2,
+    launch_pb2,
+    launch_spec_pb2,
+    plan_pb2,
+    plan_service_pb2,
+)
 
 
 def spec_to_proto(spec: LaunchSpec) -> launch_spec_pb2.LaunchSpec:
@@ -56,7 +65,7 @@ def spec_proto_from_canonical(data: dict[str, Any]) -> launch_spec_pb2.LaunchSpe
 def plan_to_proto(plan: Plan) -> plan_pb2.Plan:
     """Built field by field: json_format.ParseDict costs about 300 us per plan, this about 30."""
     return plan_pb2.Plan(
-        policy_version=plan.policy_version, plan_hash=plan.plan_hash,
+        policy=plan.policy, policy_version=plan.policy_version, plan_hash=plan.plan_hash,
         attention_backend=plan_pb2.AttentionBackends(prefill=plan.attention_prefill, decode=plan.attention_decode),
         prefill=plan_pb2.PrefillPlan(backend=plan.prefill_backend, max_num_tokens=plan.prefill_max_num_tokens,
                                      num_tokens=plan.prefill_num_tokens),
@@ -71,6 +80,7 @@ def plan_to_proto(plan: Plan) -> plan_pb2.Plan:
 def plan_from_dict(d: dict[str, Any]) -> Plan:
     """The domain plan from its JSON form (as stored in the audit log)."""
     return Plan(
+        policy=d.get("policy", "cgsvc"),  # plans recorded before named policies were cgsvc's
         policy_version=d["policy_version"], plan_hash=d["plan_hash"],
         attention_prefill=d["attention_backend"]["prefill"], attention_decode=d["attention_backend"]["decode"],
         prefill_backend=d["prefill"]["backend"], prefill_max_num_tokens=d["prefill"]["max_num_tokens"],
@@ -86,7 +96,7 @@ def plan_from_dict(d: dict[str, Any]) -> Plan:
 def plan_from_proto(msg: plan_pb2.Plan) -> Plan:
     """The domain plan carried by a Plan message (resource fields dropped)."""
     return Plan(
-        policy_version=msg.policy_version, plan_hash=msg.plan_hash,
+        policy=msg.policy or "cgsvc", policy_version=msg.policy_version, plan_hash=msg.plan_hash,
         attention_prefill=msg.attention_backend.prefill, attention_decode=msg.attention_backend.decode,
         prefill_backend=msg.prefill.backend, prefill_max_num_tokens=msg.prefill.max_num_tokens,
         prefill_num_tokens=tuple(msg.prefill.num_tokens),
@@ -141,7 +151,7 @@ def record_proto(rec: AuditRecord) -> audit_pb2.AuditRecord:
         plan_hash=rec.plan_hash, rule_ids=list(rec.rule_ids), policy_version=rec.policy_version,
         service_version=rec.service_version, outcome_code=rec.outcome_code,
         outcome_message=rec.outcome_message, launch_id=rec.launch_id, plan_id=rec.plan_id,
-        prev_hash=rec.prev_hash, record_hash=rec.record_hash, model=rec.model, gpu=rec.gpu,
+        prev_hash=rec.prev_hash, record_hash=rec.record_hash, model=rec.model, gpu=rec.gpu, policy=rec.policy,
         hashed_json=canonical_json(rec.hashed_fields()))
 
 
@@ -187,3 +197,66 @@ def launch_proto(row: LaunchRow, records: list[str] | None = None, plan_audit_re
         report=report_summary(row.report_json), report_json=row.report_json, audit_records=records or [],
         principal=row.principal, plan_audit_record=plan_audit_record, devices=list(row.devices),
         placement=row.placement, request_id=row.request_id)
+
+
+# ---------------------------------------------------------------------------- policies
+
+
+def policy_info(policy: Policy) -> plan_service_pb2.PolicyInfo:
+    return plan_service_pb2.PolicyInfo(name=policy.name, version=policy_version(policy.name), summary=policy.summary,
+                                       rules=len(policy.rules), doc=policy.doc, default=policy.name == DEFAULT_POLICY)
+
+
+def impact_proto(impact: dict[str, Any]) -> plan_service_pb2.PolicyImpact:
+    """The impact dict of cgsvc.domain.impact as its message (the field names are the same)."""
+    return json_format.ParseDict(impact, plan_service_pb2.PolicyImpact())
+
+
+def impact_dict(msg: plan_service_pb2.PolicyImpact) -> dict[str, Any]:
+    """The message back in the JSON shape of docs/policies.md: counts as numbers, every list present."""
+    d = json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    for key in ("specs_examined", "records_examined", "unchanged"):
+        d[key] = int(d.get(key, 0))
+    for key in ("changed", "newly_refused", "newly_accepted", "recorded_under"):
+        for item in d.get(key, []):
+            item["records"] = int(item.get("records", 0))
+    for item in d.get("changed", []):
+        for change in item.get("changes", []):
+            change["baseline"], change["candidate"] = _ints(change.get("baseline")), _ints(change.get("candidate"))
+    return d
+
+
+def _ints(value: Any) -> Any:
+    """A Value's numbers back to integers (plan fields hold only integers; a Value holds doubles)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_ints(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------------- experiments
+
+
+def experiment_proto(row: ExperimentRow) -> experiment_pb2.Experiment:
+    req = row.request
+    msg = experiment_pb2.Experiment(
+        name=f"experiments/{row.experiment_id}", state=row.state, plans=req["plans"],
+        workload=launch_pb2.LaunchWorkload(**req["workload"]), model_path=req["model_path"], repeats=req["repeats"],
+        dispatcher=req["dispatcher"], runs=[experiment_pb2.ExperimentRun(**r) for r in row.runs], error=row.error,
+        verdict=str(row.result.get("verdict", "")), audit_records=list(row.audit_records), principal=row.principal)
+    msg.result.update(row.result)
+    if row.create_time:
+        msg.create_time.CopyFrom(timestamp(row.create_time))
+        msg.update_time.CopyFrom(timestamp(row.update_time))
+    return msg
+
+
+def experiment_dict(msg: experiment_pb2.Experiment) -> dict[str, Any]:
+    """An experiment as JSON: counts as integers (a Struct carries every number as a double)."""
+    d = json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    for arm in d.get("result", {}).get("arms", {}).values():
+        for metric in ("ttft_ms", "tpot_ms"):
+            if isinstance(arm.get(metric), dict) and arm[metric].get("n") is not None:
+                arm[metric]["n"] = int(arm[metric]["n"])
+    return d

@@ -5,7 +5,9 @@
 3. generate a small Kimi-K2.6-shaped checkpoint (no downloads),
 4. launch that plan on 4 local CPU worker processes, watch it run, and print the
    requested vs effective modes and the measured TTFT/TPOT,
-5. list the audit records and verify the audit chain.
+5. ask what sglang 0.5.17's argument handling would change across the recorded history
+   (`policy impact`),
+6. list the audit records and verify the audit chain.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def main() -> int:
     try:
         step(f"resolving {EXAMPLE.name} through the server at {address}")
         rc = cli("resolve", "--spec", str(EXAMPLE), "--server", address, "--output", "table")
-        plan = cli_json("plans", "list", "--server", address)["plans"][-1]["name"]
+        plan = cli_json("plans", "list", "--server", address, "--filter", 'policy = "cgsvc"')["plans"][-1]["name"]
         step("generating a small Kimi-K2.6-shaped checkpoint (random weights, hub layout)")
         ckpt = DATA / "tiny-kimi-k2.6"
         rc |= subprocess.run([sys.executable, "-m", "cgsvc_worker.cli", "make-checkpoint", "--out", str(ckpt),
@@ -71,6 +73,8 @@ def main() -> int:
         step(f"launching {plan} on 4 local CPU worker processes (TP4 over gloo)")
         rc |= cli("launch", "--plan", plan, "--model-path", str(ckpt), "--input-len", "64", "--output-len", "16",
                   "--requests", "4", "--concurrency", "1", "--wait", "--server", address, "--output", "table")
+        step("what sglang 0.5.17's argument handling would change across this history")
+        rc |= cli("policy", "impact", "--candidate", "sglang-0.5.17", "--server", address, "--output", "table")
         step("the audit trail: the plan, the launch and its state changes")
         rc |= cli("audit", "list", "--server", address, "--output", "table")
         step("verifying the audit chain")

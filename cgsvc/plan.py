@@ -63,6 +63,7 @@ class Estimates:
 
 @dataclass(frozen=True)
 class Plan:
+    policy: str  # the policy's name: "cgsvc", "sglang-0.5.17", ...
     policy_version: str
     plan_hash: str
     attention_prefill: str
@@ -83,6 +84,7 @@ class Plan:
     def body(self) -> dict[str, Any]:
         """The plan without its hash: what plan_hash is computed over."""
         return {
+            "policy": self.policy,
             "policy_version": self.policy_version,
             "attention_backend": {"prefill": self.attention_prefill, "decode": self.attention_decode},
             "prefill": {"backend": self.prefill_backend, "max_num_tokens": self.prefill_max_num_tokens,
@@ -100,9 +102,50 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         """The JSON form of docs/plan.md, in its field order."""
         body = self.body()
-        return {"policy_version": self.policy_version, "plan_hash": self.plan_hash,
-                **{k: v for k, v in body.items() if k != "policy_version"}}
+        return {"policy": self.policy, "policy_version": self.policy_version, "plan_hash": self.plan_hash,
+                **{k: v for k, v in body.items() if k not in ("policy", "policy_version")}}
 
     def decisions_for(self, field: str) -> list[Decision]:
         """The decisions that shaped one plan field (e.g. "prefill.backend")."""
         return [d for d in self.decisions if d.field == field]
+
+
+# The plan fields a comparison looks at (decisions and estimates follow from them).
+COMPARED_FIELDS = ("attention_backend.prefill", "attention_backend.decode", "prefill.backend",
+                   "prefill.max_num_tokens", "prefill.num_tokens", "decode.backend", "decode.max_bs", "decode.bs",
+                   "kv_cache_dtype", "chunked_prefill_size", "warnings")
+
+
+def plan_fields(plan: Plan) -> dict[str, Any]:
+    """The compared fields of a plan, as JSON values."""
+    return {"attention_backend.prefill": plan.attention_prefill, "attention_backend.decode": plan.attention_decode,
+            "prefill.backend": plan.prefill_backend, "prefill.max_num_tokens": plan.prefill_max_num_tokens,
+            "prefill.num_tokens": list(plan.prefill_num_tokens), "decode.backend": plan.decode_backend,
+            "decode.max_bs": plan.decode_max_bs, "decode.bs": list(plan.decode_bs),
+            "kv_cache_dtype": plan.kv_cache_dtype, "chunked_prefill_size": plan.chunked_prefill_size,
+            "warnings": sorted(w.rule_id for w in plan.warnings)}
+
+
+def rule_ids(plan: Plan) -> list[str]:
+    """The rules that made a decision or a warning, in the order they first did."""
+    return list(dict.fromkeys([d.rule_id for d in plan.decisions] + [w.rule_id for w in plan.warnings]))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How plan b differs from plan a: changed fields (field, a, b) and the rules only one used."""
+
+    changes: tuple[tuple[str, Any, Any], ...]
+    only_a: tuple[str, ...]
+    only_b: tuple[str, ...]
+
+    @property
+    def same(self) -> bool:
+        return not self.changes
+
+
+def compare(a: Plan, b: Plan) -> Comparison:
+    fa, fb = plan_fields(a), plan_fields(b)
+    ra, rb = rule_ids(a), rule_ids(b)
+    return Comparison(changes=tuple((f, fa[f], fb[f]) for f in COMPARED_FIELDS if fa[f] != fb[f]),
+                      only_a=tuple(r for r in ra if r not in rb), only_b=tuple(r for r in rb if r not in ra))

@@ -16,7 +16,7 @@ from cgsvc.audit.store import AppendResult, AuditStore, PendingAppend, PlanRow
 from cgsvc.audit.writer import AuditWriter
 from cgsvc.errors import CODE_NUMBERS
 from cgsvc.plan import canonical_json
-from cgsvc.resolve import policy_version
+from cgsvc.resolve import DEFAULT_POLICY, policy_version
 
 # Whether the request being served has already been appended (set by every append made while
 # serving it), so that the pipeline audits an outcome the service did not — an internal fault
@@ -47,8 +47,14 @@ class Auditor:
                 "gpu": str(spec.get("hardware", {}).get("gpu", ""))}
 
     def entry(self, method: str, principal: str, peer: str, request_id: str, trace_id: str,
-              spec_dict: dict[str, Any] | None, code: str, message: str, **extra: Any) -> AuditEntry:
+              spec_dict: dict[str, Any] | None, code: str, message: str, policy: str = DEFAULT_POLICY,
+              **extra: Any) -> AuditEntry:
+        """An entry under `policy` (a known policy's name; an unknown one is recorded as asked,
+        with no version)."""
+        from cgsvc.resolve.policies import POLICIES
+
+        version = policy_version(policy) if policy in POLICIES else ""
         return AuditEntry(principal=principal, peer=peer, method=method, request_id=request_id,
-                          trace_id=trace_id, policy_version=policy_version(), service_version=__version__,
+                          trace_id=trace_id, policy=policy, policy_version=version, service_version=__version__,
                           outcome_code=CODE_NUMBERS[code], outcome_message=message,
                           **self.spec_fields(spec_dict), **extra)

@@ -15,7 +15,8 @@ from typing import Any
 
 from cgsvc.plan import sha256_hex
 
-SCHEMA_VERSION = 1
+# 2: records carry the policy's name (`policy`); a version-1 record is hashed without it.
+SCHEMA_VERSION = 2
 GENESIS = "0" * 64
 
 _SECRET_KEY = re.compile(r"token|secret|password|passwd|credential|api[_-]?key", re.I)
@@ -49,6 +50,7 @@ class AuditEntry:
     plan_hash: str = ""
     rule_ids: tuple[str, ...] = ()
     policy_version: str = ""
+    policy: str = ""
     service_version: str = ""
     outcome_code: int = 0
     outcome_message: str = ""
@@ -86,12 +88,15 @@ class AuditRecord:
     launch_id: str
     plan_id: str
     prev_hash: str
+    policy: str = ""  # schema 2: the name of the policy that resolved (or refused) the spec
     record_hash: str = field(default="")
 
     def hashed_fields(self) -> dict[str, Any]:
         # A shallow copy: dataclasses.asdict deep-copies every field and cost ~40 % of an append.
         d = dict(self.__dict__)
         d.pop("record_hash")
+        if self.schema_version < 2:
+            d.pop("policy")
         d["rule_ids"] = list(self.rule_ids)
         return d
 
@@ -147,7 +152,7 @@ def chain(entry: AuditEntry, sequence: int, time: str, prev_hash: str) -> AuditR
         peer=entry.peer, method=entry.method, request_id=entry.request_id, trace_id=entry.trace_id,
         model=entry.model, gpu=entry.gpu, spec_json=entry.spec_json, spec_hash=entry.spec_hash,
         plan_json=entry.plan_json, plan_hash=entry.plan_hash, rule_ids=tuple(entry.rule_ids),
-        policy_version=entry.policy_version, service_version=entry.service_version,
+        policy_version=entry.policy_version, policy=entry.policy, service_version=entry.service_version,
         outcome_code=entry.outcome_code, outcome_message=entry.outcome_message,
         launch_id=entry.launch_id, plan_id=entry.plan_id, prev_hash=prev_hash)
     return AuditRecord(**{**base.__dict__, "record_hash": base.compute_hash()})

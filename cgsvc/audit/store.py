@@ -82,6 +82,11 @@ rule_set_members = sa.Table(
 AUDIT_COLUMNS_5 = (sa.Column("rule_set", sa.Text, nullable=False, server_default="", index=True),)
 for _column in AUDIT_COLUMNS_5:
     audit_records.append_column(_column)
+# Migration 6: the policy's name (records written before named policies were all cgsvc's; a
+# version-1 record's hash does not cover it).
+AUDIT_COLUMNS_6 = (sa.Column("policy", sa.Text, nullable=False, server_default="cgsvc"),)
+for _column in AUDIT_COLUMNS_6:
+    audit_records.append_column(_column)
 chain_head = sa.Table(
     "chain_head", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
@@ -118,6 +123,9 @@ plans = sa.Table(
     sa.Column("spec_json", sa.Text, nullable=False),
     sa.Column("plan_json", sa.Text, nullable=False),
 )
+PLAN_COLUMNS_6 = (sa.Column("policy", sa.Text, nullable=False, server_default="cgsvc"),)
+for _column in PLAN_COLUMNS_6:
+    plans.append_column(_column)
 idempotency = sa.Table(
     "idempotency", metadata,
     sa.Column("principal", sa.Text, primary_key=True),
@@ -163,6 +171,22 @@ launch_requests = sa.Table(
     sa.Column("request_id", sa.Text, primary_key=True),
     sa.Column("launch_id", sa.Text, nullable=False),
 )
+# A/B experiments (migration 6): two plans run as interleaved launches, and what they measured.
+experiments = sa.Table(
+    "experiments", metadata,
+    sa.Column("experiment_id", sa.Text, primary_key=True),
+    sa.Column("sequence", sa.BigInteger, nullable=False, unique=True),  # order of creation
+    sa.Column("state", sa.Text, nullable=False, index=True),
+    sa.Column("principal", sa.Text, nullable=False),
+    sa.Column("create_time", sa.Text, nullable=False, index=True),
+    sa.Column("update_time", sa.Text, nullable=False),
+    sa.Column("request_json", sa.Text, nullable=False),  # plans, workload, repeats, model path, dispatcher
+    sa.Column("launches_json", sa.Text, nullable=False, default="[]"),  # [{"arm", "repeat", "launch"}], run order
+    sa.Column("result_json", sa.Text, nullable=False, default=""),  # per-arm statistics, difference, verdict
+    sa.Column("error", sa.Text, nullable=False, default=""),
+    sa.Column("audit_records_json", sa.Text, nullable=False, default="[]"),
+    sa.Column("owner", sa.Text, nullable=False, default=""),  # the server instance running it
+)
 
 # Migrations, in order. Each is (version, description, tables it creates, columns it adds to
 # existing tables); the applied set is recorded in schema_migrations.
@@ -177,14 +201,16 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
     (5, "rule sets instead of one index row per rule per record; idempotency keys indexed by request id",
      (rule_sets, rule_set_members),
      tuple((audit_records, c) for c in AUDIT_COLUMNS_5)),
+    (6, "named policies on records and plans; A/B experiments", (experiments,),
+     tuple((audit_records, c) for c in AUDIT_COLUMNS_6) + tuple((plans, c) for c in PLAN_COLUMNS_6)),
 )
 
 AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principal": "str", "outcome": "str",
                        "method": "str", "time": "str", "request_id": "str", "plan_id": "str",
-                       "launch_id": "str", "sequence": "int", "policy_version": "str"}
+                       "launch_id": "str", "sequence": "int", "policy_version": "str", "policy": "str"}
 PLAN_FILTER_FIELDS = {"model": "str", "gpu": "str", "prefill_backend": "str", "decode_backend": "str",
                       "attention_prefill": "str", "attention_decode": "str", "policy_version": "str",
-                      "plan_hash": "str", "principal": "str", "create_time": "str"}
+                      "plan_hash": "str", "principal": "str", "create_time": "str", "policy": "str"}
 MAX_PAGE_SIZE = 1000
 DEFAULT_PAGE_SIZE = 50
 
@@ -217,6 +243,7 @@ class PlanRow:
     plan_hash: str
     spec_json: str
     plan_json: str
+    policy: str = "cgsvc"
 
 
 @dataclass(frozen=True)
@@ -482,13 +509,14 @@ class AuditStore:
                 replay_of = firsts.get(key) if item.request_id else None
                 if replay_of is not None:
                     plan_row = None
-                    if replay_of.spec_hash != entry.spec_hash:
+                    if replay_of.spec_hash != entry.spec_hash or (
+                            replay_of.schema_version >= 2 and replay_of.policy != entry.policy):
                         conflict = True
                         entry = dataclasses.replace(
                             entry, plan_json="", plan_hash="", rule_ids=(), plan_id="",
                             outcome_code=CODE_NUMBERS["INVALID_ARGUMENT"],
                             outcome_message=f"request_id {item.request_id!r} was first used with a "
-                                            f"different spec ({replay_of.name})")
+                                            f"different spec or policy ({replay_of.name})")
                     else:
                         entry = dataclasses.replace(
                             entry, plan_id=replay_of.plan_id, plan_json=replay_of.plan_json,
@@ -552,6 +580,41 @@ class AuditStore:
         terms = filters.parse_filter(filter_text, AUDIT_FILTER_FIELDS)
         rows, next_token = self.page(audit_records, terms, filter_text, page_size, page_token)
         return [_row_to_record(r) for r in rows], next_token
+
+    def spec_groups(self, methods: Sequence[str], filter_text: str = "",
+                    batch: int = 1000) -> Iterator[tuple[str, int, int]]:
+        """(spec_hash, records, first sequence) of every distinct spec in the records of
+        `methods` that match the filter, in order of first appearance. The database groups
+        and counts; rows stream in batches, so memory does not grow with the log."""
+        terms = filters.parse_filter(filter_text, AUDIT_FILTER_FIELDS)
+        first = sa.func.min(audit_records.c.sequence).label("first")
+        query = (sa.select(audit_records.c.spec_hash, sa.func.count().label("n"), first)
+                 .where(audit_records.c.method.in_(list(methods)), audit_records.c.spec_hash != "",
+                        *_where(audit_records, terms))
+                 .group_by(audit_records.c.spec_hash).order_by(first))
+        with self.read_engine.connect() as conn:
+            result = conn.execution_options(stream_results=True, yield_per=batch).execute(query)
+            for row in result:
+                yield str(row.spec_hash), int(row.n), int(row.first)
+
+    def records_by_sequence(self, sequences: Sequence[int]) -> dict[int, AuditRecord]:
+        """The records with these sequence numbers (absent ones are left out)."""
+        if not sequences:
+            return {}
+        with self.read_engine.begin() as conn:
+            rows = conn.execute(sa.select(audit_records).where(audit_records.c.sequence.in_(list(sequences))))
+            return {r.sequence: r for r in map(_row_to_record, rows)}
+
+    def policy_counts(self, methods: Sequence[str], filter_text: str = "") -> list[tuple[str, str, int]]:
+        """(policy, policy_version, records) over the records of `methods` that carry a spec."""
+        terms = filters.parse_filter(filter_text, AUDIT_FILTER_FIELDS)
+        query = (sa.select(audit_records.c.policy, audit_records.c.policy_version, sa.func.count().label("n"))
+                 .where(audit_records.c.method.in_(list(methods)), audit_records.c.spec_hash != "",
+                        *_where(audit_records, terms))
+                 .group_by(audit_records.c.policy, audit_records.c.policy_version)
+                 .order_by(sa.func.min(audit_records.c.sequence)))
+        with self.read_engine.begin() as conn:
+            return [(str(r.policy), str(r.policy_version), int(r.n)) for r in conn.execute(query)]
 
     def get_plan(self, plan_id: str) -> StoredPlan | None:
         with self.read_engine.begin() as conn:

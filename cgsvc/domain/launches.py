@@ -28,6 +28,7 @@ import structlog
 from cgsvc import __version__, catalog
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.records import AuditEntry
+from cgsvc.audit.store import StoredPlan
 from cgsvc.contract import (
     ContractError,
     PlacedEvent,
@@ -43,7 +44,7 @@ from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
 from cgsvc.launch.dispatch import DispatchError, LocalDispatcher, RunHandle
 from cgsvc.launch.store import LaunchRow, LaunchStore, Workload
 from cgsvc.plan import canonical_json
-from cgsvc.resolve import policy_version
+from cgsvc.resolve import DEFAULT_POLICY, policy_version
 
 log = structlog.get_logger("cgsvc.launch")
 
@@ -69,6 +70,39 @@ class LaunchOrder:
     wait: bool
     request_id: str = ""
     request_hash: str = ""
+
+
+def read_checkpoint(model_path: str, workload: Workload) -> catalog.ModelFacts:
+    """The checkpoint the workers would load, checked against the workload (INVALID_ARGUMENT
+    naming model_path or workload.input_len otherwise)."""
+    try:
+        ckpt = catalog.read_model_dir(model_path)
+    except ServiceError as err:
+        raise ServiceError.invalid([FieldViolation("model_path", v.description) for v in err.violations]) from None
+    max_pos = ckpt.max_position_embeddings or 0
+    if max_pos and workload.input_len + workload.output_len > max_pos:
+        raise ServiceError.invalid([FieldViolation(
+            "workload.input_len", f"input_len + output_len = {workload.input_len + workload.output_len} exceeds "
+                                  f"the checkpoint's context of {max_pos} tokens")])
+    return ckpt
+
+
+def order_for(stored: StoredPlan, ckpt: catalog.ModelFacts, model_path: str, workload: Workload, dispatcher: str,
+              wait: bool, request_id: str = "", request_hash: str = "") -> LaunchOrder:
+    """The order that runs a stored plan on a checkpoint (FAILED_PRECONDITION when the
+    checkpoint is of another model family than the plan's)."""
+    spec = json.loads(stored.row.spec_json)
+    wanted = catalog.facts_for_spec(spec)
+    if wanted is not None and wanted.text_architecture != ckpt.text_architecture:
+        raise ServiceError("FAILED_PRECONDITION",
+                           f"the checkpoint at {model_path} is a {ckpt.text_architecture} model; the plan was "
+                           f"resolved for {wanted.name} ({wanted.text_architecture})",
+                           [FieldViolation("model_path", "a checkpoint of the plan's model family")])
+    return LaunchOrder(plan_id=stored.row.plan_id, plan_json=stored.row.plan_json, spec_json=stored.row.spec_json,
+                       plan_audit=f"auditRecords/{stored.sequence}",
+                       tp=int(spec.get("parallelism", {}).get("tp", 1)), model_path=model_path,
+                       workload=workload, dispatcher=dispatcher, wait=wait, request_id=request_id,
+                       request_hash=request_hash)
 
 
 def request_hash(parts: dict[str, Any]) -> str:
@@ -109,10 +143,11 @@ class Launches:
     # ------------------------------------------------------------------ audit and state
     async def audit(self, row: LaunchRow | None, principal: str, method: str, code: str, message: str,
                     caller: Caller | None = None, spec_json: str = "", model: str = "", gpu: str = "") -> str:
+        policy, version = _plan_policy(row)
         entry = AuditEntry(principal=principal, peer=caller.peer if caller else "", method=method,
                            request_id=caller.request_id if caller else "", trace_id=caller.trace_id if caller else "",
                            launch_id=row.launch_id if row else "", plan_id=row.plan_id if row else "",
-                           policy_version=policy_version(), service_version=__version__,
+                           policy=policy, policy_version=version, service_version=__version__,
                            outcome_code=CODE_NUMBERS[code], outcome_message=message, spec_json=spec_json,
                            model=model, gpu=gpu)
         return str((await self.auditor.append(entry)).record.name)
@@ -371,6 +406,18 @@ class Launches:
         for w in self.watched.values():
             if w.task is not None:
                 w.task.cancel()
+
+
+def _plan_policy(row: LaunchRow | None) -> tuple[str, str]:
+    """(policy, policy_version) of the plan a launch runs, as written to its run directory;
+    the default policy's when there is no launch or no plan file yet."""
+    if row is not None:
+        try:
+            plan = json.loads(RunDir(Path(row.run_dir)).plan.read_text()).get("plan") or {}
+            return str(plan.get("policy", DEFAULT_POLICY)), str(plan.get("policy_version", ""))
+        except (OSError, ValueError):
+            pass
+    return DEFAULT_POLICY, policy_version()
 
 
 def _gpu_plan(run: RunDir) -> bool:

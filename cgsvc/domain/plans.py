@@ -20,7 +20,7 @@ from cgsvc.audit.records import AuditEntry
 from cgsvc.audit.store import PlanRow, StoredPlan
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.plan import Plan, canonical_json
-from cgsvc.resolve import resolve
+from cgsvc.resolve import DEFAULT_POLICY, resolve
 from cgsvc.spec import parse_spec, spec_to_dict
 
 RESOLVE_METHOD = "/cgsvc.v1.PlanService/ResolvePlan"
@@ -46,21 +46,22 @@ class Resolution:
 
 
 @functools.lru_cache(maxsize=4096)
-def _resolve_canonical(spec_key: str) -> Resolution:
+def _resolve_canonical(spec_key: str, policy: str = DEFAULT_POLICY) -> Resolution:
     parsed = parse_spec(json.loads(spec_key))
-    plan = resolve(parsed)
+    plan = resolve(parsed, policy)
     rule_ids = tuple(dict.fromkeys([d.rule_id for d in plan.decisions] + [w.rule_id for w in plan.warnings]))
     canonical = spec_to_dict(parsed)
     return Resolution(plan, canonical_json(plan.to_dict()), rule_ids, canonical, Auditor.spec_fields(canonical))
 
 
-def resolve_spec(spec: dict[str, Any]) -> Resolution:
-    """Resolve, memoised by the canonical spec. Specs naming a model.path are not memoised
-    (the file may change)."""
+def resolve_spec(spec: dict[str, Any], policy: str = DEFAULT_POLICY) -> Resolution:
+    """Resolve under a policy, memoised by the canonical spec. Specs naming a model.path are
+    not memoised (the file may change)."""
     key = canonical_json(spec)
+    policy = (policy or DEFAULT_POLICY).strip().lower()
     if isinstance(spec.get("model"), dict) and "path" in spec["model"]:
-        return _resolve_canonical.__wrapped__(key)
-    return _resolve_canonical(key)
+        return _resolve_canonical.__wrapped__(key, policy)
+    return _resolve_canonical(key, policy)
 
 
 @dataclass(frozen=True)
@@ -81,19 +82,21 @@ class Plans:
         self.store = auditor.store
 
     async def resolve_and_record(self, spec: dict[str, Any], caller: Caller, validate_only: bool = False,
-                                 idempotency_key: str = "", method: str = RESOLVE_METHOD) -> Recorded:
-        """Resolve the spec and append the outcome; a refusal is appended, then raised."""
+                                 idempotency_key: str = "", method: str = RESOLVE_METHOD,
+                                 policy: str = DEFAULT_POLICY) -> Recorded:
+        """Resolve the spec under `policy` and append the outcome; a refusal is appended, then raised."""
+        policy = (policy or DEFAULT_POLICY).strip().lower()
 
         def entry(code: str, message: str, **extra: Any) -> AuditEntry:
             return self.auditor.entry(method, caller.principal, caller.peer, caller.request_id, caller.trace_id,
-                                      spec, code, message, **extra)
+                                      spec, code, message, policy=policy, **extra)
 
         def resolved_entry(resolution: Resolution, code: str, message: str, **extra: Any) -> AuditEntry:
             return self.auditor.entry(method, caller.principal, caller.peer, caller.request_id, caller.trace_id,
-                                      None, code, message, **resolution.audit_fields, **extra)
+                                      None, code, message, policy=policy, **resolution.audit_fields, **extra)
 
         try:
-            resolution = resolve_spec(spec)
+            resolution = resolve_spec(spec, policy)
         except ServiceError as err:
             await self.auditor.append(entry(err.code, err.message, rule_ids=(err.rule_id,) if err.rule_id else ()))
             raise
@@ -106,7 +109,7 @@ class Plans:
             plan_id=plan_id, model=e.model, gpu=e.gpu, prefill_backend=plan.prefill_backend,
             decode_backend=plan.decode_backend, attention_prefill=plan.attention_prefill,
             attention_decode=plan.attention_decode, policy_version=plan.policy_version,
-            plan_hash=plan.plan_hash, spec_json=e.spec_json, plan_json=resolution.plan_json)
+            plan_hash=plan.plan_hash, spec_json=e.spec_json, plan_json=resolution.plan_json, policy=plan.policy)
         result = await self.auditor.append(e, row, "" if validate_only else idempotency_key)
         if result.conflict:
             raise ServiceError.invalid([FieldViolation("request_id", result.record.outcome_message)])

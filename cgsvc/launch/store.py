@@ -17,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from cgsvc.audit import filters
-from cgsvc.audit.store import AuditStore, launch_requests, launches, utc_now
+from cgsvc.audit.store import AuditStore, experiments, launch_requests, launches, utc_now
 
 LAUNCH_FILTER_FIELDS = {"state": "str", "plan": "str", "principal": "str", "dispatcher": "str",
                         "create_time": "str", "model_path": "str"}
@@ -153,3 +153,81 @@ class LaunchStore:
             rows = conn.execute(sa.select(launches).where(launches.c.state.in_(list(states)))
                                 .order_by(launches.c.sequence))
             return [_from_columns(r._mapping) for r in rows]
+
+
+# ---------------------------------------------------------------------------- experiments
+
+EXPERIMENT_FILTER_FIELDS = {"state": "str", "principal": "str", "create_time": "str"}
+
+
+@dataclass(frozen=True)
+class ExperimentRow:
+    """One A/B experiment as stored: the request, the launches so far, what they measured."""
+
+    experiment_id: str
+    state: str
+    principal: str
+    request: dict[str, Any]  # {"plans": [A, B], "workload", "model_path", "repeats", "dispatcher"}
+    runs: tuple[dict[str, Any], ...] = ()  # {"arm", "repeat", "launch", "state"}, in run order
+    result: dict[str, Any] = dataclasses.field(default_factory=dict)
+    error: str = ""
+    audit_records: tuple[str, ...] = ()
+    owner: str = ""
+    create_time: str = ""
+    update_time: str = ""
+    sequence: int = 0
+
+
+def _experiment_from(m: Any) -> ExperimentRow:
+    return ExperimentRow(experiment_id=m["experiment_id"], state=m["state"], principal=m["principal"],
+                         request=json.loads(m["request_json"]), runs=tuple(json.loads(m["launches_json"] or "[]")),
+                         result=json.loads(m["result_json"] or "{}"), error=m["error"],
+                         audit_records=tuple(json.loads(m["audit_records_json"] or "[]")), owner=m["owner"],
+                         create_time=m["create_time"], update_time=m["update_time"], sequence=int(m["sequence"]))
+
+
+class ExperimentStore:
+    def __init__(self, audit: AuditStore) -> None:
+        self.audit = audit
+        self.write_engine, self.read_engine = audit.write_engine, audit.read_engine
+
+    def create(self, row: ExperimentRow) -> ExperimentRow:
+        with self.write_engine.begin() as conn:
+            if self.audit.dialect == "postgresql":
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_LAUNCH_LOCK + 1})")
+            seq = conn.execute(sa.select(sa.func.coalesce(sa.func.max(experiments.c.sequence), 0))).scalar_one()
+            now = utc_now()
+            row = dataclasses.replace(row, sequence=int(seq) + 1, create_time=now, update_time=now)
+            conn.execute(experiments.insert().values(
+                experiment_id=row.experiment_id, sequence=row.sequence, state=row.state, principal=row.principal,
+                create_time=now, update_time=now, request_json=json.dumps(row.request),
+                launches_json=json.dumps(list(row.runs)), result_json=json.dumps(row.result), error=row.error,
+                audit_records_json=json.dumps(list(row.audit_records)), owner=row.owner))
+        return row
+
+    def update(self, row: ExperimentRow) -> ExperimentRow:
+        """Store the row's state, runs, result, error and records; returns it with its update time."""
+        now = utc_now()
+        with self.write_engine.begin() as conn:
+            conn.execute(experiments.update().where(experiments.c.experiment_id == row.experiment_id).values(
+                state=row.state, update_time=now, launches_json=json.dumps(list(row.runs)),
+                result_json=json.dumps(row.result), error=row.error,
+                audit_records_json=json.dumps(list(row.audit_records)), owner=row.owner))
+        return dataclasses.replace(row, update_time=now)
+
+    def get(self, experiment_id: str) -> ExperimentRow | None:
+        with self.read_engine.begin() as conn:
+            row = conn.execute(sa.select(experiments).where(experiments.c.experiment_id == experiment_id)).first()
+        return _experiment_from(row._mapping) if row is not None else None
+
+    def list_rows(self, filter_text: str = "", page_size: int = 0,
+                  page_token: str = "") -> tuple[list[ExperimentRow], str]:
+        terms = filters.parse_filter(filter_text, EXPERIMENT_FILTER_FIELDS)
+        rows, token = self.audit.page(experiments, terms, filter_text, page_size, page_token)
+        return [_experiment_from(r._mapping) for r in rows], token
+
+    def in_state(self, state: str) -> list[ExperimentRow]:
+        with self.read_engine.begin() as conn:
+            rows = conn.execute(sa.select(experiments).where(experiments.c.state == state)
+                                .order_by(experiments.c.sequence))
+            return [_experiment_from(r._mapping) for r in rows]

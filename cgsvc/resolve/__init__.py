@@ -1,8 +1,11 @@
 """The resolver: a pure function from LaunchSpec to Plan (docs/policy.md).
 
-    resolve(spec):  ctx = validate_and_lock(spec)     # INVALID_ARGUMENT on bad input
-                    engine.run(policy.RULES, ctx)       # ordered by stage; attention first
-                    return build_plan(ctx)              # sizes, warnings, hashes, estimates
+    resolve(spec, policy):  ctx = validate_and_lock(spec, policy)  # INVALID_ARGUMENT on bad input
+                            engine.run(policy.rules, ctx)          # the policy's order
+                            return build_plan(ctx, policy)         # sizes, warnings, hashes
+
+`policy` names a rule table of `policies.POLICIES` (docs/policies.md): `cgsvc` by default,
+or an engine profile such as `sglang-0.5.17`.
 
 No I/O (beyond reading `model.path`'s config.json), no clock, no randomness: the same
 spec gives a byte-identical plan.
@@ -19,21 +22,23 @@ from cgsvc import catalog
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.plan import Plan, canonical_json, sha256_hex
 from cgsvc.resolve import engine, estimates
-from cgsvc.resolve.engine import KEYS, Context
-from cgsvc.resolve.policy import RULES
+from cgsvc.resolve.engine import KEYS, Context, Policy
+from cgsvc.resolve.policies import DEFAULT_POLICY, get_policy
 from cgsvc.spec import LaunchSpec
 
-__all__ = ["resolve", "policy_version", "validate_and_lock"]
+__all__ = ["DEFAULT_POLICY", "get_policy", "resolve", "policy_version", "validate_and_lock"]
 
 
 @cache
-def policy_version() -> str:
-    """Content hash of the rule table (its source and declarations) and the catalogs."""
+def policy_version(name: str = DEFAULT_POLICY) -> str:
+    """Content hash of a policy: its rule table (source and declarations), the engine
+    modules every policy shares, and the catalogs."""
+    policy = get_policy(name)
     h = hashlib.sha256()
     here = Path(__file__).parent
-    for name in ("policy.py", "sizes.py", "engine.py", "estimates.py", "__init__.py"):
-        h.update((here / name).read_bytes())
-    h.update(canonical_json([r.describe() for r in RULES]).encode())
+    for source in (*policy.sources, "sizes.py", "engine.py", "estimates.py", "__init__.py"):
+        h.update((here / source).read_bytes())
+    h.update(canonical_json([r.describe() for r in policy.rules]).encode())
     h.update(catalog.catalog_digest().encode())
     return h.hexdigest()[:16]
 
@@ -58,13 +63,14 @@ def _model_facts(spec: LaunchSpec, out: list[FieldViolation]) -> catalog.ModelFa
     return facts
 
 
-def validate_and_lock(spec: LaunchSpec) -> Context:
+def validate_and_lock(spec: LaunchSpec, policy: Policy | None = None) -> Context:
     """Cross-field validation and the user layer: every explicit key is set and locked.
 
     Precedence, lowest to highest: policy defaults < disable_cuda_graph <
-    enforce_piecewise_cuda_graph < cuda_graph.{phase}.*.
+    enforce_piecewise_cuda_graph < cuda_graph.{phase}.*. A policy that cannot express a
+    field (an engine release without that flag) refuses it here, by name.
     """
-    out: list[FieldViolation] = []
+    out: list[FieldViolation] = list(policy.check(spec)) if policy is not None and policy.check else []
     model = _model_facts(spec, out)
     hw = spec.hardware
     gpu = None
@@ -137,18 +143,20 @@ def validate_and_lock(spec: LaunchSpec) -> Context:
     return ctx
 
 
-def resolve(spec: LaunchSpec) -> Plan:
-    """Resolve a launch spec into a plan. Raises ServiceError on refusal."""
-    ctx = validate_and_lock(spec)
-    engine.run(RULES, ctx)
-    return build_plan(ctx)
+def resolve(spec: LaunchSpec, policy: str = DEFAULT_POLICY) -> Plan:
+    """Resolve a launch spec into a plan under the named policy. Raises ServiceError on
+    refusal (an unknown policy included: the error lists the known ones)."""
+    table = get_policy(policy)
+    ctx = validate_and_lock(spec, table)
+    engine.run(table.rules, ctx)
+    return build_plan(ctx, table)
 
 
-def build_plan(ctx: Context) -> Plan:
+def build_plan(ctx: Context, policy: Policy) -> Plan:
     """Freeze the draft into a Plan: a disabled phase captures nothing; hash the body last."""
     prefill_on, decode_on = ctx.prefill != "disabled", ctx.decode != "disabled"
     draft = Plan(
-        policy_version=policy_version(), plan_hash="",
+        policy=policy.name, policy_version=policy_version(policy.name), plan_hash="",
         attention_prefill=ctx.attn_prefill, attention_decode=ctx.attn_decode,
         prefill_backend=ctx.prefill,
         prefill_max_num_tokens=(ctx["prefill.max_num_tokens"] or 0)

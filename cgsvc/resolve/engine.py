@@ -14,7 +14,7 @@ from enum import IntEnum
 from typing import Any
 
 from cgsvc.catalog import GpuInfo, ModelFacts
-from cgsvc.errors import ServiceError
+from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.plan import Decision, PlanWarning
 from cgsvc.spec import LaunchSpec
 
@@ -86,6 +86,26 @@ class Rule:
         return {"id": self.id, "stage": self.stage.name.lower(), "source": self.source,
                 "hardness": "hard" if self.hard else "soft", "reads": list(self.reads),
                 "writes": list(self.writes), "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A named rule table on this engine: `cgsvc` (the default) or an engine profile.
+
+    `rules` are in evaluation order. `check` names the spec fields this policy cannot
+    express (an engine release without a flag); `sources` are the modules, relative to
+    `cgsvc/resolve/`, whose text goes into the policy's version.
+    """
+
+    name: str
+    summary: str
+    rules: tuple[Rule, ...]
+    sources: tuple[str, ...]
+    doc: str
+    check: Callable[[LaunchSpec], list[FieldViolation]] | None = None
+
+    def rule(self, rule_id: str) -> Rule | None:
+        return next((r for r in self.rules if r.id == rule_id), None)
 
 
 @dataclass

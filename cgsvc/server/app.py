@@ -15,24 +15,27 @@ from cgsvc.audit import checkpoint
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.store import AuditStore
 from cgsvc.audit.writer import AuditWriter, ProcessAuditWriter
+from cgsvc.domain.experiments import Experiments
 from cgsvc.domain.launches import Launches
 from cgsvc.domain.plans import Plans
 from cgsvc.launch.devices import DeviceListError, Inventory
 from cgsvc.launch.dispatch import LocalDispatcher, RayDispatcher
-from cgsvc.launch.store import LaunchStore
+from cgsvc.launch.store import ExperimentStore, LaunchStore
 from cgsvc.server import metrics, reflection
 from cgsvc.server.auth import Authenticator
 from cgsvc.server.config import ServerConfig
+from cgsvc.server.experiment_service import ExperimentService
 from cgsvc.server.interceptors import Pipeline
 from cgsvc.server.launch_service import LaunchService
 from cgsvc.server.services import AuditService, DiagnosticsService, PlanService, rejection_auditor
-from cgsvc.v1 import audit_pb2, diagnostics_pb2, launch_pb2, plan_service_pb2
+from cgsvc.v1 import audit_pb2, diagnostics_pb2, experiment_pb2, launch_pb2, plan_service_pb2
 
 SERVICES = {
     "cgsvc.v1.PlanService": plan_service_pb2.DESCRIPTOR.services_by_name["PlanService"],
     "cgsvc.v1.AuditService": audit_pb2.DESCRIPTOR.services_by_name["AuditService"],
     "cgsvc.v1.DiagnosticsService": diagnostics_pb2.DESCRIPTOR.services_by_name["DiagnosticsService"],
     "cgsvc.v1.LaunchService": launch_pb2.DESCRIPTOR.services_by_name["LaunchService"],
+    "cgsvc.v1.ExperimentService": experiment_pb2.DESCRIPTOR.services_by_name["ExperimentService"],
 }
 
 
@@ -99,6 +102,7 @@ class Running:
     async def stop(self, grace: float) -> None:
         self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+        await self.extras["experiments"].close()
         await self.extras["launches"].close()
         self.writer.close()
         self.store.close()
@@ -133,11 +137,13 @@ async def start(cfg: ServerConfig) -> Running:
     if cfg.ray_address:
         dispatchers.append(RayDispatcher(cfg.ray_address, cfg.ray_slots, cfg.ray_gpus_per_rank))
     launches = Launches(LaunchStore(store), auditor, Path(cfg.data_dir).resolve() / "launches", dispatchers)
+    experiments = Experiments(ExperimentStore(store), launches, plans)
     servicers: dict[str, Any] = {
         "cgsvc.v1.PlanService": PlanService(plans),
         "cgsvc.v1.AuditService": AuditService(store, signing_key),
         "cgsvc.v1.DiagnosticsService": DiagnosticsService(),
         "cgsvc.v1.LaunchService": LaunchService(launches, plans),
+        "cgsvc.v1.ExperimentService": ExperimentService(experiments),
     }
     descriptors = dict(SERVICES)
     server.add_generic_rpc_handlers([pipeline.service_handler(descriptors[name], servicers[name])
@@ -153,8 +159,8 @@ async def start(cfg: ServerConfig) -> Running:
         store.close()
         raise ConfigError(f"cannot bind {cfg.address}")
     await server.start()
-    recovered = await launches.recover()
+    recovered = await launches.recover() + await experiments.recover()
     return Running(server, port, store, writer, health_servicer,
-                   {"servicers": servicers, "auditor": auditor, "launches": launches,
+                   {"servicers": servicers, "auditor": auditor, "launches": launches, "experiments": experiments,
                     "recovered": recovered, "devices": inventory,
                     "key_id": checkpoint.key_id(signing_key.public_key().public_bytes_raw())})

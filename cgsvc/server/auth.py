@@ -26,10 +26,15 @@ PERMISSIONS: dict[str, tuple[str, ...]] = {
     "cgsvc.v1.PlanService/ResolvePlan": ("resolver", "launcher", "admin"),
     "cgsvc.v1.PlanService/GetPlan": ("resolver", "launcher", "auditor", "admin"),
     "cgsvc.v1.PlanService/ListPlans": ("resolver", "launcher", "auditor", "admin"),
+    "cgsvc.v1.PlanService/ListPolicies": ROLES,
+    # Policy impact reads the whole audit history: those who may read the log.
+    "cgsvc.v1.PlanService/ComputePolicyImpact": ("auditor", "admin"),
     "cgsvc.v1.AuditService/*": ("auditor", "admin"),
     "cgsvc.v1.LaunchService/CreateLaunch": ("launcher", "admin"),
     "cgsvc.v1.LaunchService/CancelLaunch": ("launcher", "admin"),
     "cgsvc.v1.LaunchService/*": ("launcher", "auditor", "admin"),
+    "cgsvc.v1.ExperimentService/CreateExperiment": ("launcher", "admin"),
+    "cgsvc.v1.ExperimentService/*": ("launcher", "auditor", "admin"),
     "cgsvc.v1.DiagnosticsService/*": ROLES,
 }
 PUBLIC_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",

@@ -10,20 +10,26 @@ is refused.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from cgsvc import catalog, codec
+from cgsvc import codec
 from cgsvc.contract import RunDir
-from cgsvc.domain.launches import CREATE_METHOD, TERMINAL, Launches, LaunchOrder, request_hash, tail
+from cgsvc.domain.launches import (
+    CREATE_METHOD,
+    TERMINAL,
+    Launches,
+    order_for,
+    read_checkpoint,
+    request_hash,
+    tail,
+)
 from cgsvc.domain.plans import Caller, Plans
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.launch.store import LaunchRow, Workload
 from cgsvc.server.interceptors import RequestContext
 from cgsvc.server.services import caller, list_page, parse_name
-from cgsvc.server.status import invalid
 from cgsvc.v1 import launch_pb2
 
 
@@ -72,39 +78,22 @@ class LaunchService:
         dispatcher = request.dispatcher or "local"
         source = (codec.spec_dict_from_proto(request.spec) if request.WhichOneof("source") == "spec"
                   else {"plan": request.plan})
-        digest = request_hash({"source": source, "workload": workload.__dict__, "model_path": model_path,
+        digest = request_hash({"source": source, "policy": request.policy, "workload": workload.__dict__,
+                               "model_path": model_path,
                                "dispatcher": dispatcher, "wait_for_resources": request.wait_for_resources})
         if request.request_id:  # a retry of a request that already made a launch: that launch
             earlier = await self._earlier(who, request.request_id, digest)
             if earlier is not None:
                 return earlier
-        try:
-            ckpt = catalog.read_model_dir(model_path)
-        except ServiceError as err:
-            raise ServiceError.invalid([FieldViolation("model_path", v.description) for v in err.violations]) from None
-        max_pos = ckpt.max_position_embeddings or 0
-        if max_pos and wl.input_len + wl.output_len > max_pos:
-            raise invalid("workload.input_len", f"input_len + output_len = {wl.input_len + wl.output_len} exceeds the "
-                                                f"checkpoint's context of {max_pos} tokens")
+        ckpt = read_checkpoint(model_path, workload)
         if request.WhichOneof("source") == "spec":
             # The launch carries the idempotency key; the plan it resolves is recorded plainly.
-            recorded = await self.plans.resolve_and_record(source, who)
+            recorded = await self.plans.resolve_and_record(source, who, policy=request.policy)
             plan_id = recorded.plan_id
         else:
             plan_id = parse_name(request.plan, "plans", "plan")
-        stored = await self.plans.get(plan_id)
-        spec = json.loads(stored.row.spec_json)
-        wanted = catalog.facts_for_spec(spec)
-        if wanted is not None and wanted.text_architecture != ckpt.text_architecture:
-            raise ServiceError("FAILED_PRECONDITION",
-                               f"the checkpoint at {model_path} is a {ckpt.text_architecture} model; the plan was "
-                               f"resolved for {wanted.name} ({wanted.text_architecture})",
-                               [FieldViolation("model_path", "a checkpoint of the plan's model family")])
-        order = LaunchOrder(plan_id=plan_id, plan_json=stored.row.plan_json, spec_json=stored.row.spec_json,
-                            plan_audit=f"auditRecords/{stored.sequence}",
-                            tp=int(spec.get("parallelism", {}).get("tp", 1)), model_path=model_path,
-                            workload=workload, dispatcher=dispatcher, wait=request.wait_for_resources,
-                            request_id=request.request_id, request_hash=digest)
+        order = order_for(await self.plans.get(plan_id), ckpt, model_path, workload, dispatcher,
+                          request.wait_for_resources, request.request_id, digest)
         row, new = await self.launches.create(order, who)
         if not new:  # another call with this request_id got there first (a concurrent retry)
             return self._same_request(row, request.request_id, digest)

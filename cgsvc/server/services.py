@@ -17,15 +17,19 @@ from cgsvc import codec
 from cgsvc.audit import checkpoint, filters
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.store import AuditStore, PageTokenError, TreeSizeError, utc_now
+from cgsvc.domain.impact import policy_impact
 from cgsvc.domain.plans import RESOLVE_METHOD, Caller, Plans
 from cgsvc.errors import ServiceError
+from cgsvc.resolve import DEFAULT_POLICY
+from cgsvc.resolve.policies import POLICIES
 from cgsvc.server import metrics
 from cgsvc.server.interceptors import RequestContext
 from cgsvc.server.status import invalid
 from cgsvc.v1 import audit_pb2, diagnostics_pb2, launch_pb2, plan_pb2, plan_service_pb2
 
 # Methods whose every call is audited, malformed ones included.
-AUDITED_METHODS = {RESOLVE_METHOD, "/cgsvc.v1.LaunchService/CreateLaunch", "/cgsvc.v1.LaunchService/CancelLaunch"}
+AUDITED_METHODS = {RESOLVE_METHOD, "/cgsvc.v1.LaunchService/CreateLaunch", "/cgsvc.v1.LaunchService/CancelLaunch",
+                   "/cgsvc.v1.ExperimentService/CreateExperiment"}
 
 
 def caller(rc: RequestContext) -> Caller:
@@ -61,7 +65,9 @@ def rejection_auditor(auditor: Auditor) -> Callable[..., Any]:
             if isinstance(request, plan_service_pb2.ResolvePlanRequest | launch_pb2.CreateLaunchRequest) \
             and request.HasField("spec") else None
         request_id = getattr(request, "request_id", "") if request is not None else ""
-        await auditor.append(auditor.entry(method, principal, peer, request_id, "", spec, code, message))
+        policy = (getattr(request, "policy", "") if request is not None else "") or DEFAULT_POLICY
+        await auditor.append(auditor.entry(method, principal, peer, request_id, "", spec, code, message,
+                                           policy=policy.strip().lower()))
     return rejected
 
 
@@ -81,7 +87,8 @@ class PlanService:
     async def ResolvePlan(self, request: plan_service_pb2.ResolvePlanRequest,  # noqa: N802 - gRPC name
                           rc: RequestContext) -> plan_pb2.Plan:
         spec = codec.spec_dict_from_proto(request.spec)
-        rec = await self.plans.resolve_and_record(spec, caller(rc), request.validate_only, request.request_id)
+        rec = await self.plans.resolve_and_record(spec, caller(rc), request.validate_only, request.request_id,
+                                                  policy=request.policy)
         plan = rec.resolution.plan
         metrics.PLANS_TOTAL.labels(plan.prefill_backend, plan.decode_backend).inc()
         if rec.replay is not None:
@@ -104,6 +111,20 @@ class PlanService:
         rows, token = await list_page(self.plans.store.list_plans, request)
         return plan_service_pb2.ListPlansResponse(plans=[codec.stored_plan_proto(r) for r in rows],
                                                   next_page_token=token)
+
+
+    async def ListPolicies(self, request: plan_service_pb2.ListPoliciesRequest,  # noqa: N802
+                           rc: RequestContext) -> plan_service_pb2.ListPoliciesResponse:
+        return plan_service_pb2.ListPoliciesResponse(policies=[codec.policy_info(p) for p in POLICIES.values()])
+
+    async def ComputePolicyImpact(self, request: plan_service_pb2.ComputePolicyImpactRequest,  # noqa: N802
+                                  rc: RequestContext) -> plan_service_pb2.PolicyImpact:
+        try:
+            impact = await asyncio.to_thread(policy_impact, self.plans.store, request.candidate,
+                                             request.baseline or DEFAULT_POLICY, request.filter)
+        except filters.FilterError as exc:
+            raise invalid("filter", str(exc)) from None
+        return codec.impact_proto(impact)
 
 
 class AuditService:

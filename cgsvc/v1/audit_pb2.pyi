@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AuditRecord(_message.Message):
-    __slots__ = ("name", "sequence", "schema_version", "time", "principal", "peer", "method", "request_id", "trace_id", "spec_json", "spec_hash", "plan_json", "plan_hash", "rule_ids", "policy_version", "service_version", "outcome_code", "outcome_message", "launch_id", "plan_id", "prev_hash", "record_hash", "model", "gpu", "hashed_json")
+    __slots__ = ("name", "sequence", "schema_version", "time", "principal", "peer", "method", "request_id", "trace_id", "spec_json", "spec_hash", "plan_json", "plan_hash", "rule_ids", "policy_version", "service_version", "outcome_code", "outcome_message", "launch_id", "plan_id", "prev_hash", "record_hash", "model", "gpu", "hashed_json", "policy")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class AuditRecord(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     HASHED_JSON_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     name: str
     sequence: int
     schema_version: int
@@ -61,7 +62,8 @@ class AuditRecord(_message.Message):
     model: str
     gpu: str
     hashed_json: str
-    def __init__(self, name: _Optional[str] = ..., sequence: _Optional[int] = ..., schema_version: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., principal: _Optional[str] = ..., peer: _Optional[str] = ..., method: _Optional[str] = ..., request_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., spec_json: _Optional[str] = ..., spec_hash: _Optional[str] = ..., plan_json: _Optional[str] = ..., plan_hash: _Optional[str] = ..., rule_ids: _Optional[_Iterable[str]] = ..., policy_version: _Optional[str] = ..., service_version: _Optional[str] = ..., outcome_code: _Optional[int] = ..., outcome_message: _Optional[str] = ..., launch_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., prev_hash: _Optional[str] = ..., record_hash: _Optional[str] = ..., model: _Optional[str] = ..., gpu: _Optional[str] = ..., hashed_json: _Optional[str] = ...) -> None: ...
+    policy: str
+    def __init__(self, name: _Optional[str] = ..., sequence: _Optional[int] = ..., schema_version: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., principal: _Optional[str] = ..., peer: _Optional[str] = ..., method: _Optional[str] = ..., request_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., spec_json: _Optional[str] = ..., spec_hash: _Optional[str] = ..., plan_json: _Optional[str] = ..., plan_hash: _Optional[str] = ..., rule_ids: _Optional[_Iterable[str]] = ..., policy_version: _Optional[str] = ..., service_version: _Optional[str] = ..., outcome_code: _Optional[int] = ..., outcome_message: _Optional[str] = ..., launch_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., prev_hash: _Optional[str] = ..., record_hash: _Optional[str] = ..., model: _Optional[str] = ..., gpu: _Optional[str] = ..., hashed_json: _Optional[str] = ..., policy: _Optional[str] = ...) -> None: ...
 
 class GetAuditRecordRequest(_message.Message):
     __slots__ = ("name",)

@@ -121,7 +121,7 @@ class Launch(_message.Message):
     def __init__(self, name: _Optional[str] = ..., plan: _Optional[str] = ..., state: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., tp: _Optional[int] = ..., dispatcher: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tokens_done: _Optional[int] = ..., tokens_total: _Optional[int] = ..., error: _Optional[str] = ..., report: _Optional[_Union[LaunchReport, _Mapping]] = ..., report_json: _Optional[str] = ..., plan_audit_record: _Optional[str] = ..., audit_records: _Optional[_Iterable[str]] = ..., principal: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., placement: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CreateLaunchRequest(_message.Message):
-    __slots__ = ("spec", "plan", "workload", "model_path", "request_id", "dispatcher", "wait_for_resources")
+    __slots__ = ("spec", "plan", "workload", "model_path", "request_id", "dispatcher", "wait_for_resources", "policy")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +129,7 @@ class CreateLaunchRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DISPATCHER_FIELD_NUMBER: _ClassVar[int]
     WAIT_FOR_RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     spec: _launch_spec_pb2.LaunchSpec
     plan: str
     workload: LaunchWorkload
@@ -136,7 +137,8 @@ class CreateLaunchRequest(_message.Message):
     request_id: str
     dispatcher: str
     wait_for_resources: bool
-    def __init__(self, spec: _Optional[_Union[_launch_spec_pb2.LaunchSpec, _Mapping]] = ..., plan: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., request_id: _Optional[str] = ..., dispatcher: _Optional[str] = ..., wait_for_resources: _Optional[bool] = ...) -> None: ...
+    policy: str
+    def __init__(self, spec: _Optional[_Union[_launch_spec_pb2.LaunchSpec, _Mapping]] = ..., plan: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., request_id: _Optional[str] = ..., dispatcher: _Optional[str] = ..., wait_for_resources: _Optional[bool] = ..., policy: _Optional[str] = ...) -> None: ...
 
 class Operation(_message.Message):
     __slots__ = ("name", "done", "metadata", "error_code", "error_message")

@@ -26,7 +26,7 @@ from cgsvc.v1 import launch_spec_pb2 as cgsvc_dot_v1_dot_launch__spec__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x63gsvc/v1/plan.proto\x12\x08\x63gsvc.v1\x1a\x1a\x63gsvc/v1/launch_spec.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xee\x03\n\x04Plan\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\t\x12\x11\n\tplan_hash\x18\x03 \x01(\t\x12\x36\n\x11\x61ttention_backend\x18\x04 \x01(\x0b\x32\x1b.cgsvc.v1.AttentionBackends\x12&\n\x07prefill\x18\x05 \x01(\x0b\x32\x15.cgsvc.v1.PrefillPlan\x12$\n\x06\x64\x65\x63ode\x18\x06 \x01(\x0b\x32\x14.cgsvc.v1.DecodePlan\x12\x16\n\x0ekv_cache_dtype\x18\x07 \x01(\t\x12\x1c\n\x14\x63hunked_prefill_size\x18\x08 \x01(\x05\x12\x0e\n\x06locked\x18\t \x03(\t\x12%\n\tdecisions\x18\n \x03(\x0b\x32\x12.cgsvc.v1.Decision\x12\'\n\x08warnings\x18\x0b \x03(\x0b\x32\x15.cgsvc.v1.PlanWarning\x12&\n\testimates\x18\x0c \x01(\x0b\x32\x13.cgsvc.v1.Estimates\x12/\n\x0b\x63reate_time\x18\x14 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\"\n\x04spec\x18\x15 \x01(\x0b\x32\x14.cgsvc.v1.LaunchSpec\x12\x14\n\x0c\x61udit_record\x18\x16 \x01(\t\"4\n\x11\x41ttentionBackends\x12\x0f\n\x07prefill\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65\x63ode\x18\x02 \x01(\t\"J\n\x0bPrefillPlan\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x16\n\x0emax_num_tokens\x18\x02 \x01(\x05\x12\x12\n\nnum_tokens\x18\x03 \x03(\x05\"9\n\nDecodePlan\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x0e\n\x06max_bs\x18\x02 \x01(\x05\x12\n\n\x02\x62s\x18\x03 \x03(\x05\"\x95\x01\n\x08\x44\x65\x63ision\x12\x0b\n\x03seq\x18\x01 \x01(\x05\x12\x0f\n\x07rule_id\x18\x02 \x01(\t\x12\r\n\x05phase\x18\x03 \x01(\t\x12\r\n\x05\x66ield\x18\x04 \x01(\t\x12\x0e\n\x06\x62\x65\x66ore\x18\x05 \x01(\t\x12\r\n\x05\x61\x66ter\x18\x06 \x01(\t\x12\x0e\n\x06source\x18\x07 \x01(\t\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x0e\n\x06\x66orced\x18\t \x01(\x08\"/\n\x0bPlanWarning\x12\x0f\n\x07rule_id\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"R\n\tEstimates\x12\x0e\n\x06graphs\x18\x01 \x01(\x05\x12\x1c\n\x14\x63\x61pture_memory_bytes\x18\x02 \x01(\x03\x12\x17\n\x0f\x63\x61pture_seconds\x18\x03 \x01(\x01\x42\x1cZ\x1a\x63gsvc/gen/cgsvc/v1;cgsvcv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x63gsvc/v1/plan.proto\x12\x08\x63gsvc.v1\x1a\x1a\x63gsvc/v1/launch_spec.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfe\x03\n\x04Plan\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\t\x12\x11\n\tplan_hash\x18\x03 \x01(\t\x12\x36\n\x11\x61ttention_backend\x18\x04 \x01(\x0b\x32\x1b.cgsvc.v1.AttentionBackends\x12&\n\x07prefill\x18\x05 \x01(\x0b\x32\x15.cgsvc.v1.PrefillPlan\x12$\n\x06\x64\x65\x63ode\x18\x06 \x01(\x0b\x32\x14.cgsvc.v1.DecodePlan\x12\x16\n\x0ekv_cache_dtype\x18\x07 \x01(\t\x12\x1c\n\x14\x63hunked_prefill_size\x18\x08 \x01(\x05\x12\x0e\n\x06locked\x18\t \x03(\t\x12%\n\tdecisions\x18\n \x03(\x0b\x32\x12.cgsvc.v1.Decision\x12\'\n\x08warnings\x18\x0b \x03(\x0b\x32\x15.cgsvc.v1.PlanWarning\x12&\n\testimates\x18\x0c \x01(\x0b\x32\x13.cgsvc.v1.Estimates\x12\x0e\n\x06policy\x18\r \x01(\t\x12/\n\x0b\x63reate_time\x18\x14 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\"\n\x04spec\x18\x15 \x01(\x0b\x32\x14.cgsvc.v1.LaunchSpec\x12\x14\n\x0c\x61udit_record\x18\x16 \x01(\t\"4\n\x11\x41ttentionBackends\x12\x0f\n\x07prefill\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65\x63ode\x18\x02 \x01(\t\"J\n\x0bPrefillPlan\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x16\n\x0emax_num_tokens\x18\x02 \x01(\x05\x12\x12\n\nnum_tokens\x18\x03 \x03(\x05\"9\n\nDecodePlan\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x0e\n\x06max_bs\x18\x02 \x01(\x05\x12\n\n\x02\x62s\x18\x03 \x03(\x05\"\x95\x01\n\x08\x44\x65\x63ision\x12\x0b\n\x03seq\x18\x01 \x01(\x05\x12\x0f\n\x07rule_id\x18\x02 \x01(\t\x12\r\n\x05phase\x18\x03 \x01(\t\x12\r\n\x05\x66ield\x18\x04 \x01(\t\x12\x0e\n\x06\x62\x65\x66ore\x18\x05 \x01(\t\x12\r\n\x05\x61\x66ter\x18\x06 \x01(\t\x12\x0e\n\x06source\x18\x07 \x01(\t\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x0e\n\x06\x66orced\x18\t \x01(\x08\"/\n\x0bPlanWarning\x12\x0f\n\x07rule_id\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"R\n\tEstimates\x12\x0e\n\x06graphs\x18\x01 \x01(\x05\x12\x1c\n\x14\x63\x61pture_memory_bytes\x18\x02 \x01(\x03\x12\x17\n\x0f\x63\x61pture_seconds\x18\x03 \x01(\x01\x42\x1cZ\x1a\x63gsvc/gen/cgsvc/v1;cgsvcv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,17 +35,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z\032cgsvc/gen/cgsvc/v1;cgsvcv1'
   _globals['_PLAN']._serialized_start=95
-  _globals['_PLAN']._serialized_end=589
-  _globals['_ATTENTIONBACKENDS']._serialized_start=591
-  _globals['_ATTENTIONBACKENDS']._serialized_end=643
-  _globals['_PREFILLPLAN']._serialized_start=645
-  _globals['_PREFILLPLAN']._serialized_end=719
-  _globals['_DECODEPLAN']._serialized_start=721
-  _globals['_DECODEPLAN']._serialized_end=778
-  _globals['_DECISION']._serialized_start=781
-  _globals['_DECISION']._serialized_end=930
-  _globals['_PLANWARNING']._serialized_start=932
-  _globals['_PLANWARNING']._serialized_end=979
-  _globals['_ESTIMATES']._serialized_start=981
-  _globals['_ESTIMATES']._serialized_end=1063
+  _globals['_PLAN']._serialized_end=605
+  _globals['_ATTENTIONBACKENDS']._serialized_start=607
+  _globals['_ATTENTIONBACKENDS']._serialized_end=659
+  _globals['_PREFILLPLAN']._serialized_start=661
+  _globals['_PREFILLPLAN']._serialized_end=735
+  _globals['_DECODEPLAN']._serialized_start=737
+  _globals['_DECODEPLAN']._serialized_end=794
+  _globals['_DECISION']._serialized_start=797
+  _globals['_DECISION']._serialized_end=946
+  _globals['_PLANWARNING']._serialized_start=948
+  _globals['_PLANWARNING']._serialized_end=995
+  _globals['_ESTIMATES']._serialized_start=997
+  _globals['_ESTIMATES']._serialized_end=1079
 # @@protoc_insertion_point(module_scope)

@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Plan(_message.Message):
-    __slots__ = ("name", "policy_version", "plan_hash", "attention_backend", "prefill", "decode", "kv_cache_dtype", "chunked_prefill_size", "locked", "decisions", "warnings", "estimates", "create_time", "spec", "audit_record")
+    __slots__ = ("name", "policy_version", "plan_hash", "attention_backend", "prefill", "decode", "kv_cache_dtype", "chunked_prefill_size", "locked", "decisions", "warnings", "estimates", "policy", "create_time", "spec", "audit_record")
     NAME_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     PLAN_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,7 @@ class Plan(_message.Message):
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     ESTIMATES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     AUDIT_RECORD_FIELD_NUMBER: _ClassVar[int]
@@ -39,10 +40,11 @@ class Plan(_message.Message):
     decisions: _containers.RepeatedCompositeFieldContainer[Decision]
     warnings: _containers.RepeatedCompositeFieldContainer[PlanWarning]
     estimates: Estimates
+    policy: str
     create_time: _timestamp_pb2.Timestamp
     spec: _launch_spec_pb2.LaunchSpec
     audit_record: str
-    def __init__(self, name: _Optional[str] = ..., policy_version: _Optional[str] = ..., plan_hash: _Optional[str] = ..., attention_backend: _Optional[_Union[AttentionBackends, _Mapping]] = ..., prefill: _Optional[_Union[PrefillPlan, _Mapping]] = ..., decode: _Optional[_Union[DecodePlan, _Mapping]] = ..., kv_cache_dtype: _Optional[str] = ..., chunked_prefill_size: _Optional[int] = ..., locked: _Optional[_Iterable[str]] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., warnings: _Optional[_Iterable[_Union[PlanWarning, _Mapping]]] = ..., estimates: _Optional[_Union[Estimates, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., spec: _Optional[_Union[_launch_spec_pb2.LaunchSpec, _Mapping]] = ..., audit_record: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., policy_version: _Optional[str] = ..., plan_hash: _Optional[str] = ..., attention_backend: _Optional[_Union[AttentionBackends, _Mapping]] = ..., prefill: _Optional[_Union[PrefillPlan, _Mapping]] = ..., decode: _Optional[_Union[DecodePlan, _Mapping]] = ..., kv_cache_dtype: _Optional[str] = ..., chunked_prefill_size: _Optional[int] = ..., locked: _Optional[_Iterable[str]] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., warnings: _Optional[_Iterable[_Union[PlanWarning, _Mapping]]] = ..., estimates: _Optional[_Union[Estimates, _Mapping]] = ..., policy: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., spec: _Optional[_Union[_launch_spec_pb2.LaunchSpec, _Mapping]] = ..., audit_record: _Optional[str] = ...) -> None: ...
 
 class AttentionBackends(_message.Message):
     __slots__ = ("prefill", "decode")

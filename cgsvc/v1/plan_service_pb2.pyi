@@ -1,5 +1,6 @@
 from cgsvc.v1 import launch_spec_pb2 as _launch_spec_pb2
 from cgsvc.v1 import plan_pb2 as _plan_pb2
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -9,14 +10,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ResolvePlanRequest(_message.Message):
-    __slots__ = ("spec", "validate_only", "request_id")
+    __slots__ = ("spec", "validate_only", "request_id", "policy")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     spec: _launch_spec_pb2.LaunchSpec
     validate_only: bool
     request_id: str
-    def __init__(self, spec: _Optional[_Union[_launch_spec_pb2.LaunchSpec, _Mapping]] = ..., validate_only: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+    policy: str
+    def __init__(self, spec: _Optional[_Union[_launch_spec_pb2.LaunchSpec, _Mapping]] = ..., validate_only: _Optional[bool] = ..., request_id: _Optional[str] = ..., policy: _Optional[str] = ...) -> None: ...
 
 class GetPlanRequest(_message.Message):
     __slots__ = ("name",)
@@ -41,3 +44,143 @@ class ListPlansResponse(_message.Message):
     plans: _containers.RepeatedCompositeFieldContainer[_plan_pb2.Plan]
     next_page_token: str
     def __init__(self, plans: _Optional[_Iterable[_Union[_plan_pb2.Plan, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class PolicyInfo(_message.Message):
+    __slots__ = ("name", "version", "summary", "rules", "doc", "default")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    DOC_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    summary: str
+    rules: int
+    doc: str
+    default: bool
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., summary: _Optional[str] = ..., rules: _Optional[int] = ..., doc: _Optional[str] = ..., default: _Optional[bool] = ...) -> None: ...
+
+class ListPoliciesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListPoliciesResponse(_message.Message):
+    __slots__ = ("policies",)
+    POLICIES_FIELD_NUMBER: _ClassVar[int]
+    policies: _containers.RepeatedCompositeFieldContainer[PolicyInfo]
+    def __init__(self, policies: _Optional[_Iterable[_Union[PolicyInfo, _Mapping]]] = ...) -> None: ...
+
+class ComputePolicyImpactRequest(_message.Message):
+    __slots__ = ("candidate", "baseline", "filter")
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    candidate: str
+    baseline: str
+    filter: str
+    def __init__(self, candidate: _Optional[str] = ..., baseline: _Optional[str] = ..., filter: _Optional[str] = ...) -> None: ...
+
+class PolicyRef(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class FieldChange(_message.Message):
+    __slots__ = ("field", "baseline", "candidate", "baseline_rules", "candidate_rules")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_RULES_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_RULES_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    baseline: _struct_pb2.Value
+    candidate: _struct_pb2.Value
+    baseline_rules: _containers.RepeatedScalarFieldContainer[str]
+    candidate_rules: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, field: _Optional[str] = ..., baseline: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., candidate: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., baseline_rules: _Optional[_Iterable[str]] = ..., candidate_rules: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RuleChanges(_message.Message):
+    __slots__ = ("baseline_only", "candidate_only")
+    BASELINE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    baseline_only: _containers.RepeatedScalarFieldContainer[str]
+    candidate_only: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, baseline_only: _Optional[_Iterable[str]] = ..., candidate_only: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ChangedSpec(_message.Message):
+    __slots__ = ("spec_hash", "model", "gpu", "records", "changes", "rules", "example_record")
+    SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLE_RECORD_FIELD_NUMBER: _ClassVar[int]
+    spec_hash: str
+    model: str
+    gpu: str
+    records: int
+    changes: _containers.RepeatedCompositeFieldContainer[FieldChange]
+    rules: RuleChanges
+    example_record: str
+    def __init__(self, spec_hash: _Optional[str] = ..., model: _Optional[str] = ..., gpu: _Optional[str] = ..., records: _Optional[int] = ..., changes: _Optional[_Iterable[_Union[FieldChange, _Mapping]]] = ..., rules: _Optional[_Union[RuleChanges, _Mapping]] = ..., example_record: _Optional[str] = ...) -> None: ...
+
+class RefusalChange(_message.Message):
+    __slots__ = ("spec_hash", "model", "gpu", "records", "code", "message", "rule_id", "example_record", "fields")
+    SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RULE_ID_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLE_RECORD_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    spec_hash: str
+    model: str
+    gpu: str
+    records: int
+    code: str
+    message: str
+    rule_id: str
+    example_record: str
+    fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, spec_hash: _Optional[str] = ..., model: _Optional[str] = ..., gpu: _Optional[str] = ..., records: _Optional[int] = ..., code: _Optional[str] = ..., message: _Optional[str] = ..., rule_id: _Optional[str] = ..., example_record: _Optional[str] = ..., fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RecordedUnder(_message.Message):
+    __slots__ = ("policy", "version", "records")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    policy: str
+    version: str
+    records: int
+    def __init__(self, policy: _Optional[str] = ..., version: _Optional[str] = ..., records: _Optional[int] = ...) -> None: ...
+
+class PolicyImpact(_message.Message):
+    __slots__ = ("baseline", "candidate", "specs_examined", "records_examined", "changed", "newly_refused", "newly_accepted", "unchanged", "recorded_under", "filter")
+    BASELINE_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
+    SPECS_EXAMINED_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_EXAMINED_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    NEWLY_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    NEWLY_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_UNDER_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    baseline: PolicyRef
+    candidate: PolicyRef
+    specs_examined: int
+    records_examined: int
+    changed: _containers.RepeatedCompositeFieldContainer[ChangedSpec]
+    newly_refused: _containers.RepeatedCompositeFieldContainer[RefusalChange]
+    newly_accepted: _containers.RepeatedCompositeFieldContainer[RefusalChange]
+    unchanged: int
+    recorded_under: _containers.RepeatedCompositeFieldContainer[RecordedUnder]
+    filter: str
+    def __init__(self, baseline: _Optional[_Union[PolicyRef, _Mapping]] = ..., candidate: _Optional[_Union[PolicyRef, _Mapping]] = ..., specs_examined: _Optional[int] = ..., records_examined: _Optional[int] = ..., changed: _Optional[_Iterable[_Union[ChangedSpec, _Mapping]]] = ..., newly_refused: _Optional[_Iterable[_Union[RefusalChange, _Mapping]]] = ..., newly_accepted: _Optional[_Iterable[_Union[RefusalChange, _Mapping]]] = ..., unchanged: _Optional[int] = ..., recorded_under: _Optional[_Iterable[_Union[RecordedUnder, _Mapping]]] = ..., filter: _Optional[str] = ...) -> None: ...

@@ -51,6 +51,16 @@ class PlanServiceStub:
                 request_serializer=cgsvc_dot_v1_dot_plan__service__pb2.ListPlansRequest.SerializeToString,
                 response_deserializer=cgsvc_dot_v1_dot_plan__service__pb2.ListPlansResponse.FromString,
                 _registered_method=True)
+        self.ListPolicies = channel.unary_unary(
+                '/cgsvc.v1.PlanService/ListPolicies',
+                request_serializer=cgsvc_dot_v1_dot_plan__service__pb2.ListPoliciesRequest.SerializeToString,
+                response_deserializer=cgsvc_dot_v1_dot_plan__service__pb2.ListPoliciesResponse.FromString,
+                _registered_method=True)
+        self.ComputePolicyImpact = channel.unary_unary(
+                '/cgsvc.v1.PlanService/ComputePolicyImpact',
+                request_serializer=cgsvc_dot_v1_dot_plan__service__pb2.ComputePolicyImpactRequest.SerializeToString,
+                response_deserializer=cgsvc_dot_v1_dot_plan__service__pb2.PolicyImpact.FromString,
+                _registered_method=True)
 
 
 class PlanServiceServicer:
@@ -75,6 +85,22 @@ class PlanServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListPolicies(self, request, context):
+        """The policies this server resolves with: cgsvc (the default) and the engine profiles.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ComputePolicyImpact(self, request, context):
+        """Re-resolves every distinct spec of the audit history (ResolvePlan and CreateLaunch
+        records, refusals included) under a baseline and a candidate policy, and says what would
+        change, for how many records, and because of which rules. Reads only; streams the log.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlanServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +118,16 @@ def add_PlanServiceServicer_to_server(servicer, server):
                     servicer.ListPlans,
                     request_deserializer=cgsvc_dot_v1_dot_plan__service__pb2.ListPlansRequest.FromString,
                     response_serializer=cgsvc_dot_v1_dot_plan__service__pb2.ListPlansResponse.SerializeToString,
+            ),
+            'ListPolicies': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPolicies,
+                    request_deserializer=cgsvc_dot_v1_dot_plan__service__pb2.ListPoliciesRequest.FromString,
+                    response_serializer=cgsvc_dot_v1_dot_plan__service__pb2.ListPoliciesResponse.SerializeToString,
+            ),
+            'ComputePolicyImpact': grpc.unary_unary_rpc_method_handler(
+                    servicer.ComputePolicyImpact,
+                    request_deserializer=cgsvc_dot_v1_dot_plan__service__pb2.ComputePolicyImpactRequest.FromString,
+                    response_serializer=cgsvc_dot_v1_dot_plan__service__pb2.PolicyImpact.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +212,60 @@ class PlanService:
             '/cgsvc.v1.PlanService/ListPlans',
             cgsvc_dot_v1_dot_plan__service__pb2.ListPlansRequest.SerializeToString,
             cgsvc_dot_v1_dot_plan__service__pb2.ListPlansResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPolicies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cgsvc.v1.PlanService/ListPolicies',
+            cgsvc_dot_v1_dot_plan__service__pb2.ListPoliciesRequest.SerializeToString,
+            cgsvc_dot_v1_dot_plan__service__pb2.ListPoliciesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ComputePolicyImpact(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cgsvc.v1.PlanService/ComputePolicyImpact',
+            cgsvc_dot_v1_dot_plan__service__pb2.ComputePolicyImpactRequest.SerializeToString,
+            cgsvc_dot_v1_dot_plan__service__pb2.PolicyImpact.FromString,
             options,
             channel_credentials,
             insecure,

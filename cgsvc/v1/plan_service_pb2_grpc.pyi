@@ -37,6 +37,13 @@ class PlanServiceStub:
     ResolvePlan: _grpc.UnaryUnaryMultiCallable[_plan_service_pb2.ResolvePlanRequest, _plan_pb2.Plan]
     GetPlan: _grpc.UnaryUnaryMultiCallable[_plan_service_pb2.GetPlanRequest, _plan_pb2.Plan]
     ListPlans: _grpc.UnaryUnaryMultiCallable[_plan_service_pb2.ListPlansRequest, _plan_service_pb2.ListPlansResponse]
+    ListPolicies: _grpc.UnaryUnaryMultiCallable[_plan_service_pb2.ListPoliciesRequest, _plan_service_pb2.ListPoliciesResponse]
+    """The policies this server resolves with: cgsvc (the default) and the engine profiles."""
+    ComputePolicyImpact: _grpc.UnaryUnaryMultiCallable[_plan_service_pb2.ComputePolicyImpactRequest, _plan_service_pb2.PolicyImpact]
+    """Re-resolves every distinct spec of the audit history (ResolvePlan and CreateLaunch
+    records, refusals included) under a baseline and a candidate policy, and says what would
+    change, for how many records, and because of which rules. Reads only; streams the log.
+    """
 
 @_typing.type_check_only
 class PlanServiceAsyncStub(PlanServiceStub):
@@ -46,6 +53,13 @@ class PlanServiceAsyncStub(PlanServiceStub):
     ResolvePlan: _aio.UnaryUnaryMultiCallable[_plan_service_pb2.ResolvePlanRequest, _plan_pb2.Plan]  # type: ignore[assignment]
     GetPlan: _aio.UnaryUnaryMultiCallable[_plan_service_pb2.GetPlanRequest, _plan_pb2.Plan]  # type: ignore[assignment]
     ListPlans: _aio.UnaryUnaryMultiCallable[_plan_service_pb2.ListPlansRequest, _plan_service_pb2.ListPlansResponse]  # type: ignore[assignment]
+    ListPolicies: _aio.UnaryUnaryMultiCallable[_plan_service_pb2.ListPoliciesRequest, _plan_service_pb2.ListPoliciesResponse]  # type: ignore[assignment]
+    """The policies this server resolves with: cgsvc (the default) and the engine profiles."""
+    ComputePolicyImpact: _aio.UnaryUnaryMultiCallable[_plan_service_pb2.ComputePolicyImpactRequest, _plan_service_pb2.PolicyImpact]  # type: ignore[assignment]
+    """Re-resolves every distinct spec of the audit history (ResolvePlan and CreateLaunch
+    records, refusals included) under a baseline and a candidate policy, and says what would
+    change, for how many records, and because of which rules. Reads only; streams the log.
+    """
 
 class PlanServiceServicer(metaclass=_abc_1.ABCMeta):
     """Resolves launch specs into CUDA-graph plans; every answer is audited first."""
@@ -70,5 +84,24 @@ class PlanServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _plan_service_pb2.ListPlansRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_plan_service_pb2.ListPlansResponse, _abc.Awaitable[_plan_service_pb2.ListPlansResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListPolicies(
+        self,
+        request: _plan_service_pb2.ListPoliciesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_plan_service_pb2.ListPoliciesResponse, _abc.Awaitable[_plan_service_pb2.ListPoliciesResponse]]:
+        """The policies this server resolves with: cgsvc (the default) and the engine profiles."""
+
+    @_abc_1.abstractmethod
+    def ComputePolicyImpact(
+        self,
+        request: _plan_service_pb2.ComputePolicyImpactRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_plan_service_pb2.PolicyImpact, _abc.Awaitable[_plan_service_pb2.PolicyImpact]]:
+        """Re-resolves every distinct spec of the audit history (ResolvePlan and CreateLaunch
+        records, refusals included) under a baseline and a candidate policy, and says what would
+        change, for how many records, and because of which rules. Reads only; streams the log.
+        """
 
 def add_PlanServiceServicer_to_server(servicer: PlanServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

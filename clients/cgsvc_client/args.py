@@ -86,6 +86,22 @@ def add_spec_flags(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) ->
     p.add_argument("--disable-cuda-graph", action="store_true", help="set disable_cuda_graph")
 
 
+def resolve_offline(spec: dict[str, Any], policy: str = "") -> Any:
+    """Resolve a spec here, with no server (a refusal becomes a CliError)."""
+    from cgsvc.resolve import DEFAULT_POLICY, resolve
+    from cgsvc.spec import parse_spec
+
+    try:
+        return resolve(parse_spec(spec), policy or DEFAULT_POLICY)
+    except ServiceError as exc:
+        raise CliError.from_resolve(exc) from None
+
+
+def add_policy(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", help="the policy to resolve under: cgsvc (default) or an engine profile such as "
+                                    "sglang-0.5.17 (cgsvc-cli policies lists them)")
+
+
 def add_output(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", "-o", choices=("table", "json"),
                    help="table (default on a terminal) or json (default otherwise)")

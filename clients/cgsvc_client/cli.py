@@ -1,8 +1,9 @@
 """`cgsvc-cli`: resolve and explain plans, in-process or against a cgsvc server.
 
-    cgsvc-cli resolve --spec FILE.json [--output table|json] [--explain FIELD] [--server HOST:PORT]
+    cgsvc-cli resolve --spec FILE.json [--policy NAME] [--output table|json] [--explain FIELD] [--server HOST:PORT]
     cgsvc-cli resolve --model nvidia/Kimi-K2.6-NVFP4 --gpu GB300 --gpus 4 --tp 4
-    cgsvc-cli rules [--output table|json]
+    cgsvc-cli rules [--policy NAME] [--output table|json]
+    cgsvc-cli policies [--server HOST:PORT]
 
 Exit codes: 0 success; 2 the spec was refused (INVALID_ARGUMENT / FAILED_PRECONDITION);
 1 any other failure (server unreachable, ...). JSON output is `{"plan": ...}` or
@@ -17,50 +18,57 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cgsvc.errors import ServiceError
-from cgsvc.plan import Plan
-from cgsvc_client import launch_commands, remote_commands, render
-from cgsvc_client.args import CliError, add_output, add_server, add_spec_flags, build_spec
-
-
-def resolve_offline(spec: dict[str, Any]) -> Plan:
-    from cgsvc.resolve import resolve
-    from cgsvc.spec import parse_spec
-
-    try:
-        return resolve(parse_spec(spec))
-    except ServiceError as exc:
-        raise CliError.from_resolve(exc) from None
+from cgsvc_client import evidence_commands, launch_commands, remote_commands, render
+from cgsvc_client.args import (
+    CliError,
+    add_output,
+    add_policy,
+    add_server,
+    add_spec_flags,
+    build_spec,
+    resolve_offline,
+)
 
 
 def cmd_resolve(ns: argparse.Namespace) -> int:
     spec = build_spec(ns)
+    resource: dict[str, Any] = {}  # the plan's resource name and audit record, when a server stored it
     if ns.server:
+        from cgsvc import codec
         from cgsvc_client.client import Client
 
         with Client.from_args(ns) as client:
-            plan = client.resolve(spec)
+            msg = client.resolve_proto(spec, policy=ns.policy or "")
+        plan = codec.plan_from_proto(msg)
+        resource = {"name": msg.name, "audit_record": msg.audit_record,
+                    "create_time": msg.create_time.ToJsonString() if msg.name else ""}
     else:
-        plan = resolve_offline(spec)
+        plan = resolve_offline(spec, ns.policy or "")
     if render.output_mode(ns) == "json":
         if ns.explain:
-            render.print_json({"explain": {"field": ns.explain,
-                                     "decisions": [d.to_dict() for d in plan.decisions_for(ns.explain)]}})
+            render.print_json({"explain": {"field": ns.explain, **resource,
+                                           "decisions": [d.to_dict() for d in plan.decisions_for(ns.explain)]}})
         else:
-            render.print_json({"plan": plan.to_dict()})
+            render.print_json({"plan": {**resource, **plan.to_dict()}})
     else:
+        if resource:
+            print(f"{resource['name'] or '(validate only: not stored)'}  audit {resource['audit_record']}\n")
         print(render.plan_table(plan, render.Style(sys.stdout.isatty()), ns.explain))
     return 0
 
 
 def cmd_rules(ns: argparse.Namespace) -> int:
-    from cgsvc.resolve import policy_version
-    from cgsvc.resolve.policy import RULES
+    from cgsvc.resolve import get_policy, policy_version
 
-    rules = [r.describe() for r in RULES]
+    try:
+        policy = get_policy(ns.policy or "")
+    except ServiceError as exc:
+        raise CliError.from_resolve(exc) from None
+    rules = [r.describe() for r in policy.rules]
     if render.output_mode(ns) == "json":
-        render.print_json({"policy_version": policy_version(), "rules": rules})
+        render.print_json({"policy": policy.name, "policy_version": policy_version(policy.name), "rules": rules})
     else:
-        print(f"policy {policy_version()}: {len(rules)} rules, in evaluation order")
+        print(f"policy {policy.name} {policy_version(policy.name)}: {len(rules)} rules, in evaluation order")
         print(render.table(["stage", "rule", "hardness", "writes", "reason"],
                            [(r["stage"], r["id"], r["hardness"], ",".join(r["writes"]) or "(warning)",
                              r["reason"]) for r in rules]))
@@ -74,16 +82,19 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("resolve", help="resolve a launch spec into a plan")
     add_spec_flags(r)
     r.add_argument("--explain", metavar="FIELD", help="only the decisions that shaped FIELD, e.g. prefill.backend")
+    add_policy(r)
     add_output(r)
     add_server(r)
     r.set_defaults(func=cmd_resolve)
 
-    rl = sub.add_parser("rules", help="list the policy's rule table")
+    rl = sub.add_parser("rules", help="list a policy's rule table")
+    add_policy(rl)
     add_output(rl)
     rl.set_defaults(func=cmd_rules)
 
     remote_commands.register(sub)
     launch_commands.register(sub)
+    evidence_commands.register(sub)
     return ap
 
 
@@ -100,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             render.print_json({"error": exc.error})
         else:
             print(render.error_text(exc.error, render.Style(sys.stderr.isatty())), file=sys.stderr)
+        if getattr(ns, "exit_code", False) and exc.exit_code == 1:
+            return 3  # with --exit-code, 1 means "the plans differ"
         return exc.exit_code
 
 

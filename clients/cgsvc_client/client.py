@@ -30,6 +30,8 @@ from cgsvc.v1 import (
     audit_pb2_grpc,
     diagnostics_pb2,
     diagnostics_pb2_grpc,
+    experiment_pb2,
+    experiment_pb2_grpc,
     launch_pb2,
     launch_pb2_grpc,
     plan_pb2,
@@ -42,7 +44,9 @@ SERVICE_CONFIG = json.dumps({"methodConfig": [{
              {"service": "cgsvc.v1.DiagnosticsService"},
              {"service": "cgsvc.v1.LaunchService", "method": "GetLaunch"},
              {"service": "cgsvc.v1.LaunchService", "method": "ListLaunches"},
-             {"service": "cgsvc.v1.LaunchService", "method": "CreateLaunch"}],
+             {"service": "cgsvc.v1.LaunchService", "method": "CreateLaunch"},
+             {"service": "cgsvc.v1.ExperimentService", "method": "GetExperiment"},
+             {"service": "cgsvc.v1.ExperimentService", "method": "ListExperiments"}],
     "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
                     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
 }]})
@@ -86,6 +90,7 @@ class Client:
         self.audit = audit_pb2_grpc.AuditServiceStub(self.channel)
         self.diagnostics = diagnostics_pb2_grpc.DiagnosticsServiceStub(self.channel)
         self.launches = launch_pb2_grpc.LaunchServiceStub(self.channel)
+        self.experiments = experiment_pb2_grpc.ExperimentServiceStub(self.channel)
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace) -> Client:
@@ -112,13 +117,21 @@ class Client:
 
     # ------------------------------------------------------------------ plans
     def resolve_proto(self, spec: dict[str, Any], validate_only: bool = False,
-                      request_id: str | None = None) -> plan_pb2.Plan:
+                      request_id: str | None = None, policy: str = "") -> plan_pb2.Plan:
         req = plan_service_pb2.ResolvePlanRequest(spec=codec.spec_proto_from_dict(spec), validate_only=validate_only,
-                                                  request_id=request_id or uuid.uuid4().hex)
+                                                  request_id=request_id or uuid.uuid4().hex, policy=policy)
         return self.call(self.plans.ResolvePlan, req)  # type: ignore[no-any-return]
 
-    def resolve(self, spec: dict[str, Any], validate_only: bool = False, request_id: str | None = None) -> Plan:
-        return codec.plan_from_proto(self.resolve_proto(spec, validate_only, request_id))
+    def resolve(self, spec: dict[str, Any], validate_only: bool = False, request_id: str | None = None,
+                policy: str = "") -> Plan:
+        return codec.plan_from_proto(self.resolve_proto(spec, validate_only, request_id, policy))
+
+    def list_policies(self) -> plan_service_pb2.ListPoliciesResponse:
+        return self.call(self.plans.ListPolicies, plan_service_pb2.ListPoliciesRequest())  # type: ignore[no-any-return]
+
+    def policy_impact(self, candidate: str, baseline: str = "", filter: str = "") -> dict[str, Any]:
+        req = plan_service_pb2.ComputePolicyImpactRequest(candidate=candidate, baseline=baseline, filter=filter)
+        return codec.impact_dict(self.call(self.plans.ComputePolicyImpact, req, timeout=max(self.timeout, 600)))
 
     def get_plan(self, name: str) -> plan_pb2.Plan:
         return self.call(self.plans.GetPlan, plan_service_pb2.GetPlanRequest(name=name))  # type: ignore[no-any-return]
@@ -164,10 +177,10 @@ class Client:
     # ------------------------------------------------------------------ launches
     def create_launch(self, model_path: str, workload: dict[str, int], spec: dict[str, Any] | None = None,
                       plan: str = "", wait_for_resources: bool = False, dispatcher: str = "",
-                      request_id: str | None = None) -> launch_pb2.Operation:
+                      request_id: str | None = None, policy: str = "") -> launch_pb2.Operation:
         req = launch_pb2.CreateLaunchRequest(model_path=model_path, workload=launch_pb2.LaunchWorkload(**workload),
                                              wait_for_resources=wait_for_resources, dispatcher=dispatcher,
-                                             request_id=request_id or uuid.uuid4().hex)
+                                             request_id=request_id or uuid.uuid4().hex, policy=policy)
         if spec is not None:
             req.spec.CopyFrom(codec.spec_proto_from_dict(spec))
         else:
@@ -195,6 +208,30 @@ class Client:
     def launch_logs(self, name: str, rank: int = -1, tail_lines: int = 0) -> launch_pb2.LaunchLogs:
         req = launch_pb2.GetLaunchLogsRequest(name=name, rank=rank, tail_lines=tail_lines)
         return self.call(self.launches.GetLaunchLogs, req)  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------------ experiments
+    def create_experiment(self, plans: list[str], model_path: str, workload: dict[str, int], repeats: int,
+                          dispatcher: str = "") -> experiment_pb2.Experiment:
+        req = experiment_pb2.CreateExperimentRequest(plans=plans, model_path=model_path, repeats=repeats,
+                                                     workload=launch_pb2.LaunchWorkload(**workload),
+                                                     dispatcher=dispatcher)
+        return self.call(self.experiments.CreateExperiment, req, timeout=max(self.timeout, 60))  # type: ignore[no-any-return]
+
+    def get_experiment(self, name: str) -> experiment_pb2.Experiment:
+        return self.call(self.experiments.GetExperiment,  # type: ignore[no-any-return]
+                         experiment_pb2.GetExperimentRequest(name=name))
+
+    def list_experiments(self, filter: str = "", page_size: int = 0,
+                         page_token: str = "") -> experiment_pb2.ListExperimentsResponse:
+        req = experiment_pb2.ListExperimentsRequest(filter=filter, page_size=page_size, page_token=page_token)
+        return self.call(self.experiments.ListExperiments, req)  # type: ignore[no-any-return]
+
+    def watch_experiment(self, name: str, timeout: float = 24 * 3600) -> Iterator[experiment_pb2.Experiment]:
+        try:
+            yield from self.experiments.WatchExperiment(experiment_pb2.WatchExperimentRequest(name=name),
+                                                        timeout=timeout, metadata=self.metadata())
+        except grpc.RpcError as err:
+            raise error_from_rpc(err) from None
 
     def echo(self, payload: bytes = b"") -> bytes:
         return self.call(self.diagnostics.Echo, diagnostics_pb2.EchoRequest(payload=payload)).payload  # type: ignore[no-any-return]

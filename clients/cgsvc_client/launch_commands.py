@@ -11,7 +11,14 @@ from google.protobuf import json_format
 
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc_client import render
-from cgsvc_client.args import add_listing, add_output, add_server, add_spec_flags, build_spec
+from cgsvc_client.args import (
+    add_listing,
+    add_output,
+    add_policy,
+    add_server,
+    add_spec_flags,
+    build_spec,
+)
 from cgsvc_client.client import Client
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "LOST")
@@ -82,7 +89,7 @@ def cmd_launch(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
         op = c.create_launch(ns.checkpoint, workload, spec=spec, plan=ns.plan or "",
                              wait_for_resources=ns.wait_for_resources, dispatcher=ns.dispatcher or "",
-                             request_id=ns.request_id)
+                             request_id=ns.request_id, policy=ns.policy or "")
         launch = op.metadata
         if ns.wait:
             bar = Progress()
@@ -150,6 +157,7 @@ def register(sub: Any) -> None:
     la = sub.add_parser("launch", help="resolve (or take) a plan and run it on a worker group")
     add_spec_flags(la, exclude=("--model-path",))
     la.add_argument("--plan", help="plans/ID of a stored plan instead of a spec")
+    add_policy(la)
     la.add_argument("--model-path", dest="checkpoint", required=True, help="checkpoint directory for the workers")
     la.add_argument("--input-len", type=int, default=128, help="prompt tokens per request (default 128)")
     la.add_argument("--output-len", type=int, default=32, help="tokens to generate per request (default 32)")

@@ -14,7 +14,7 @@ from google.protobuf.message import Message
 from cgsvc import codec
 from cgsvc.audit import checkpoint, merkle
 from cgsvc.errors import CODE_NAMES, FieldViolation, ServiceError
-from cgsvc_client import render
+from cgsvc_client import evidence_commands, render
 from cgsvc_client.args import CliError, add_listing, add_output, add_server
 from cgsvc_client.client import Client
 
@@ -194,6 +194,7 @@ def register(sub: Any) -> None:
     p2 = plans.add_parser("show", help="show one plan")
     p2.add_argument("name", help="plans/ID or ID")
     p2.set_defaults(func=plans_show)
+    evidence_commands.register_diff(plans)
 
     audit = sub.add_parser("audit", help="the audit log").add_subparsers(dest="audit_command", required=True)
     a = audit.add_parser("list", help="list audit records")

@@ -85,7 +85,7 @@ def plan_table(plan: Plan, style: Style, explain: str | None = None) -> str:
             ("estimates", f"{plan.estimates.graphs} graphs, "
                           f"{plan.estimates.capture_memory_bytes / 2**20:.1f} MiB, "
                           f"{plan.estimates.capture_seconds:.2f} s capture"),
-            ("policy / plan", f"{plan.policy_version} / {plan.plan_hash[:16]}"),
+            ("policy / plan", f"{plan.policy} {plan.policy_version} / {plan.plan_hash[:16]}"),
         ]
         width = max(len(k) for k, _ in rows)
         head = "\n".join(f"{style(k.ljust(width), BOLD)}  {v}" for k, v in rows)

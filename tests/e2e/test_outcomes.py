@@ -35,6 +35,12 @@ class FaultyPlans:
     async def ListPlans(self, request: Any, rc: Any) -> Any:  # noqa: N802
         return plan_service_pb2.ListPlansResponse()
 
+    async def ListPolicies(self, request: Any, rc: Any) -> Any:  # noqa: N802
+        return plan_service_pb2.ListPoliciesResponse()
+
+    async def ComputePolicyImpact(self, request: Any, rc: Any) -> Any:  # noqa: N802
+        return plan_service_pb2.PolicyImpact()
+
 
 async def scenario(tmp_path: Path) -> list[Any]:
     store = AuditStore(f"sqlite:///{tmp_path / 'db.sqlite'}")

@@ -44,11 +44,18 @@ def test_tokens_and_roles(tmp_path: Path) -> None:
             with pytest.raises(ServiceError) as e:
                 c.verify_audit_log()
             assert e.value.code == "PERMISSION_DENIED" and "resolver-bot" in e.value.message
+            assert len(c.list_policies().policies) == 4  # anyone authenticated
+            for denied_call in (lambda: c.policy_impact("sglang-0.5.17"),  # the whole history: auditors only
+                                lambda: c.create_experiment([plan.name, plan.name], "/tmp", {}, 1)):
+                with pytest.raises(ServiceError) as e:
+                    denied_call()
+                assert e.value.code == "PERMISSION_DENIED"
         with Client(srv.address, token=TOKENS["auditor"]) as c:
             with pytest.raises(ServiceError) as e:
                 c.resolve(KIMI)
             assert e.value.code == "PERMISSION_DENIED"
             assert c.get_plan(plan.name).plan_hash == plan.plan_hash
+            assert c.policy_impact("sglang-0.5.17")["specs_examined"] == 1  # every attempt carried the one spec
             denied = c.list_audit_records("outcome = PERMISSION_DENIED").records
             assert {r.principal for r in denied} == {"resolver-bot", "auditor-bot"}
             assert any(r.method.endswith("ResolvePlan") and r.spec_json for r in denied)

@@ -44,19 +44,26 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 5
+    assert store.schema_version() == 6
     assert store.migrate() == []  # idempotent
 
 
-def test_migrations_upgrade_an_older_schema(store: AuditStore) -> None:
-    """A schema-2 database (launches without devices, placement and request ids) with a launch
-    in it is upgraded in place, and the old launch stays readable."""
+def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schema-2 database (launches without devices, placement and request ids; records and plans
+    without a policy; no experiments) with a launch and a record-schema-1 record in it is upgraded
+    in place: the old launch stays readable, the old record is cgsvc's and still verifies."""
+    from cgsvc.audit import records
     from cgsvc.audit.store import LAUNCH_COLUMNS_3, launches
-    from cgsvc.launch.store import LaunchStore
+    from cgsvc.launch.store import ExperimentStore, LaunchStore
 
+    monkeypatch.setattr(records, "SCHEMA_VERSION", 1)  # written before named policies
     store.append(entry(1))
+    monkeypatch.undo()
     new = {c.name for c in LAUNCH_COLUMNS_3}
     with store.write_engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE experiments"))
+        conn.execute(sa.text("ALTER TABLE audit_records DROP COLUMN policy"))
+        conn.execute(sa.text("ALTER TABLE plans DROP COLUMN policy"))
         conn.execute(sa.text("DROP TABLE launch_requests"))
         conn.execute(sa.text("DROP TABLE launches"))
         conn.execute(sa.text("DELETE FROM schema_migrations WHERE version >= 3"))
@@ -71,8 +78,11 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore) -> None:
             tp=4, model_path="/m", workload_json='{"input_len": 1, "output_len": 1, "requests": 1, "concurrency": 1}',
             create_time="2026-01-01T00:00:00Z", update_time="2026-01-01T00:00:00Z", tokens_done=1, tokens_total=1,
             error="", report_json="", run_dir="/r", handle_json="", owner=""))
-    assert store.migrate() == [3, 4, 5]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
-    assert store.schema_version() == 5
+    assert store.migrate() == [3, 4, 5, 6]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 6
+    old = store.get_record(1)
+    assert old is not None and old.schema_version == 1 and old.policy == "cgsvc"
+    assert ExperimentStore(store).list_rows() == ([], "")
     assert [r.sequence for r in store.list_records('rule_id = "breakable.mla"')[0]] == [1]
     (row,), _ = LaunchStore(store).list_rows()
     assert row.launch_id == "old1" and row.devices == () and row.request_id == "" and row.placement == ""

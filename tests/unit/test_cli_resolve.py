@@ -26,7 +26,8 @@ def test_resolve_json_prints_the_plan_and_exits_0() -> None:
     proc = cli("resolve", "--spec", str(KIMI_SPEC), "--output", "json")
     assert proc.returncode == 0, proc.stderr
     plan = as_json(proc)["plan"]
-    assert list(plan)[:3] == ["policy_version", "plan_hash", "attention_backend"]
+    assert list(plan)[:4] == ["policy", "policy_version", "plan_hash", "attention_backend"]
+    assert plan["policy"] == "cgsvc"
     assert plan["prefill"]["backend"] == "disabled" and plan["decode"]["backend"] == "full"
     assert [d["rule_id"] for d in plan["decisions"] if d["field"] == "prefill.backend"] == [
         "default.prefill.backend", "prefill.exception.trtllm_mla", "breakable.mla"]

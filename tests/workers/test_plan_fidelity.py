@@ -24,7 +24,7 @@ from cgsvc.spec import parse_spec
 from tests.conftest import ROOT
 
 # Plan fields that describe the plan rather than what a worker runs.
-PLAN_METADATA = {"policy_version", "plan_hash", "locked", "decisions", "warnings", "estimates"}
+PLAN_METADATA = {"policy", "policy_version", "plan_hash", "locked", "decisions", "warnings", "estimates"}
 
 
 def every_field_spec(model_path: str) -> dict[str, Any]:

@@ -1,0 +1,242 @@
+"""A/B experiments: two stored plans measured on real worker groups, interleaved.
+
+    create(request):  check both plans against the checkpoint, record, audit, start run()
+    run():            for repeat 1..K: launch A, wait; launch B, wait      # A B A B ...
+                      after each launch: its requests' TTFT / TPOT join that arm's samples,
+                      the statistics are recomputed and stored (domain/stats.py)
+                      a launch that does not succeed stops the experiment, names the launch,
+                      and keeps what was measured
+
+Launches go through the launch lifecycle like any other (audited, visible in `launches
+list`); the experiment stores their names in run order. Interleaving spreads drift of the
+machine (thermal, other load) over both arms instead of onto one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import structlog
+
+from cgsvc import __version__
+from cgsvc.audit.records import AuditEntry
+from cgsvc.domain import stats
+from cgsvc.domain.launches import TERMINAL, Launches, order_for, read_checkpoint
+from cgsvc.domain.plans import Caller, Plans
+from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
+from cgsvc.launch.store import ExperimentRow, ExperimentStore, LaunchRow, Workload
+
+log = structlog.get_logger("cgsvc.experiments")
+
+CREATE_EXPERIMENT_METHOD = "/cgsvc.v1.ExperimentService/CreateExperiment"
+EXPERIMENT_STATE_METHOD = "experiment.state"
+ARMS = ("A", "B")
+MAX_REPEATS = 100
+
+
+def _empty_samples() -> dict[str, dict[str, list[float]]]:
+    return {arm: {"ttft_ms": [], "tpot_ms": []} for arm in ARMS}
+
+
+def samples_of(report: dict[str, Any]) -> dict[str, list[float]]:
+    """Per-request TTFT and TPOT of a worker report (TPOT only for requests with a second token)."""
+    reqs = report.get("requests") or []
+    return {"ttft_ms": [float(r["ttft_ms"]) for r in reqs if r.get("ttft_ms") is not None],
+            "tpot_ms": [float(r["tpot_ms"]) for r in reqs if r.get("tpot_ms") is not None]}
+
+
+def substitutions_of(report: dict[str, Any]) -> list[str]:
+    """What the workers ran differently from the plan, as "field: requested -> effective (reason)"."""
+    return [f"{f['field']}: {f['requested']} -> {f['effective']} ({f['reason']})"
+            for f in report.get("plan_fidelity") or [] if f.get("status") == "substituted"]
+
+
+def result_of(row: ExperimentRow, samples: dict[str, dict[str, list[float]]],
+              substituted: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    out = stats.analyse(samples)
+    for arm, plan in zip(ARMS, row.request["plans"], strict=True):
+        out["arms"][arm]["plan"] = plan
+        out["arms"][arm]["launches"] = [r["launch"] for r in row.runs if r["arm"] == arm and r["state"] == "SUCCEEDED"]
+        out["arms"][arm]["samples"] = samples[arm]
+        # What was planned is what ran, or this says why not (the same for every launch of the arm).
+        out["arms"][arm]["substituted"] = (substituted or {}).get(arm) or \
+            row.result.get("arms", {}).get(arm, {}).get("substituted", [])
+    return out
+
+
+class Experiments:
+    def __init__(self, store: ExperimentStore, launches: Launches, plans: Plans, instance: str = "") -> None:
+        self.store, self.launches, self.plans = store, launches, plans
+        self.auditor = plans.auditor
+        self.instance = instance or launches.instance
+        self.changed: dict[str, asyncio.Condition] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+
+    async def audit(self, method: str, principal: str, code: str, message: str, caller: Caller | None = None,
+                    experiment_id: str = "") -> str:
+        entry = AuditEntry(principal=principal, peer=caller.peer if caller else "", method=method,
+                           request_id=caller.request_id if caller else "", trace_id=caller.trace_id if caller else "",
+                           service_version=__version__, outcome_code=CODE_NUMBERS[code],
+                           outcome_message=(f"experiments/{experiment_id}: " if experiment_id else "") + message)
+        return str((await self.auditor.append(entry)).record.name)
+
+    # ------------------------------------------------------------------ create
+    async def create(self, plans: list[str], workload: Workload, model_path: str, repeats: int, dispatcher: str,
+                     caller: Caller) -> ExperimentRow:
+        """Check, record and start an experiment; a refusal is audited, then raised."""
+        try:
+            row = await self._create(plans, workload, model_path, repeats, dispatcher, caller)
+        except ServiceError as err:
+            await self.audit(CREATE_EXPERIMENT_METHOD, caller.principal, err.code, err.message, caller)
+            raise
+        self.tasks[row.experiment_id] = asyncio.create_task(self.run(row.experiment_id, caller))
+        return row
+
+    async def _create(self, plans: list[str], workload: Workload, model_path: str, repeats: int, dispatcher: str,
+                      caller: Caller) -> ExperimentRow:
+        problems = []
+        if len(plans) != 2:
+            problems.append(FieldViolation("plans", f"exactly two (A and B), got {len(plans)}"))
+        if not 1 <= repeats <= MAX_REPEATS:
+            problems.append(FieldViolation("repeats", f"launches per arm, 1 to {MAX_REPEATS}; got {repeats}"))
+        for name, value in (("input_len", workload.input_len), ("output_len", workload.output_len),
+                            ("requests", workload.requests)):
+            if value < 1:
+                problems.append(FieldViolation(f"workload.{name}", f"must be at least 1, got {value}"))
+        if not model_path:
+            problems.append(FieldViolation("model_path", "required: the checkpoint directory the workers load"))
+        if problems:
+            raise ServiceError.invalid(problems)
+        ids = []
+        for i, name in enumerate(plans):
+            prefix = "plans/"
+            if not name.startswith(prefix) or len(name) == len(prefix):
+                raise ServiceError.invalid([FieldViolation(f"plans[{i}]", f"must look like plans/ID, got {name!r}")])
+            ids.append(name[len(prefix):])
+        ckpt = read_checkpoint(model_path, workload)
+        for plan_id in ids:  # both arms must be launchable before anything runs
+            order_for(await self.plans.get(plan_id), ckpt, model_path, workload, dispatcher, True)
+        if dispatcher not in self.launches.dispatchers:
+            raise ServiceError("FAILED_PRECONDITION", f"dispatcher {dispatcher!r} is not configured on this server",
+                               [FieldViolation("dispatcher", f"one of {', '.join(self.launches.dispatchers)}")])
+        experiment_id = uuid.uuid4().hex[:20]
+        request = {"plans": plans, "workload": dataclasses.asdict(workload), "model_path": model_path,
+                   "repeats": repeats, "dispatcher": dispatcher}
+        record = await self.audit(CREATE_EXPERIMENT_METHOD, caller.principal, "OK",
+                                  f"{plans[0]} (A) vs {plans[1]} (B), {repeats} launches per arm, interleaved",
+                                  caller, experiment_id)
+        row = ExperimentRow(experiment_id=experiment_id, state="RUNNING", principal=caller.principal,
+                            request=request, result=result_of(
+                                ExperimentRow(experiment_id, "RUNNING", caller.principal, request), _empty_samples()),
+                            audit_records=(record,), owner=self.instance)
+        return await asyncio.to_thread(self.store.create, row)
+
+    # ------------------------------------------------------------------ run
+    async def _save(self, row: ExperimentRow) -> ExperimentRow:
+        row = await asyncio.to_thread(self.store.update, row)
+        cond = self.changed.setdefault(row.experiment_id, asyncio.Condition())
+        async with cond:
+            cond.notify_all()
+        return row
+
+    async def _follow(self, row: ExperimentRow, launch_id: str) -> tuple[ExperimentRow, LaunchRow]:
+        """Wait for a launch to end, keeping its state in the experiment's last run up to date."""
+        async for kind, launch in self.launches.watch(launch_id):
+            if kind == "state" and launch.state != row.runs[-1]["state"]:
+                row = dataclasses.replace(row, runs=(*row.runs[:-1], {**row.runs[-1], "state": launch.state}))
+                if launch.state not in TERMINAL:
+                    row = await self._save(row)
+            if launch.state in TERMINAL:
+                return row, launch
+        return row, await self.launches.get(launch_id)
+
+    async def run(self, experiment_id: str, caller: Caller) -> None:
+        row = await asyncio.to_thread(self.store.get, experiment_id)
+        assert row is not None
+        req = row.request
+        workload = Workload(**req["workload"])
+        samples = _empty_samples()
+        substituted: dict[str, list[str]] = {arm: [] for arm in ARMS}
+        try:
+            ckpt = read_checkpoint(req["model_path"], workload)
+            for repeat in range(1, req["repeats"] + 1):
+                for arm, plan in zip(ARMS, req["plans"], strict=True):
+                    order = order_for(await self.plans.get(plan.removeprefix("plans/")), ckpt, req["model_path"],
+                                      workload, req["dispatcher"], True)
+                    launch, _ = await self.launches.create(order, dataclasses.replace(caller, request_id=""))
+                    run = {"arm": arm, "repeat": repeat, "launch": f"launches/{launch.launch_id}", "state": launch.state}
+                    row = await self._save(dataclasses.replace(row, runs=(*row.runs, run)))
+                    row, done = await self._follow(row, launch.launch_id)
+                    if done.state != "SUCCEEDED":
+                        why = (done.error.splitlines() or [done.state])[0]
+                        await self._end(row, samples, "FAILED",
+                                        f"launches/{done.launch_id} (arm {arm}, repeat {repeat}) ended {done.state}: "
+                                        f"{why}; the {sum(len(s['ttft_ms']) for s in samples.values())} samples "
+                                        "measured before it are kept")
+                        return
+                    report = json.loads(done.report_json or "{}")
+                    for metric, values in samples_of(report).items():
+                        samples[arm][metric].extend(values)
+                    substituted[arm] = list(dict.fromkeys(substituted[arm] + substitutions_of(report)))
+                    row = await self._save(dataclasses.replace(row, result=result_of(row, samples, substituted)))
+        except ServiceError as err:  # a plan or checkpoint that went away, devices gone, ...
+            await self._end(row, samples, "FAILED", f"{err.code}: {err.message}")
+            return
+        except Exception as exc:  # noqa: BLE001 - say so on the resource rather than lose it
+            log.exception("experiment failed", experiment_id=experiment_id)
+            await self._end(row, samples, "FAILED", f"internal error: {exc}")
+            return
+        await self._end(row, samples, "SUCCEEDED", "")
+
+    async def _end(self, row: ExperimentRow, samples: dict[str, dict[str, list[float]]], state: str,
+                   error: str) -> None:
+        result = result_of(row, samples)
+        message = f"{state}: {result['verdict']}" + (f"; {error}" if error else "")
+        record = await self.audit(EXPERIMENT_STATE_METHOD, "cgsvc", "OK", message, experiment_id=row.experiment_id)
+        await self._save(dataclasses.replace(row, state=state, error=error, result=result,
+                                             audit_records=(*row.audit_records, record)))
+        log.info("experiment ended", experiment_id=row.experiment_id, state=state, verdict=result["verdict"])
+
+    # ------------------------------------------------------------------ read, watch, recover
+    async def get(self, experiment_id: str) -> ExperimentRow:
+        row = await asyncio.to_thread(self.store.get, experiment_id)
+        if row is None:
+            raise ServiceError("NOT_FOUND", f"experiments/{experiment_id} does not exist")
+        return row
+
+    async def watch(self, experiment_id: str) -> AsyncIterator[ExperimentRow]:
+        row = await self.get(experiment_id)
+        yield row
+        cond = self.changed.setdefault(experiment_id, asyncio.Condition())
+        while row.state == "RUNNING":
+            async with cond:  # also re-read every few seconds: another replica may run it
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(cond.wait(), timeout=2.0)
+            new = await self.get(experiment_id)
+            if new.update_time != row.update_time:
+                yield new
+            row = new
+
+    async def recover(self) -> list[str]:
+        """At start-up: an experiment left RUNNING by a server that stopped cannot resume its
+        schedule; it ends FAILED, keeping what it measured."""
+        notes = []
+        for row in await asyncio.to_thread(self.store.in_state, "RUNNING"):
+            samples = _empty_samples()
+            for arm in ARMS:
+                for metric in ("ttft_ms", "tpot_ms"):
+                    samples[arm][metric] = list(row.result.get("arms", {}).get(arm, {}).get("samples", {}).get(metric, []))
+            await self._end(row, samples, "FAILED", "the server stopped while the experiment ran; the launches it had "
+                                                    "finished are kept, start a new experiment to continue")
+            notes.append(f"ended experiments/{row.experiment_id} (the server stopped while it ran)")
+        return notes
+
+    async def close(self) -> None:
+        for task in self.tasks.values():
+            task.cancel()

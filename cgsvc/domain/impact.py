@@ -1,0 +1,110 @@
+"""Policy impact: what a candidate policy would change across the audit history, before it ships.
+
+Every distinct launch spec in the ResolvePlan and CreateLaunch records (refusals included)
+is re-resolved under a baseline and a candidate policy. The database groups the records by
+spec hash and streams the groups; the specs are resolved in batches, so memory grows with
+the answer (the specs that change), not with the log. Reads only: nothing is appended.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cgsvc.audit.store import AuditStore
+from cgsvc.domain.launches import CREATE_METHOD
+from cgsvc.domain.plans import RESOLVE_METHOD
+from cgsvc.errors import FieldViolation, ServiceError
+from cgsvc.plan import Plan, compare
+from cgsvc.resolve import DEFAULT_POLICY, get_policy, policy_version, resolve
+from cgsvc.spec import parse_spec
+
+METHODS = (RESOLVE_METHOD, CREATE_METHOD)
+BATCH = 500
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A spec resolved under one policy: its plan, or why it was refused."""
+
+    plan: Plan | None
+    error: ServiceError | None
+
+    @classmethod
+    def of(cls, spec_json: str, policy: str) -> Outcome:
+        try:
+            return cls(resolve(parse_spec(json.loads(spec_json)), policy), None)
+        except ServiceError as err:
+            return cls(None, err)
+        except ValueError as err:  # a record whose spec no longer parses
+            return cls(None, ServiceError.invalid([FieldViolation("spec", str(err))]))
+
+
+def deciders(plan: Plan, field: str) -> list[str]:
+    """The rules that decided a plan field, in order; "*" marks a forced decision (a lock kept the value)."""
+    if field == "warnings":
+        return [w.rule_id for w in plan.warnings]
+    return [d.rule_id + ("*" if d.forced else "") for d in plan.decisions_for(field)]
+
+
+def _refusal(group: dict[str, Any], err: ServiceError) -> dict[str, Any]:
+    return {**group, "code": err.code, "message": err.message, "rule_id": err.rule_id or "",
+            "fields": [v.field for v in err.violations]}
+
+
+def policy_impact(store: AuditStore, candidate: str, baseline: str = DEFAULT_POLICY, filter_text: str = "",
+                  progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """The impact in the JSON shape of docs/policies.md (`{"baseline", "candidate", ...}`)."""
+    if not candidate:
+        raise ServiceError.invalid([FieldViolation("candidate", "required: the policy to evaluate "
+                                                                "(cgsvc-cli policies lists them)")])
+    base, cand = get_policy(baseline or DEFAULT_POLICY), get_policy(candidate)
+    out: dict[str, Any] = {
+        "baseline": {"name": base.name, "version": policy_version(base.name)},
+        "candidate": {"name": cand.name, "version": policy_version(cand.name)},
+        "filter": filter_text, "specs_examined": 0, "records_examined": 0, "changed": [], "newly_refused": [],
+        "newly_accepted": [], "unchanged": 0,
+        "recorded_under": [{"policy": p, "version": v, "records": n}
+                           for p, v, n in store.policy_counts(METHODS, filter_text)],
+    }
+
+    def flush(groups: list[tuple[str, int, int]]) -> None:
+        records = store.records_by_sequence([first for _, _, first in groups])
+        for spec_hash, n, first in groups:
+            rec = records.get(first)
+            if rec is None:
+                continue
+            out["specs_examined"] += 1
+            out["records_examined"] += n
+            group = {"spec_hash": spec_hash, "model": rec.model, "gpu": rec.gpu, "records": n,
+                     "example_record": rec.name}
+            a, b = Outcome.of(rec.spec_json, base.name), Outcome.of(rec.spec_json, cand.name)
+            if a.plan is not None and b.plan is not None:
+                cmp = compare(a.plan, b.plan)
+                if cmp.same:
+                    out["unchanged"] += 1
+                else:
+                    out["changed"].append({
+                        **group, "changes": [{"field": f, "baseline": x, "candidate": y,
+                                              "baseline_rules": deciders(a.plan, f),
+                                              "candidate_rules": deciders(b.plan, f)} for f, x, y in cmp.changes],
+                        "rules": {"baseline_only": list(cmp.only_a), "candidate_only": list(cmp.only_b)}})
+            elif a.plan is not None and b.error is not None:
+                out["newly_refused"].append(_refusal(group, b.error))
+            elif a.error is not None and b.plan is not None:
+                out["newly_accepted"].append(_refusal(group, a.error))
+            else:
+                out["unchanged"] += 1  # refused under both
+        if progress is not None:
+            progress(out["specs_examined"], out["records_examined"])
+
+    pending: list[tuple[str, int, int]] = []
+    for group in store.spec_groups(METHODS, filter_text):
+        pending.append(group)
+        if len(pending) >= BATCH:
+            flush(pending)
+            pending = []
+    flush(pending)
+    return out

@@ -1,0 +1,1 @@
+"""Engine profiles: other engines' CUDA-graph argument handling as rule tables (docs/policies.md)."""

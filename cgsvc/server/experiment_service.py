@@ -1,0 +1,42 @@
+"""ExperimentService: a shell over cgsvc.domain.experiments (create, get, list, watch)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+
+from cgsvc import codec
+from cgsvc.domain.experiments import Experiments
+from cgsvc.launch.store import Workload
+from cgsvc.server.interceptors import RequestContext
+from cgsvc.server.services import caller, list_page, parse_name
+from cgsvc.v1 import experiment_pb2
+
+
+class ExperimentService:
+    def __init__(self, experiments: Experiments) -> None:
+        self.experiments = experiments
+
+    async def CreateExperiment(self, request: experiment_pb2.CreateExperimentRequest,  # noqa: N802 - gRPC name
+                               rc: RequestContext) -> experiment_pb2.Experiment:
+        wl = request.workload
+        row = await self.experiments.create(
+            list(request.plans), Workload(wl.input_len, wl.output_len, wl.requests, wl.concurrency, wl.seed),
+            os.path.abspath(request.model_path) if request.model_path else "", request.repeats,
+            request.dispatcher or "local", caller(rc))
+        return codec.experiment_proto(row)
+
+    async def GetExperiment(self, request: experiment_pb2.GetExperimentRequest,  # noqa: N802
+                            rc: RequestContext) -> experiment_pb2.Experiment:
+        return codec.experiment_proto(await self.experiments.get(parse_name(request.name, "experiments")))
+
+    async def ListExperiments(self, request: experiment_pb2.ListExperimentsRequest,  # noqa: N802
+                              rc: RequestContext) -> experiment_pb2.ListExperimentsResponse:
+        rows, token = await list_page(self.experiments.store.list_rows, request)
+        return experiment_pb2.ListExperimentsResponse(experiments=[codec.experiment_proto(r) for r in rows],
+                                                      next_page_token=token)
+
+    async def WatchExperiment(self, request: experiment_pb2.WatchExperimentRequest,  # noqa: N802
+                              rc: RequestContext) -> AsyncIterator[experiment_pb2.Experiment]:
+        async for row in self.experiments.watch(parse_name(request.name, "experiments")):
+            yield codec.experiment_proto(row)

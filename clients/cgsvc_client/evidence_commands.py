@@ -1,0 +1,334 @@
+"""`cgsvc-cli` evidence commands: `policies`, `plans diff`, `policy impact`, and the A/B
+`experiment run` with `experiments list|show`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+from typing import Any
+
+from cgsvc import codec
+from cgsvc.errors import FieldViolation, ServiceError
+from cgsvc.plan import Plan, compare, plan_fields
+from cgsvc_client import render
+from cgsvc_client.args import CliError, add_listing, add_output, add_server, resolve_offline
+from cgsvc_client.client import Client
+
+
+def _bad(field: str, message: str) -> CliError:
+    return CliError.from_resolve(ServiceError.invalid([FieldViolation(field, message)]))
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list):
+        text = "[" + ",".join(str(v) for v in value) + "]"
+        return text if len(value) <= 6 else f"[{value[0]},{value[1]},...,{value[-1]}] ({len(value)})"
+    return str(value)
+
+
+# ---------------------------------------------------------------------------- policies
+
+
+def cmd_policies(ns: argparse.Namespace) -> int:
+    if ns.server:
+        with Client.from_args(ns) as c:
+            rows = [codec.json_format.MessageToDict(p, preserving_proto_field_name=True,
+                                                    always_print_fields_with_no_presence=True)
+                    for p in c.list_policies().policies]
+    else:
+        from cgsvc.resolve.policies import POLICIES
+
+        rows = [codec.json_format.MessageToDict(codec.policy_info(p), preserving_proto_field_name=True,
+                                                always_print_fields_with_no_presence=True)
+                for p in POLICIES.values()]
+    if render.output_mode(ns) == "json":
+        render.print_json({"policies": rows})
+    else:
+        print(render.table(["policy", "version", "rules", "default", "summary"],
+                           [(r["name"], r["version"], r["rules"], "yes" if r["default"] else "", r["summary"])
+                            for r in rows]))
+    return 0
+
+
+# ---------------------------------------------------------------------------- plans diff
+
+
+def _plan_side(arg: str, policy: str, ns: argparse.Namespace, side: str) -> tuple[Plan, dict[str, Any]]:
+    """A plan from plans/ID (through the server), a plan file, or a spec file resolved here."""
+    if arg.startswith("plans/"):
+        if not ns.server:
+            raise _bad(side, f"{arg} is a stored plan: give --server to read it")
+        with Client.from_args(ns) as c:
+            msg = c.get_plan(arg)
+        return codec.plan_from_proto(msg), {"source": arg, "kind": "stored plan", "audit_record": msg.audit_record}
+    try:
+        with open(arg, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise _bad(side, f"cannot read {arg!r}: {exc.strerror}; give plans/ID, a plan file or a spec file") from None
+    except ValueError as exc:
+        raise _bad(side, f"malformed JSON in {arg!r}: {exc}") from None
+    if not isinstance(data, dict):
+        raise _bad(side, f"{arg!r} must hold a JSON object (a plan or a launch spec)")
+    body = data.get("plan", data)
+    if isinstance(body, dict) and "decisions" in body and "policy_version" in body:
+        try:
+            return codec.plan_from_dict(body), {"source": arg, "kind": "plan file", "audit_record": body.get("audit_record", "")}
+        except (KeyError, TypeError) as exc:
+            raise _bad(side, f"{arg!r} looks like a plan but lacks {exc}") from None
+    return resolve_offline(data, policy), {"source": arg, "kind": "spec file (resolved here)", "audit_record": ""}
+
+
+def _trail(plan: Plan, field: str) -> str:
+    if field == "warnings":
+        return ", ".join(w.rule_id for w in plan.warnings) or "-"
+    return " > ".join(d.rule_id + ("*" if d.forced else "") for d in plan.decisions_for(field)) or "-"
+
+
+def cmd_plans_diff(ns: argparse.Namespace) -> int:
+    a, da = _plan_side(ns.a, ns.policy_a or "", ns, "a")
+    b, db = _plan_side(ns.b, ns.policy_b or "", ns, "b")
+    for plan, d in ((a, da), (b, db)):
+        d.update(policy=plan.policy, policy_version=plan.policy_version, plan_hash=plan.plan_hash,
+                 fields=plan_fields(plan))
+    cmp = compare(a, b)
+    result = {"a": da, "b": db, "changes": [{"field": f, "a": x, "b": y} for f, x, y in cmp.changes],
+              "rules": {"only_a": list(cmp.only_a), "only_b": list(cmp.only_b)}}
+    if render.output_mode(ns) == "json":
+        render.print_json({"diff": result})
+    else:
+        for label, d in (("a", da), ("b", db)):
+            print(f"{label}: {d['source']} ({d['kind']}; {d['policy']} {d['policy_version']}, plan {d['plan_hash'][:12]})")
+        if cmp.same:
+            print("\nno differences in the plan's fields")
+        else:
+            print()
+            print(render.table(["field", "a", "b", "decided by (a)", "decided by (b)"],
+                               [(f, _show(x), _show(y), _trail(a, f), _trail(b, f)) for f, x, y in cmp.changes]))
+        if cmp.only_a or cmp.only_b:
+            print(f"\nrules only in a: {', '.join(cmp.only_a) or '-'}\nrules only in b: {', '.join(cmp.only_b) or '-'}")
+    return 1 if ns.exit_code and not cmp.same else 0
+
+
+# ---------------------------------------------------------------------------- policy impact
+
+
+def impact_table(impact: dict[str, Any], style: render.Style) -> str:
+    base, cand = impact["baseline"], impact["candidate"]
+    scope = f" matching {impact['filter']!r}" if impact.get("filter") else ""
+    if impact["specs_examined"] == 0:
+        return (f"the audit history holds no ResolvePlan or CreateLaunch specs{scope}: nothing to compare "
+                f"({base['name']} vs {cand['name']})")
+    lines = [style(f"{base['name']} {base['version']} -> {cand['name']} {cand['version']}", render.BOLD),
+             f"{impact['specs_examined']} distinct specs in {impact['records_examined']} records{scope}: "
+             f"{len(impact['changed'])} change, {len(impact['newly_refused'])} newly refused, "
+             f"{len(impact['newly_accepted'])} newly accepted, {impact['unchanged']} unchanged"]
+    under = ", ".join(f"{r['policy']} {r['version'] or '?'} ({r['records']})" for r in impact["recorded_under"])
+    if under:
+        lines.append(f"recorded under: {under}")
+    groups: dict[tuple[str, str, str], dict[str, Any]] = defaultdict(
+        lambda: {"specs": 0, "records": 0, "base": {}, "cand": {}, "examples": []})
+    for spec in impact["changed"]:
+        for ch in spec["changes"]:
+            g = groups[(ch["field"], _show(ch["baseline"]), _show(ch["candidate"]))]
+            g["specs"] += 1
+            g["records"] += spec["records"]
+            g["base"][" > ".join(ch.get("baseline_rules") or ["-"])] = None
+            g["cand"][" > ".join(ch.get("candidate_rules") or ["-"])] = None
+            if len(g["examples"]) < 2:
+                g["examples"].append(f"{spec['model']} on {spec['gpu']} ({spec['example_record']})")
+    if groups:
+        lines += ["", style("changes, by field", render.BOLD),
+                  render.table(["field", base["name"], cand["name"], "specs", "records",
+                                f"decided by ({base['name']})", f"decided by ({cand['name']})", "examples"],
+                               [(f, x, y, g["specs"], g["records"], " | ".join(g["base"]), " | ".join(g["cand"]),
+                                 "; ".join(g["examples"]))
+                                for (f, x, y), g in sorted(groups.items(), key=lambda kv: -kv[1]["records"])])]
+    for key, title in (("newly_refused", f"refused under {cand['name']} only"),
+                       ("newly_accepted", f"refused under {base['name']} only")):
+        if impact[key]:
+            lines += ["", style(title, render.BOLD),
+                      render.table(["model", "gpu", "records", "refusal", "example"],
+                                   [(r["model"], r["gpu"], r["records"],
+                                     f"{r['code']}: {r['message'][:90]}", r["example_record"]) for r in impact[key]])]
+    return "\n".join(lines)
+
+
+def cmd_policy_impact(ns: argparse.Namespace) -> int:
+    if sys.stderr.isatty():
+        print(f"re-resolving the audit history of {ns.server} under {ns.baseline or 'cgsvc'} and {ns.candidate} ...",
+              file=sys.stderr, flush=True)
+    with Client.from_args(ns) as c:
+        impact = c.policy_impact(ns.candidate, ns.baseline or "", ns.filter or "")
+    if render.output_mode(ns) == "json":
+        render.print_json({"impact": impact})
+    else:
+        print(impact_table(impact, render.Style(sys.stdout.isatty())))
+    return 0
+
+
+# ---------------------------------------------------------------------------- experiments
+
+
+def _ci(stat: dict[str, Any] | None) -> str:
+    if not stat or stat.get("mean") is None:
+        return "-"
+    ci = stat.get("ci")
+    return f"{stat['mean']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else f"{stat['mean']:.2f} [too few samples]"
+
+
+def experiment_table(d: dict[str, Any], style: render.Style) -> str:
+    wl = d.get("workload", {})
+    runs = d.get("runs", [])
+    rows = [("experiment", f"{d['name']} ({d['state']})"),
+            ("arms", f"A {d['plans'][0]}   B {d['plans'][1]}"),
+            ("workload", f"{wl.get('requests', 0)} requests x {wl.get('input_len', 0)} in / {wl.get('output_len', 0)} "
+                         f"out, concurrency {wl.get('concurrency', 0)}, seed {wl.get('seed', 0)}; "
+                         f"{d['repeats']} launches per arm on {d['dispatcher']} ({d['model_path']})"),
+            ("runs", ", ".join(f"{r['arm']}{r['repeat']} {r['launch']} {r['state']}" for r in runs) or "-")]
+    if d.get("error"):
+        rows.append(("error", d["error"]))
+    rows.append(("audit", ", ".join(d.get("audit_records", []))))
+    width = max(len(k) for k, _ in rows)
+    out = "\n".join(f"{style(k.ljust(width), render.BOLD)}  {v}" for k, v in rows)
+    res = d.get("result") or {}
+    arms, diff = res.get("arms", {}), res.get("difference", {})
+    if arms:
+        table_rows: list[tuple[Any, ...]] = [(arm, arms[arm].get("plan", ""), int(arms[arm].get("ttft_ms", {}).get("n") or 0),
+                       _ci(arms[arm].get("ttft_ms")), _ci(arms[arm].get("tpot_ms"))) for arm in ("A", "B")]
+        table_rows.append(("B - A", "", "", _ci(diff.get("ttft_ms")), _ci(diff.get("tpot_ms"))))
+        out += "\n\n" + render.table(["arm", "plan", "requests", "TTFT ms mean [95% CI]", "TPOT ms mean [95% CI]"],
+                                      table_rows)
+        for arm in ("A", "B"):
+            for line in arms[arm].get("substituted", []):
+                out += f"\n{arm} ran substituted: {line}"
+        out += "\n\n" + style(f"verdict: {res.get('verdict', '')}", render.BOLD)
+        out += f"\n({res.get('method', '')})"
+    return out
+
+
+def _experiment_progress(msg: Any, last: list[str]) -> None:
+    done = sum(1 for r in msg.runs if r.state in ("SUCCEEDED", "FAILED", "CANCELLED", "LOST"))
+    total = 2 * msg.repeats
+    current = msg.runs[-1] if msg.runs else None
+    line = f"{msg.state:<9} {done}/{total} launches" + (
+        f"; {current.arm}{current.repeat} {current.launch} {current.state}" if current else "")
+    if line != last[0]:
+        print(line, file=sys.stderr, flush=True)
+        last[0] = line
+
+
+def cmd_experiment_run(ns: argparse.Namespace) -> int:
+    if len(ns.plan) != 2:
+        raise _bad("plans", f"give --plan twice (A, then B); got {len(ns.plan)}")
+    workload = {"input_len": ns.input_len, "output_len": ns.output_len, "requests": ns.requests,
+                "concurrency": ns.concurrency, "seed": ns.seed}
+    with Client.from_args(ns) as c:
+        msg = c.create_experiment(ns.plan, os.path.abspath(ns.checkpoint), workload, ns.repeats,
+                                  ns.dispatcher or "")
+        print(f"{msg.name}: {ns.plan[0]} (A) vs {ns.plan[1]} (B), {ns.repeats} launches per arm, interleaved",
+              file=sys.stderr, flush=True)
+        if not ns.detach:
+            last = [""]
+            for update in c.watch_experiment(msg.name):
+                _experiment_progress(update, last)
+            msg = c.get_experiment(msg.name)
+    d = codec.experiment_dict(msg)
+    if render.output_mode(ns) == "json":
+        render.print_json({"experiment": d})
+    else:
+        print(experiment_table(d, render.Style(sys.stdout.isatty())))
+    return 0 if ns.detach or msg.state == "SUCCEEDED" else 4
+
+
+def _experiment_name(raw: str) -> str:
+    return raw if raw.startswith("experiments/") else f"experiments/{raw}"
+
+
+def cmd_experiments_show(ns: argparse.Namespace) -> int:
+    with Client.from_args(ns) as c:
+        d = codec.experiment_dict(c.get_experiment(_experiment_name(ns.name)))
+    if render.output_mode(ns) == "json":
+        render.print_json({"experiment": d})
+    else:
+        print(experiment_table(d, render.Style(sys.stdout.isatty())))
+    return 0
+
+
+def cmd_experiments_list(ns: argparse.Namespace) -> int:
+    with Client.from_args(ns) as c:
+        page = c.list_experiments(ns.filter or "", ns.page_size, ns.page_token or "")
+    items = [codec.experiment_dict(m) for m in page.experiments]
+    if render.output_mode(ns) == "json":
+        render.print_json({"experiments": items, "next_page_token": page.next_page_token})
+        return 0
+    print(render.page(["name", "state", "A", "B", "launches", "created", "verdict"],
+                      [(d["name"], d["state"], d["plans"][0], d["plans"][1], len(d.get("runs", [])),
+                        d.get("create_time", ""), d.get("verdict", "")[:80]) for d in items], page.next_page_token))
+    return 0
+
+
+# ---------------------------------------------------------------------------- registration
+
+
+def register_diff(plans: Any) -> None:
+    """`plans diff`, under the `plans` command group."""
+    d = plans.add_parser("diff", help="compare two plans: plans/ID, plan files or spec files (resolved here)")
+    d.add_argument("a", help="plans/ID, a plan file (resolve -o json, plans show -o json) or a launch spec file")
+    d.add_argument("b", help="the same kinds as A")
+    d.add_argument("--policy-a", help="policy to resolve A under when it is a spec file (default cgsvc)")
+    d.add_argument("--policy-b", help="policy to resolve B under when it is a spec file (default cgsvc)")
+    d.add_argument("--exit-code", action="store_true",
+                   help="exit 1 when the plans differ, 0 when not (git's convention; failures exit 2 or more)")
+    add_output(d)
+    add_server(d)
+    d.set_defaults(func=cmd_plans_diff)
+
+
+def register(sub: Any) -> None:
+    pl = sub.add_parser("policies", help="the policies a plan can be resolved under, with their versions")
+    add_output(pl)
+    add_server(pl)
+    pl.set_defaults(func=cmd_policies)
+
+    pol = sub.add_parser("policy", help="policy evidence").add_subparsers(dest="policy_command", required=True)
+    im = pol.add_parser("impact", help="what a candidate policy would change across the audit history")
+    im.add_argument("--candidate", required=True, help="the policy to evaluate, e.g. sglang-0.5.17")
+    im.add_argument("--baseline", help="the policy to compare against (default cgsvc)")
+    im.add_argument("--filter", help='restrict the history, as audit list does, e.g. gpu = "GB300"')
+    add_output(im)
+    add_server(im, required=True)
+    im.set_defaults(func=cmd_policy_impact)
+
+    ex = sub.add_parser("experiment", help="A/B experiments on real worker groups").add_subparsers(
+        dest="experiment_command", required=True)
+    run = ex.add_parser("run", help="run two stored plans as interleaved launches (A B A B ...) and compare them")
+    run.add_argument("--plan", action="append", default=[], required=True,
+                     help="plans/ID; give it twice: A (the baseline), then B")
+    run.add_argument("--model-path", dest="checkpoint", required=True, help="checkpoint directory for the workers")
+    run.add_argument("--input-len", type=int, default=128, help="prompt tokens per request (default 128)")
+    run.add_argument("--output-len", type=int, default=32, help="tokens to generate per request (default 32)")
+    run.add_argument("--requests", type=int, default=4, help="requests per launch (default 4)")
+    run.add_argument("--concurrency", type=int, default=1, help="requests in flight, 0 for all (default 1)")
+    run.add_argument("--seed", type=int, default=0, help="seed of the prompts and of sampling, the same for every launch")
+    run.add_argument("--repeats", type=int, default=3, help="launches per arm (default 3)")
+    run.add_argument("--dispatcher", help="local (default) or ray")
+    run.add_argument("--detach", action="store_true", help="answer once it has started (follow it with experiments show)")
+    add_output(run)
+    add_server(run, required=True)
+    run.set_defaults(func=cmd_experiment_run)
+
+    exs = sub.add_parser("experiments", help="stored experiments").add_subparsers(
+        dest="experiments_command", required=True)
+    el = exs.add_parser("list", help="list experiments")
+    add_listing(el, 'state = "SUCCEEDED"')
+    el.set_defaults(func=cmd_experiments_list)
+    es = exs.add_parser("show", help="one experiment: its launches, statistics and verdict")
+    es.add_argument("name", help="experiments/ID or ID")
+    es.set_defaults(func=cmd_experiments_show)
+    for parser in (el, es):
+        add_output(parser)
+        add_server(parser, required=True)

@@ -1,0 +1,260 @@
+"""Evidence before release, end to end on a real server: plan names in every answer, policies
+through the server and in the audit log, policy impact over a history (refusals and two policy
+versions included), and A/B experiments on real TP4 worker groups with the tiny checkpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cgsvc_client.client import Client
+from cgsvc_worker.checkpoint import make_checkpoint
+
+from cgsvc.audit.records import AuditEntry
+from cgsvc.audit.store import AuditStore
+from cgsvc.domain.plans import RESOLVE_METHOD
+from cgsvc.errors import CODE_NUMBERS, ServiceError
+from cgsvc.plan import canonical_json
+from cgsvc.resolve import policy_version
+from cgsvc.spec import parse_spec, spec_to_dict
+from tests.conftest import ROOT
+from tests.e2e.server import ServerProcess
+
+KIMI = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300", "gpu_count": 4},
+        "parallelism": {"tp": 4}}
+LLAMA = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "hardware": {"gpu": "H100"}}
+# cgsvc refuses trtllm_mla off Blackwell (a hard rule); the sglang profiles have no such check
+TRTLLM_ON_HOPPER = {"model": {"name": "deepseek-ai/DeepSeek-V3"}, "hardware": {"gpu": "H100", "gpu_count": 8},
+                    "parallelism": {"tp": 8}, "overrides": {"attention_backend": "trtllm_mla"}}
+# every policy refuses it: tp 3 does not divide 64 heads
+REFUSED_BY_ALL = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300", "gpu_count": 4},
+                  "parallelism": {"tp": 3}}
+# cgsvc accepts it; sglang 0.5.23 has no tc_piecewise
+TC_PIECEWISE = {**LLAMA, "overrides": {"cuda_graph": {"prefill": {"backend": "tc_piecewise"}}}}
+
+
+def cli(srv: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cgsvc_client.cli", *args, "--server", srv.address],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+
+
+@pytest.fixture()
+def srv(tmp_path: Path) -> Iterator[ServerProcess]:
+    with ServerProcess(tmp_path / "srv") as s:
+        yield s
+
+
+def test_resolve_answers_name_the_plan_and_its_record(srv: ServerProcess) -> None:
+    spec = ROOT / "examples" / "kimi-k2.6-gb300-tp4.json"
+    out = json.loads(cli(srv, "resolve", "--spec", str(spec), "-o", "json").stdout)["plan"]
+    assert out["name"].startswith("plans/") and out["audit_record"].startswith("auditRecords/")
+    assert out["policy"] == "cgsvc"
+    table = cli(srv, "resolve", "--spec", str(spec), "--policy", "sglang-0.5.17", "-o", "table").stdout
+    assert table.splitlines()[0].startswith("plans/") and "auditRecords/" in table.splitlines()[0]
+    assert "sglang-0.5.17" in table
+    explain = json.loads(cli(srv, "resolve", "--spec", str(spec), "--explain", "prefill.backend", "-o", "json").stdout)
+    assert explain["explain"]["name"].startswith("plans/")
+
+
+def test_a_policy_travels_to_the_plan_the_record_and_the_filters(srv: ServerProcess) -> None:
+    with Client(srv.address) as c:
+        msg = c.resolve_proto(KIMI, policy="sglang-0.5.17")
+        assert msg.policy == "sglang-0.5.17" and msg.prefill.backend == "tc_piecewise"
+        assert c.get_plan(msg.name).policy == "sglang-0.5.17"
+        rec = c.get_audit_record(msg.audit_record)
+        assert rec.policy == "sglang-0.5.17" and rec.policy_version == policy_version("sglang-0.5.17")
+        assert rec.schema_version == 2 and '"policy":"sglang-0.5.17"' in rec.hashed_json
+        c.resolve(KIMI)
+        plans = c.list_plans('policy = "sglang-0.5.17"').plans
+        assert [p.name for p in plans] == [msg.name]
+        with pytest.raises(ServiceError) as err:
+            c.resolve(KIMI, policy="vllm-1.0")
+        assert err.value.code == "INVALID_ARGUMENT" and "sglang-0.5.23" in err.value.violations[0].description
+        refused = c.list_audit_records('policy = "vllm-1.0"').records
+        assert len(refused) == 1 and refused[0].outcome_code == CODE_NUMBERS["INVALID_ARGUMENT"]
+        names = [p.name for p in c.list_policies().policies]
+        assert names == ["cgsvc", "sglang-0.5.17", "sglang-0.5.18", "sglang-0.5.23"]
+        assert c.verify_audit_log().ok
+
+
+def seed_older_history(data_dir: Path) -> None:
+    """Records written by an earlier cgsvc release (another version of the cgsvc policy)."""
+    store = AuditStore(f"sqlite:///{data_dir / 'cgsvc.db'}")
+    try:
+        for spec in (KIMI, KIMI, LLAMA):
+            canonical = spec_to_dict(parse_spec(spec))
+            store.append(AuditEntry(principal="old-orchestrator", peer="", method=RESOLVE_METHOD,
+                                    model=canonical["model"]["name"], gpu=canonical["hardware"]["gpu"],
+                                    spec_json=canonical_json(canonical), policy="cgsvc",
+                                    policy_version="00000000000000aa", service_version="0.0.9"))
+    finally:
+        store.close()
+
+
+def test_policy_impact_over_a_history(tmp_path: Path) -> None:
+    data = tmp_path / "srv"
+    data.mkdir()
+    seed_older_history(data)
+    with ServerProcess(data) as srv, Client(srv.address) as c:
+        for spec in (KIMI, LLAMA, TC_PIECEWISE):
+            c.resolve(spec)
+        for spec in (TRTLLM_ON_HOPPER, REFUSED_BY_ALL):
+            with pytest.raises(ServiceError):
+                c.resolve(spec)
+        proc = cli(srv, "policy", "impact", "--candidate", "sglang-0.5.17", "-o", "json")
+        assert proc.returncode == 0, proc.stderr
+        impact = json.loads(proc.stdout)["impact"]
+        assert impact["baseline"] == {"name": "cgsvc", "version": policy_version("cgsvc")}
+        assert impact["candidate"]["name"] == "sglang-0.5.17"
+        # 3 old records (2 specs) + 5 new ones: Kimi, Llama, TC_PIECEWISE, and two refusals
+        assert impact["records_examined"] == 8 and impact["specs_examined"] == 5
+        under = {(r["policy"], r["version"]): r["records"] for r in impact["recorded_under"]}
+        assert under == {("cgsvc", "00000000000000aa"): 3, ("cgsvc", policy_version("cgsvc")): 5}
+        (kimi,) = [s for s in impact["changed"] if s["model"] == "nvidia/Kimi-K2.6-NVFP4"]
+        assert kimi["records"] == 3 and kimi["example_record"] == "auditRecords/1"
+        change = next(ch for ch in kimi["changes"] if ch["field"] == "prefill.backend")
+        assert (change["baseline"], change["candidate"]) == ("disabled", "tc_piecewise")
+        assert "prefill.upgrade.multimodal_piecewise" in change["candidate_rules"]
+        assert "prefill.upgrade.multimodal_piecewise" in kimi["rules"]["candidate_only"]
+        assert "prefill.exception.trtllm_mla" in kimi["rules"]["baseline_only"]
+        (accepted,) = impact["newly_accepted"]
+        assert accepted["model"] == "deepseek-ai/DeepSeek-V3" and accepted["code"] == "FAILED_PRECONDITION"
+        assert accepted["rule_id"] == "attention.trtllm_mla.requires_blackwell"
+        assert impact["newly_refused"] == []
+        assert impact["unchanged"] + len(impact["changed"]) + 1 == 5
+
+        later = json.loads(cli(srv, "policy", "impact", "--candidate", "sglang-0.5.23", "-o", "json").stdout)["impact"]
+        (refused,) = later["newly_refused"]
+        assert refused["fields"] == ["overrides.cuda_graph.prefill.backend"] and refused["code"] == "INVALID_ARGUMENT"
+
+        narrowed = json.loads(cli(srv, "policy", "impact", "--candidate", "sglang-0.5.17", "--filter",
+                                  'gpu = "GB300"', "-o", "json").stdout)["impact"]
+        assert narrowed["specs_examined"] == 2 and narrowed["records_examined"] == 4  # Kimi x3, the refused tp 3
+        table = cli(srv, "policy", "impact", "--candidate", "sglang-0.5.17", "-o", "table").stdout
+        assert "prefill.backend" in table and "tc_piecewise" in table and "prefill.upgrade.multimodal_piecewise" in table
+        bad = cli(srv, "policy", "impact", "--candidate", "sglang-0.5.17", "--filter", "colour = 1", "-o", "json")
+        assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field_violations"][0]["field"] == "filter"
+        unknown = cli(srv, "policy", "impact", "--candidate", "sglang-9", "-o", "json")
+        assert unknown.returncode == 2 and "sglang-0.5.17" in unknown.stdout
+        assert c.verify_audit_log().ok
+
+
+def test_policy_impact_on_an_empty_history_says_so(srv: ServerProcess) -> None:
+    impact = json.loads(cli(srv, "policy", "impact", "--candidate", "sglang-0.5.18", "-o", "json").stdout)["impact"]
+    assert impact["specs_examined"] == 0 and impact["changed"] == [] and impact["unchanged"] == 0
+    table = cli(srv, "policy", "impact", "--candidate", "sglang-0.5.18", "-o", "table")
+    assert table.returncode == 0 and "holds no ResolvePlan or CreateLaunch specs" in table.stdout
+
+
+def test_plans_diff_of_stored_plans(srv: ServerProcess) -> None:
+    with Client(srv.address) as c:
+        a, b = c.resolve_proto(KIMI).name, c.resolve_proto(KIMI, policy="sglang-0.5.17").name
+    proc = cli(srv, "plans", "diff", a, b, "--exit-code", "-o", "json")
+    assert proc.returncode == 1
+    diff = json.loads(proc.stdout)["diff"]
+    assert diff["a"]["source"] == a and diff["a"]["audit_record"].startswith("auditRecords/")
+    assert {"field": "prefill.backend", "a": "disabled", "b": "tc_piecewise"} in diff["changes"]
+
+
+# ---------------------------------------------------------------------------- experiments
+
+WORKLOAD = {"input_len": 12, "output_len": 4, "requests": 3, "concurrency": 1, "seed": 5}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_checkpoint(str(tmp_path_factory.mktemp("kimi") / "tiny-kimi"), "tiny-kimi")
+
+
+def two_plans(c: Client) -> tuple[str, str]:
+    return c.resolve_proto(KIMI).name, c.resolve_proto(KIMI, policy="sglang-0.5.17").name
+
+
+def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProcess, ckpt: str) -> None:
+    with Client(srv.address) as c:
+        a, b = two_plans(c)
+    proc = cli(srv, "experiment", "run", "--plan", a, "--plan", b, "--model-path", ckpt, "--input-len", "12",
+               "--output-len", "4", "--requests", "3", "--repeats", "2", "--seed", "5", "-o", "json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "4/4 launches" in proc.stderr  # progress on the way
+    exp = json.loads(proc.stdout)["experiment"]
+    assert exp["state"] == "SUCCEEDED" and exp["plans"] == [a, b]
+    assert [(r["arm"], r["repeat"]) for r in exp["runs"]] == [("A", 1), ("B", 1), ("A", 2), ("B", 2)]
+    assert all(r["state"] == "SUCCEEDED" for r in exp["runs"])
+    res = exp["result"]
+    for arm in ("A", "B"):
+        assert res["arms"][arm]["ttft_ms"]["n"] == 6 and len(res["arms"][arm]["samples"]["ttft_ms"]) == 6
+        lo, hi = res["arms"][arm]["ttft_ms"]["ci"]
+        assert lo <= res["arms"][arm]["ttft_ms"]["mean"] <= hi
+    # the tc_piecewise arm ran on CPU: the report says what was substituted
+    assert any(s.startswith("prefill.backend: ") for s in res["arms"]["B"]["substituted"])
+    assert res["verdict"].startswith("TTFT: ") and "scipy.stats.bootstrap" in res["method"]
+    with Client(srv.address) as c:
+        launches = [c.get_launch(r["launch"]) for r in exp["runs"]]
+        assert [x.plan for x in launches] == [a, b, a, b]
+        assert all(x.workload.seed == 5 for x in launches)
+        end = c.get_audit_record(exp["audit_records"][-1])
+        assert exp["name"] in end.outcome_message and "SUCCEEDED" in end.outcome_message
+    listed = json.loads(cli(srv, "experiments", "list", "-o", "json").stdout)["experiments"]
+    assert [e["name"] for e in listed] == [exp["name"]]
+    shown = cli(srv, "experiments", "show", exp["name"], "-o", "table").stdout
+    assert "B - A" in shown and "verdict:" in shown
+
+
+def wait_experiment(c: Client, name: str, pred: Any, timeout: float = 300) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = c.get_experiment(name)
+        if pred(msg):
+            return msg
+        time.sleep(0.2)
+    raise AssertionError(f"{name} did not get there: {msg}")
+
+
+def test_an_experiment_whose_launch_fails_stops_names_it_and_keeps_what_was_measured(
+        srv: ServerProcess, ckpt: str) -> None:
+    with Client(srv.address) as c:
+        a, b = two_plans(c)
+        exp = c.create_experiment([a, b], ckpt, {**WORKLOAD, "output_len": 300, "requests": 1}, repeats=2)
+        running = wait_experiment(c, exp.name, lambda m: any(r.arm == "B" and r.state == "RUNNING" for r in m.runs))
+        victim = running.runs[-1].launch
+        c.cancel_launch(victim)
+        done = wait_experiment(c, exp.name, lambda m: m.state != "RUNNING")
+        assert done.state == "FAILED"
+        assert victim in done.error and "CANCELLED" in done.error and "arm B, repeat 1" in done.error
+        assert [r.state for r in done.runs] == ["SUCCEEDED", "CANCELLED"]  # it stopped: no A2, no B2
+        arms = done.result["arms"]
+        assert int(arms["A"]["ttft_ms"]["n"]) == 1 and int(arms["B"]["ttft_ms"]["n"]) == 0
+        end = c.get_audit_record(done.audit_records[-1])
+        assert "FAILED" in end.outcome_message and victim in end.outcome_message
+
+
+def test_bad_experiments_are_refused_by_field_and_audited(srv: ServerProcess, ckpt: str, tmp_path: Path) -> None:
+    with Client(srv.address) as c:
+        a, _ = two_plans(c)
+        cases = [
+            (dict(plans=[a], model_path=ckpt, repeats=1), "plans"),
+            (dict(plans=[a, "plans/nope"], model_path=ckpt, repeats=1), None),  # NOT_FOUND
+            (dict(plans=[a, a], model_path=ckpt, repeats=0), "repeats"),
+            (dict(plans=[a, a], model_path=str(tmp_path / "none"), repeats=1), "model_path"),
+            (dict(plans=[a, "launches/x"], model_path=ckpt, repeats=1), "plans[1]"),
+        ]
+        for kwargs, field in cases:
+            with pytest.raises(ServiceError) as err:
+                c.create_experiment(workload=WORKLOAD, **kwargs)  # type: ignore[arg-type]
+            if field is None:
+                assert err.value.code == "NOT_FOUND"
+            else:
+                assert field in [v.field for v in err.value.violations], err.value
+        refusals = c.list_audit_records('method = "/cgsvc.v1.ExperimentService/CreateExperiment"').records
+        assert len(refusals) == len(cases) and all(r.outcome_code != 0 for r in refusals)
+        assert c.list_experiments().experiments == []
+        with pytest.raises(ServiceError) as nf:
+            c.get_experiment("experiments/nope")
+        assert nf.value.code == "NOT_FOUND"
