@@ -258,3 +258,17 @@ def test_bad_experiments_are_refused_by_field_and_audited(srv: ServerProcess, ck
         with pytest.raises(ServiceError) as nf:
             c.get_experiment("experiments/nope")
         assert nf.value.code == "NOT_FOUND"
+
+
+def test_a_launch_from_a_spec_resolves_under_the_policy_asked_for(srv: ServerProcess, ckpt: str) -> None:
+    with Client(srv.address) as c:
+        launch = c.create_launch(ckpt, {**WORKLOAD, "output_len": 200}, spec=KIMI, policy="sglang-0.5.18").metadata
+        plan = c.get_plan(launch.plan)
+        assert plan.policy == "sglang-0.5.18" and plan.prefill.backend == "breakable"
+        created = c.list_audit_records(f'launch_id = "{launch.name.removeprefix("launches/")}"').records[0]
+        assert created.method.endswith("CreateLaunch") and created.policy == "sglang-0.5.18"
+        c.cancel_launch(launch.name)
+        deadline = time.monotonic() + 60
+        while c.get_launch(launch.name).state != "CANCELLED" and time.monotonic() < deadline:
+            time.sleep(0.2)  # the group is stopped before the server is
+        assert c.get_launch(launch.name).state == "CANCELLED"
