@@ -57,9 +57,16 @@ def substitutions_of(report: dict[str, Any]) -> list[str]:
             for f in report.get("plan_fidelity") or [] if f.get("status") == "substituted"]
 
 
+def launch_means_of(row: ExperimentRow) -> dict[str, dict[str, list[float]]]:
+    """The per-launch means stored so far (what result_of needs to add one more launch)."""
+    return {arm: {m: list(row.result.get("arms", {}).get(arm, {}).get("launch_means", {}).get(m, []))
+                  for m in ("ttft_ms", "tpot_ms")} for arm in ARMS}
+
+
 def result_of(row: ExperimentRow, samples: dict[str, dict[str, list[float]]],
-              substituted: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    out = stats.analyse(samples)
+              substituted: dict[str, list[str]] | None = None,
+              launch_means: dict[str, dict[str, list[float]]] | None = None) -> dict[str, Any]:
+    out = stats.analyse(samples, launch_means if launch_means is not None else launch_means_of(row))
     for arm, plan in zip(ARMS, row.request["plans"], strict=True):
         out["arms"][arm]["plan"] = plan
         out["arms"][arm]["launches"] = [r["launch"] for r in row.runs if r["arm"] == arm and r["state"] == "SUCCEEDED"]
@@ -181,10 +188,13 @@ class Experiments:
                                         "measured before it are kept")
                         return
                     report = json.loads(done.report_json or "{}")
+                    means = launch_means_of(row)
                     for metric, values in samples_of(report).items():
                         samples[arm][metric].extend(values)
+                        if values:
+                            means[arm][metric].append(round(sum(values) / len(values), 4))
                     substituted[arm] = list(dict.fromkeys(substituted[arm] + substitutions_of(report)))
-                    row = await self._save(dataclasses.replace(row, result=result_of(row, samples, substituted)))
+                    row = await self._save(dataclasses.replace(row, result=result_of(row, samples, substituted, means)))
         except ServiceError as err:  # a plan or checkpoint that went away, devices gone, ...
             await self._end(row, samples, "FAILED", f"{err.code}: {err.message}")
             return

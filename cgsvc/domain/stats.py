@@ -2,7 +2,10 @@
 
 Per arm, every request of every launch of that arm is one sample of TTFT (and of TPOT, when
 it produced more than one token). The difference B - A resamples the two arms
-independently. A fixed seed makes a stored result reproducible from its samples.
+independently. Requests of one launch share its process and placement, so they are not fully
+independent: with at least MIN_LAUNCHES launches per arm the difference is also taken over the
+launches' means, and a request-level finding that the launches do not bear out is reported as
+"cannot tell". A fixed seed makes a stored result reproducible from its samples.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+MIN_LAUNCHES = 3  # per arm, for the launch-level check
 CONFIDENCE = 0.95
 RESAMPLES = 9999
 SEED = 20261130
@@ -68,8 +72,9 @@ def difference(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
             "relative": round(d / float(xa.mean()), 4) if xa.mean() else None}
 
 
-def verdict_part(metric: str, diff: dict[str, Any]) -> str:
-    """What one metric's difference says, or why it cannot say."""
+def verdict_part(metric: str, diff: dict[str, Any], launches: dict[str, Any] | None = None) -> str:
+    """What one metric's difference says, or why it cannot say. `launches` is the difference
+    over launch means (None when an arm has fewer than MIN_LAUNCHES launches)."""
     ci = diff["ci"]
     if diff["mean"] is None:
         return f"{metric}: no samples"
@@ -80,22 +85,32 @@ def verdict_part(metric: str, diff: dict[str, Any]) -> str:
         return f"{metric}: no difference (every sample equal)"
     rel = f" ({diff['relative'] * 100:+.0f} %)" if diff["relative"] is not None else ""
     span = f"95 % CI [{lo:+.2f}, {hi:+.2f}] ms"
-    if lo > 0:
-        return f"{metric}: B is slower by {diff['mean']:.2f} ms{rel}, {span}"
-    if hi < 0:
-        return f"{metric}: B is faster by {-diff['mean']:.2f} ms{rel}, {span}"
-    return f"{metric}: cannot tell, the interval spans zero ({span}); add repeats or requests"
+    if lo <= 0 <= hi:
+        return f"{metric}: cannot tell, the interval spans zero ({span}); add repeats or requests"
+    if launches is not None and launches["ci"] is not None and launches["ci"][0] <= 0 <= launches["ci"][1]:
+        llo, lhi = launches["ci"]
+        return (f"{metric}: cannot tell, the requests differ ({span}) but the launches do not agree "
+                f"(launch-level 95 % CI [{llo:+.2f}, {lhi:+.2f}] ms spans zero); add repeats")
+    word = "slower" if lo > 0 else "faster"
+    note = "" if launches is not None else f"; launch-to-launch variation not checked (under {MIN_LAUNCHES} launches per arm)"
+    return f"{metric}: B is {word} by {abs(diff['mean']):.2f} ms{rel}, {span}{note}"
 
 
-def analyse(samples: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
-    """The result of an experiment from its samples {"A": {"ttft_ms": [...], "tpot_ms": [...]}, "B": ...}."""
+def analyse(samples: dict[str, dict[str, list[float]]],
+            launch_means: dict[str, dict[str, list[float]]] | None = None) -> dict[str, Any]:
+    """The result of an experiment from its samples {"A": {"ttft_ms": [...], "tpot_ms": [...]}, "B": ...}
+    and, per arm and metric, the mean of each launch."""
     out: dict[str, Any] = {"method": METHOD, "arms": {}, "difference": {}}
+    means = launch_means or {arm: {"ttft_ms": [], "tpot_ms": []} for arm in ("A", "B")}
     for arm in ("A", "B"):
         out["arms"][arm] = {m: summary(samples[arm][m]) for m in ("ttft_ms", "tpot_ms")}
+        out["arms"][arm]["launch_means"] = means[arm]
     parts = []
     for metric in ("ttft_ms", "tpot_ms"):
         diff = difference(samples["A"][metric], samples["B"][metric])
-        out["difference"][metric] = diff
-        parts.append(verdict_part(metric.split("_")[0].upper(), diff))
+        a, b = means["A"][metric], means["B"][metric]
+        launches = difference(a, b) if min(len(a), len(b)) >= MIN_LAUNCHES else None
+        out["difference"][metric] = {**diff, "launch_level": launches}
+        parts.append(verdict_part(metric.split("_")[0].upper(), diff, launches))
     out["verdict"] = "; ".join(parts)
     return out

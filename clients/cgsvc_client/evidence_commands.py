@@ -200,6 +200,9 @@ def experiment_table(d: dict[str, Any], style: render.Style) -> str:
         table_rows: list[tuple[Any, ...]] = [(arm, arms[arm].get("plan", ""), int(arms[arm].get("ttft_ms", {}).get("n") or 0),
                        _ci(arms[arm].get("ttft_ms")), _ci(arms[arm].get("tpot_ms"))) for arm in ("A", "B")]
         table_rows.append(("B - A", "", "", _ci(diff.get("ttft_ms")), _ci(diff.get("tpot_ms"))))
+        if any((diff.get(m) or {}).get("launch_level") for m in ("ttft_ms", "tpot_ms")):
+            table_rows.append(("B - A, over launch means", "", "", _ci((diff.get("ttft_ms") or {}).get("launch_level")),
+                               _ci((diff.get("tpot_ms") or {}).get("launch_level"))))
         out += "\n\n" + render.table(["arm", "plan", "requests", "TTFT ms mean [95% CI]", "TPOT ms mean [95% CI]"],
                                       table_rows)
         for arm in ("A", "B"):

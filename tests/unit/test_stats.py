@@ -40,3 +40,25 @@ def test_too_few_samples_say_so() -> None:
 def test_results_are_reproducible() -> None:
     a, b = [1.0, 2.0, 3.0, 4.0], [2.0, 3.5, 4.0, 6.0]
     assert stats.difference(a, b) == stats.difference(a, b)
+
+
+def test_one_odd_launch_is_not_a_plan_effect() -> None:
+    """Requests of B differ (one of its three launches was slow), but the launches do not agree:
+    the verdict says it cannot tell."""
+    r = random.Random(11)
+
+    def launch(mean: float) -> list[float]:
+        return [mean + r.gauss(0, 0.5) for _ in range(10)]
+
+    a = [launch(100), launch(100), launch(100)]
+    b = [launch(100), launch(100), launch(130)]
+    flat = {"A": {"ttft_ms": sum(a, []), "tpot_ms": []}, "B": {"ttft_ms": sum(b, []), "tpot_ms": []}}
+    means = {arm: {"ttft_ms": [sum(x) / len(x) for x in runs], "tpot_ms": []} for arm, runs in (("A", a), ("B", b))}
+    out = stats.analyse(flat, means)
+    assert out["difference"]["ttft_ms"]["ci"][0] > 0  # the requests alone would say "slower"
+    assert out["difference"]["ttft_ms"]["launch_level"]["ci"][0] <= 0
+    assert out["verdict"].startswith("TTFT: cannot tell, the requests differ")
+    consistent = {arm: {"ttft_ms": [sum(x) / len(x) for x in runs], "tpot_ms": []}
+                  for arm, runs in (("A", a), ("B", [launch(130), launch(131), launch(129)]))}
+    flat["B"]["ttft_ms"] = [v + 30 for v in sum(a, [])]
+    assert stats.analyse(flat, consistent)["verdict"].startswith("TTFT: B is slower by")
