@@ -30,9 +30,9 @@ def plans_list(ns: argparse.Namespace) -> int:
         render.print_json({"plans": [codec.plan_dict_from_proto_resource(p) for p in page.plans],
                 "next_page_token": page.next_page_token})
         return 0
-    print(render.page(["name", "created", "model", "gpu", "prefill", "decode", "attention", "audit"],
+    print(render.page(["name", "created", "model", "gpu", "policy", "prefill", "decode", "attention", "audit"],
                       [(p.name, p.create_time.ToJsonString(), p.spec.model.name or p.spec.model.path,
-                        p.spec.hardware.gpu, p.prefill.backend, p.decode.backend,
+                        p.spec.hardware.gpu, p.policy or "cgsvc", p.prefill.backend, p.decode.backend,
                         f"{p.attention_backend.prefill}/{p.attention_backend.decode}", p.audit_record)
                        for p in page.plans], page.next_page_token))
     return 0
