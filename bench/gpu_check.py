@@ -23,6 +23,13 @@ It runs with a plain `python3` that has torch (the GPU machine has no virtualenv
 packages are put on sys.path here. FlashInfer compiles its kernels on first use (minutes):
 the budget is checked before every section, and a section that would start too late is
 listed as skipped, never half-reported.
+
+On a GPU machine without network, FlashInfer travels as wheels: fetch them here with
+`pip download flashinfer-python==0.6.18.post1 apache-tvm-ffi==0.1.15.post2 --no-deps
+--only-binary :all: --python-version 3.12 --platform manylinux_2_28_x86_64 -d .whl` (match the
+GPU machine's Python), carry `.whl`, and there run
+`python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl`, then
+`PYTHONPATH=/tmp/site CUDA_HOME=<the CUDA toolkit> python3 bench/gpu_check.py --out $OUT --budget 420`.
 """
 
 from __future__ import annotations
