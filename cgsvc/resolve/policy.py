@@ -40,16 +40,22 @@ def _speculative(ctx: Context) -> bool:
     return ctx.features.speculative_algorithm is not None
 
 
-def _attention(name: str, rule_id: str, when: object, reason: str) -> Rule:
-    """An automatic attention-backend row: first match fills whichever phase is still unset."""
-    return Rule(
-        id=rule_id, stage=Stage.ATTENTION, source="hardware",
-        reads=("model.arch", "model.mla", "hardware.gpu"), writes=(AP, AD),
-        when=lambda ctx: (ctx.attn_prefill is None or ctx.attn_decode is None) and when(ctx),  # type: ignore[operator]
-        effect=lambda ctx: ctx.unset({AP: name, AD: name}), reason=reason)
+def attention_row(name: str, rule_id: str, when: object, reason: str, source: str = "hardware",
+                  only_when_all_unset: bool = False) -> Rule:
+    """An automatic attention-backend row: first match fills whichever phase is still unset
+    (with only_when_all_unset, it fires only when no backend at all was given)."""
+    def fires(ctx: Context) -> bool:
+        if only_when_all_unset:
+            unset = ctx.attn_prefill is None and ctx.attn_decode is None
+        else:
+            unset = ctx.attn_prefill is None or ctx.attn_decode is None
+        return unset and when(ctx)  # type: ignore[operator,no-any-return]
+    return Rule(id=rule_id, stage=Stage.ATTENTION, source=source,
+                reads=("model.arch", "model.mla", "hardware.gpu"), writes=(AP, AD), when=fires,
+                effect=lambda ctx: ctx.unset({AP: name, AD: name}), reason=reason)
 
 
-def _cascade_rule(backend: str, rule_id: str, reads: tuple[str, ...], cond: object, reason: str,
+def cascade_rule(backend: str, rule_id: str, reads: tuple[str, ...], cond: object, reason: str,
                   hard: bool = False) -> Rule:
     """A compatibility rule of the prefill cascade: while prefill is `backend` and cond holds,
     prefill becomes `disabled` (so the first rule that holds decides)."""
@@ -60,11 +66,11 @@ def _cascade_rule(backend: str, rule_id: str, reads: tuple[str, ...], cond: obje
 
 
 def _tc_rule(rule_id: str, reads: tuple[str, ...], cond: object, reason: str, hard: bool = False) -> Rule:
-    return _cascade_rule("tc_piecewise", rule_id, reads, cond, reason, hard)
+    return cascade_rule("tc_piecewise", rule_id, reads, cond, reason, hard)
 
 
 def _breakable_rule(rule_id: str, reads: tuple[str, ...], cond: object, reason: str, hard: bool = False) -> Rule:
-    return _cascade_rule("breakable", rule_id, reads, cond, reason, hard)
+    return cascade_rule("breakable", rule_id, reads, cond, reason, hard)
 
 
 RULES: tuple[Rule, ...] = (
@@ -106,30 +112,30 @@ RULES: tuple[Rule, ...] = (
          when=lambda ctx: not ctx.model.is_mla
          and any(b in MLA_ONLY_BACKENDS for b in (ctx.attn_prefill, ctx.attn_decode)),
          reason="MLA-only attention backends need a model with kv_lora_rank (MLA)"),
-    _attention("torch_native", "attention.cpu", lambda ctx: not ctx.gpu.cuda,
-               "cpu hardware: the torch_native reference attention"),
-    _attention("dsa", "attention.dsa.blackwell",
-               lambda ctx: ctx.model.deepseek_v3_family and ctx.model.is_dsa and ctx.gpu.arch in BLACKWELL,
-               "DeepSeek sparse-attention (DSA) variant on Blackwell"),
-    _attention("trtllm_mla", "attention.deepseek_v3.blackwell",
-               lambda ctx: ctx.model.deepseek_v3_family and ctx.gpu.arch in BLACKWELL,
-               "DeepSeek-V3 family on Blackwell sm100/sm103: TRT-LLM MLA kernels"),
-    _attention("fa3", "attention.mla.hopper", lambda ctx: ctx.model.is_mla and ctx.gpu.arch == "sm90",
-               "MLA model on Hopper sm90: FlashAttention-3 MLA"),
-    _attention("flashinfer", "attention.mla.blackwell",
-               lambda ctx: ctx.model.is_mla and ctx.gpu.arch in BLACKWELL,
-               "MLA model outside the DeepSeek-V3 family on Blackwell: flashinfer MLA"),
-    _attention("triton", "attention.mla.other_cuda",
-               lambda ctx: ctx.model.is_mla and ctx.gpu.arch in ("sm80", "sm86", "sm89", "sm120"),
-               "MLA model on sm80/sm86/sm89/sm120: triton MLA"),
-    _attention("fa3", "attention.mha.hopper", lambda ctx: not ctx.model.is_mla and ctx.gpu.arch == "sm90",
-               "MHA model on Hopper sm90: FlashAttention-3"),
-    _attention("trtllm_mha", "attention.mha.blackwell",
-               lambda ctx: not ctx.model.is_mla and ctx.gpu.arch in BLACKWELL and not _speculative(ctx),
-               "MHA model on Blackwell without speculative decoding: TRT-LLM MHA"),
-    _attention("flashinfer", "attention.mha.other_cuda",
-               lambda ctx: not ctx.model.is_mla and ctx.gpu.cuda,
-               "MHA model on other CUDA GPUs (or Blackwell with speculative decoding): flashinfer"),
+    attention_row("torch_native", "attention.cpu", lambda ctx: not ctx.gpu.cuda,
+                  "cpu hardware: the torch_native reference attention"),
+    attention_row("dsa", "attention.dsa.blackwell",
+                  lambda ctx: ctx.model.deepseek_v3_family and ctx.model.is_dsa and ctx.gpu.arch in BLACKWELL,
+                  "DeepSeek sparse-attention (DSA) variant on Blackwell"),
+    attention_row("trtllm_mla", "attention.deepseek_v3.blackwell",
+                  lambda ctx: ctx.model.deepseek_v3_family and ctx.gpu.arch in BLACKWELL,
+                  "DeepSeek-V3 family on Blackwell sm100/sm103: TRT-LLM MLA kernels"),
+    attention_row("fa3", "attention.mla.hopper", lambda ctx: ctx.model.is_mla and ctx.gpu.arch == "sm90",
+                  "MLA model on Hopper sm90: FlashAttention-3 MLA"),
+    attention_row("flashinfer", "attention.mla.blackwell",
+                  lambda ctx: ctx.model.is_mla and ctx.gpu.arch in BLACKWELL,
+                  "MLA model outside the DeepSeek-V3 family on Blackwell: flashinfer MLA"),
+    attention_row("triton", "attention.mla.other_cuda",
+                  lambda ctx: ctx.model.is_mla and ctx.gpu.arch in ("sm80", "sm86", "sm89", "sm120"),
+                  "MLA model on sm80/sm86/sm89/sm120: triton MLA"),
+    attention_row("fa3", "attention.mha.hopper", lambda ctx: not ctx.model.is_mla and ctx.gpu.arch == "sm90",
+                  "MHA model on Hopper sm90: FlashAttention-3"),
+    attention_row("trtllm_mha", "attention.mha.blackwell",
+                  lambda ctx: not ctx.model.is_mla and ctx.gpu.arch in BLACKWELL and not _speculative(ctx),
+                  "MHA model on Blackwell without speculative decoding: TRT-LLM MHA"),
+    attention_row("flashinfer", "attention.mha.other_cuda",
+                  lambda ctx: not ctx.model.is_mla and ctx.gpu.cuda,
+                  "MHA model on other CUDA GPUs (or Blackwell with speculative decoding): flashinfer"),
 
     # ------------------------------------------------------------------ 3. prefill cascade
     Rule(id="prefill.upgrade.multimodal_piecewise", stage=Stage.PREFILL_CASCADE, source="model",

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from cgsvc.errors import FieldViolation
 from cgsvc.resolve import sizes
 from cgsvc.resolve.engine import Context, Policy, Rule, Stage, Value
-from cgsvc.resolve.policy import RULES_BY_ID
+from cgsvc.resolve.policy import RULES_BY_ID, attention_row, cascade_rule
 from cgsvc.spec import LaunchSpec
 
 P, D = "prefill.backend", "decode.backend"
@@ -87,31 +87,6 @@ def _speculative(ctx: Context) -> bool:
     return ctx.features.speculative_algorithm is not None
 
 
-def _attention_unset(ctx: Context) -> bool:
-    """is_attention_backend_not_set(): neither the base nor a split backend was given."""
-    return ctx.attn_prefill is None and ctx.attn_decode is None
-
-
-def _attention(name: str, rule_id: str, when: object, reason: str, source: str = "hardware",
-               only_when_all_unset: bool = False) -> Rule:
-    """An automatic attention row: first match fills whichever phase is still unset (the
-    model overrides apply only when no backend at all was given)."""
-    def fires(ctx: Context) -> bool:
-        unset = _attention_unset(ctx) if only_when_all_unset else (ctx.attn_prefill is None or ctx.attn_decode is None)
-        return unset and when(ctx)  # type: ignore[operator,no-any-return]
-    return Rule(id=rule_id, stage=Stage.ATTENTION, source=source,
-                reads=("model.arch", "model.mla", "hardware.gpu"), writes=(AP, AD), when=fires,
-                effect=lambda ctx: ctx.unset({AP: name, AD: name}), reason=reason)
-
-
-def _disable_prefill(rule_id: str, backend: str, reads: tuple[str, ...], cond: object, reason: str) -> Rule:
-    """One row of a `_disable_<backend>_cudagraph_if_incompatible` list: while prefill is
-    `backend` and cond holds, prefill becomes `disabled` (the first row that holds decides)."""
-    return Rule(id=rule_id, stage=Stage.PREFILL_CASCADE, source="compatibility", reads=(P, *reads),
-                writes=(P,), reason=reason, effect=lambda ctx: {P: "disabled"},
-                when=lambda ctx: ctx.prefill == backend and cond(ctx))  # type: ignore[operator]
-
-
 def _defaults(r: Release) -> tuple[Rule, ...]:
     return (
         Rule(id="default.prefill.backend", stage=Stage.DEFAULTS, source="default", reads=("hardware.gpu",),
@@ -129,32 +104,32 @@ def _defaults(r: Release) -> tuple[Rule, ...]:
 def _attention_rows(r: Release) -> tuple[Rule, ...]:
     """_handle_cpu_backends, the DeepSeek-family model override, then get_default_attn_backend."""
     return (
-        _attention("torch_native", "attention.cpu", lambda ctx: not ctx.gpu.cuda,
-                   "_handle_cpu_backends: torch_native on the host CPU (intel_amx on x86 servers is "
-                   "not in the plan vocabulary)"),
-        _attention("dsa", "attention.deepseek_family.dsa",
-                   lambda ctx: _arch(ctx, DEEPSEEK_FAMILY) and ctx.model.is_dsa,
-                   "_deepseek_family_overrides: the DSA variants use the dsa backend", "model",
-                   only_when_all_unset=True),
-        _attention("trtllm_mla", "attention.deepseek_v3.blackwell",
-                   lambda ctx: _arch(ctx, DEEPSEEK_FAMILY) and not ctx.model.is_dsa and ctx.gpu.arch in SM100_FAMILY,
-                   "_deepseek_family_overrides: trtllm_mla on sm100 for the DeepSeek-V3 family", "model",
-                   only_when_all_unset=True),
-        _attention("fa3", "attention.mla.hopper", lambda ctx: ctx.model.is_mla and ctx.gpu.arch == "sm90",
-                   "get_default_attn_backend: MLA on Hopper, fa3"),
-        _attention("flashinfer", "attention.mla.blackwell",
-                   lambda ctx: ctx.model.is_mla and ctx.gpu.arch in SM100_FAMILY,
-                   "get_default_attn_backend: MLA on sm100, flashinfer"),
-        _attention("triton", "attention.mla.other_cuda", lambda ctx: ctx.model.is_mla and ctx.gpu.cuda,
-                   "get_default_attn_backend: MLA elsewhere, triton"),
-        _attention("fa3", "attention.mha.hopper",
-                   lambda ctx: not ctx.model.is_mla and ctx.gpu.arch == "sm90" and not _speculative(ctx),
-                   "get_default_attn_backend: MHA on Hopper without speculative decoding (top-k unknown), fa3"),
-        _attention("trtllm_mha", "attention.mha.blackwell",
-                   lambda ctx: not ctx.model.is_mla and ctx.gpu.arch in SM100_FAMILY and not _speculative(ctx),
-                   "get_default_attn_backend: MHA on sm100 without speculative decoding, trtllm_mha"),
-        _attention("flashinfer", "attention.mha.other_cuda", lambda ctx: not ctx.model.is_mla and ctx.gpu.cuda,
-                   "get_default_attn_backend: MHA elsewhere, flashinfer"),
+        attention_row("torch_native", "attention.cpu", lambda ctx: not ctx.gpu.cuda,
+                      "_handle_cpu_backends: torch_native on the host CPU (intel_amx on x86 servers is "
+                      "not in the plan vocabulary)"),
+        attention_row("dsa", "attention.deepseek_family.dsa",
+                      lambda ctx: _arch(ctx, DEEPSEEK_FAMILY) and ctx.model.is_dsa,
+                      "_deepseek_family_overrides: the DSA variants use the dsa backend", "model",
+                      only_when_all_unset=True),
+        attention_row("trtllm_mla", "attention.deepseek_v3.blackwell",
+                      lambda ctx: _arch(ctx, DEEPSEEK_FAMILY) and not ctx.model.is_dsa and ctx.gpu.arch in SM100_FAMILY,
+                      "_deepseek_family_overrides: trtllm_mla on sm100 for the DeepSeek-V3 family", "model",
+                      only_when_all_unset=True),
+        attention_row("fa3", "attention.mla.hopper", lambda ctx: ctx.model.is_mla and ctx.gpu.arch == "sm90",
+                      "get_default_attn_backend: MLA on Hopper, fa3"),
+        attention_row("flashinfer", "attention.mla.blackwell",
+                      lambda ctx: ctx.model.is_mla and ctx.gpu.arch in SM100_FAMILY,
+                      "get_default_attn_backend: MLA on sm100, flashinfer"),
+        attention_row("triton", "attention.mla.other_cuda", lambda ctx: ctx.model.is_mla and ctx.gpu.cuda,
+                      "get_default_attn_backend: MLA elsewhere, triton"),
+        attention_row("fa3", "attention.mha.hopper",
+                      lambda ctx: not ctx.model.is_mla and ctx.gpu.arch == "sm90" and not _speculative(ctx),
+                      "get_default_attn_backend: MHA on Hopper without speculative decoding (top-k unknown), fa3"),
+        attention_row("trtllm_mha", "attention.mha.blackwell",
+                      lambda ctx: not ctx.model.is_mla and ctx.gpu.arch in SM100_FAMILY and not _speculative(ctx),
+                      "get_default_attn_backend: MHA on sm100 without speculative decoding, trtllm_mha"),
+        attention_row("flashinfer", "attention.mha.other_cuda", lambda ctx: not ctx.model.is_mla and ctx.gpu.cuda,
+                      "get_default_attn_backend: MHA elsewhere, flashinfer"),
     )
 
 
@@ -199,38 +174,38 @@ def _tc_piecewise_rows(r: Release) -> tuple[Rule, ...]:
         return ()
     t = "tc_piecewise"
     return (
-        _disable_prefill("tc_piecewise.blocklisted_arch", t, ("model.arch", "features.enable_multimodal"),
-                         lambda ctx: _arch(ctx, PIECEWISE_DISABLED) or (_mm_on(ctx) and not _arch(ctx, r.mm_piecewise)),
-                         "is_piecewise_cuda_graph_disabled_model: block-listed architecture, or multimodal "
-                         "and not on the piecewise allow-list"),
-        _disable_prefill("tc_piecewise.dp_attention", t, ("parallelism.enable_dp_attention",),
-                         lambda ctx: ctx.dp_attention, "DP attention"),
-        _disable_prefill("tc_piecewise.torch_compile", t, ("features.enable_torch_compile",),
-                         lambda ctx: bool(ctx.features.enable_torch_compile), "full torch.compile mode"),
-        _disable_prefill("tc_piecewise.pipeline_parallel", t, ("parallelism.pp",), lambda ctx: ctx.pp > 1,
-                         "pipeline parallelism (pp_size > 1)"),
-        _disable_prefill("tc_piecewise.non_cuda", t, ("hardware.gpu",), lambda ctx: not ctx.gpu.cuda,
-                         "non-CUDA hardware"),
-        _disable_prefill("tc_piecewise.moe_a2a", t, ("features.moe_a2a_backend",), lambda ctx: _a2a(ctx) != "none",
-                         "MoE A2A backend"),
-        _disable_prefill("tc_piecewise.lora", t, ("features.lora",), lambda ctx: bool(ctx.features.lora), "LoRA"),
-        _disable_prefill("tc_piecewise.gguf", t, ("model.quantization",),
-                         lambda ctx: (ctx.spec.model.quantization or ctx.model.quantization) == "gguf",
-                         "GGUF quantization"),
-        _disable_prefill("tc_piecewise.cpu_offload_or_hicache", t,
-                         ("features.cpu_offload_gb", "features.enable_hierarchical_cache"),
-                         lambda ctx: (ctx.features.cpu_offload_gb or 0) > 0 or bool(ctx.features.enable_hierarchical_cache),
-                         "CPU offload / hierarchical cache"),
-        _disable_prefill("tc_piecewise.deterministic", t, ("features.enable_deterministic_inference",),
-                         lambda ctx: bool(ctx.features.enable_deterministic_inference), "deterministic inference"),
-        _disable_prefill("tc_piecewise.pd_disaggregation", t, ("features.disaggregation_mode",),
-                         lambda ctx: (ctx.features.disaggregation_mode or "null") != "null", "PD disaggregation"),
-        _disable_prefill("tc_piecewise.eplb", t, ("features.enable_eplb",), lambda ctx: bool(ctx.features.enable_eplb),
-                         "expert distribution recorder (EPLB)"),
-        _disable_prefill("tc_piecewise.attn_cp", t, ("parallelism.attn_cp",), lambda ctx: ctx.attn_cp > 1,
-                         "context parallel (attn_cp_size > 1)"),
-        _disable_prefill("tc_piecewise.dcp", t, ("parallelism.dcp",), lambda ctx: ctx.dcp > 1,
-                         "decode context parallel (dcp_size > 1)"),
+        cascade_rule(t, "tc_piecewise.blocklisted_arch", ("model.arch", "features.enable_multimodal"),
+                     lambda ctx: _arch(ctx, PIECEWISE_DISABLED) or (_mm_on(ctx) and not _arch(ctx, r.mm_piecewise)),
+                     "is_piecewise_cuda_graph_disabled_model: block-listed architecture, or multimodal "
+                     "and not on the piecewise allow-list"),
+        cascade_rule(t, "tc_piecewise.dp_attention", ("parallelism.enable_dp_attention",),
+                     lambda ctx: ctx.dp_attention, "DP attention"),
+        cascade_rule(t, "tc_piecewise.torch_compile", ("features.enable_torch_compile",),
+                     lambda ctx: bool(ctx.features.enable_torch_compile), "full torch.compile mode"),
+        cascade_rule(t, "tc_piecewise.pipeline_parallel", ("parallelism.pp",), lambda ctx: ctx.pp > 1,
+                     "pipeline parallelism (pp_size > 1)"),
+        cascade_rule(t, "tc_piecewise.non_cuda", ("hardware.gpu",), lambda ctx: not ctx.gpu.cuda,
+                     "non-CUDA hardware"),
+        cascade_rule(t, "tc_piecewise.moe_a2a", ("features.moe_a2a_backend",), lambda ctx: _a2a(ctx) != "none",
+                     "MoE A2A backend"),
+        cascade_rule(t, "tc_piecewise.lora", ("features.lora",), lambda ctx: bool(ctx.features.lora), "LoRA"),
+        cascade_rule(t, "tc_piecewise.gguf", ("model.quantization",),
+                     lambda ctx: (ctx.spec.model.quantization or ctx.model.quantization) == "gguf",
+                     "GGUF quantization"),
+        cascade_rule(t, "tc_piecewise.cpu_offload_or_hicache",
+                     ("features.cpu_offload_gb", "features.enable_hierarchical_cache"),
+                     lambda ctx: (ctx.features.cpu_offload_gb or 0) > 0 or bool(ctx.features.enable_hierarchical_cache),
+                     "CPU offload / hierarchical cache"),
+        cascade_rule(t, "tc_piecewise.deterministic", ("features.enable_deterministic_inference",),
+                     lambda ctx: bool(ctx.features.enable_deterministic_inference), "deterministic inference"),
+        cascade_rule(t, "tc_piecewise.pd_disaggregation", ("features.disaggregation_mode",),
+                     lambda ctx: (ctx.features.disaggregation_mode or "null") != "null", "PD disaggregation"),
+        cascade_rule(t, "tc_piecewise.eplb", ("features.enable_eplb",), lambda ctx: bool(ctx.features.enable_eplb),
+                     "expert distribution recorder (EPLB)"),
+        cascade_rule(t, "tc_piecewise.attn_cp", ("parallelism.attn_cp",), lambda ctx: ctx.attn_cp > 1,
+                     "context parallel (attn_cp_size > 1)"),
+        cascade_rule(t, "tc_piecewise.dcp", ("parallelism.dcp",), lambda ctx: ctx.dcp > 1,
+                     "decode context parallel (dcp_size > 1)"),
     )
 
 
@@ -239,31 +214,31 @@ def _breakable_rows(r: Release) -> tuple[Rule, ...]:
     b = "breakable"
     rows: list[Rule] = []
     if r.pp_disables_breakable:
-        rows.append(_disable_prefill("breakable.pipeline_parallel", b, ("parallelism.pp",), lambda ctx: ctx.pp > 1,
-                                     "pipeline parallelism: breakable prefill graphs are opt-in "
-                                     "(--cuda-graph-backend-prefill=breakable)"))
+        rows.append(cascade_rule(b, "breakable.pipeline_parallel", ("parallelism.pp",), lambda ctx: ctx.pp > 1,
+                                 "pipeline parallelism: breakable prefill graphs are opt-in "
+                                 "(--cuda-graph-backend-prefill=breakable)"))
     if r.mla_disables_breakable:
-        rows.append(_disable_prefill("breakable.mla", b, ("model.mla",),
-                                     lambda ctx: ctx.model.is_mla and not ctx.model.is_dsa,
-                                     "MLA attention (non-DSA): MLA prefill under breakable takes forward_mha, "
-                                     "which has no eager breaks"))
-        rows.append(_disable_prefill("breakable.nemotron_h", b, ("model.arch",),
-                                     lambda ctx: ctx.model.architecture.startswith("NemotronH"),
-                                     "NemotronH (hybrid Mamba2 prefill)"))
+        rows.append(cascade_rule(b, "breakable.mla", ("model.mla",),
+                                 lambda ctx: ctx.model.is_mla and not ctx.model.is_dsa,
+                                 "MLA attention (non-DSA): MLA prefill under breakable takes forward_mha, "
+                                 "which has no eager breaks"))
+        rows.append(cascade_rule(b, "breakable.nemotron_h", ("model.arch",),
+                                 lambda ctx: ctx.model.architecture.startswith("NemotronH"),
+                                 "NemotronH (hybrid Mamba2 prefill)"))
     rows += [
-        _disable_prefill("breakable.deepseek_v4", b, ("model.arch",),
-                         lambda ctx: ctx.model.architecture.startswith("DeepseekV4"),
-                         "DeepSeek-V4 (heavy capture-pool memory pressure)"),
-        _disable_prefill("breakable.attn_cp", b, ("parallelism.attn_cp",), lambda ctx: ctx.attn_cp > 1,
-                         "context parallel (attn_cp_size > 1)"),
-        _disable_prefill("breakable.dcp", b, ("parallelism.dcp",), lambda ctx: ctx.dcp > 1,
-                         "decode context parallel (dcp_size > 1)"),
-        _disable_prefill("breakable.two_batch_overlap", b, ("features.enable_two_batch_overlap",),
-                         lambda ctx: bool(ctx.features.enable_two_batch_overlap), "two-batch overlap"),
-        _disable_prefill("breakable.moe_a2a", b, ("features.moe_a2a_backend",),
-                         lambda ctx: _a2a(ctx) not in BREAKABLE_A2A, "unvalidated a2a backend"),
-        _disable_prefill("breakable.multimodal_not_allowlisted", b, ("model.arch", "features.enable_multimodal"),
-                         lambda ctx: _mm_on(ctx) and not _arch(ctx, r.mm_breakable), "multimodal model"),
+        cascade_rule(b, "breakable.deepseek_v4", ("model.arch",),
+                     lambda ctx: ctx.model.architecture.startswith("DeepseekV4"),
+                     "DeepSeek-V4 (heavy capture-pool memory pressure)"),
+        cascade_rule(b, "breakable.attn_cp", ("parallelism.attn_cp",), lambda ctx: ctx.attn_cp > 1,
+                     "context parallel (attn_cp_size > 1)"),
+        cascade_rule(b, "breakable.dcp", ("parallelism.dcp",), lambda ctx: ctx.dcp > 1,
+                     "decode context parallel (dcp_size > 1)"),
+        cascade_rule(b, "breakable.two_batch_overlap", ("features.enable_two_batch_overlap",),
+                     lambda ctx: bool(ctx.features.enable_two_batch_overlap), "two-batch overlap"),
+        cascade_rule(b, "breakable.moe_a2a", ("features.moe_a2a_backend",),
+                     lambda ctx: _a2a(ctx) not in BREAKABLE_A2A, "unvalidated a2a backend"),
+        cascade_rule(b, "breakable.multimodal_not_allowlisted", ("model.arch", "features.enable_multimodal"),
+                     lambda ctx: _mm_on(ctx) and not _arch(ctx, r.mm_breakable), "multimodal model"),
     ]
     return tuple(rows)
 
