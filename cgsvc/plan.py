@@ -109,6 +109,13 @@ class Plan:
         """The decisions that shaped one plan field (e.g. "prefill.backend")."""
         return [d for d in self.decisions if d.field == field]
 
+    def deciders(self, field: str) -> list[str]:
+        """The rules that decided a compared field, in order ("*" marks a forced decision: a
+        lock kept the value); for "warnings", the warnings' rules."""
+        if field == "warnings":
+            return [w.rule_id for w in self.warnings]
+        return [d.rule_id + ("*" if d.forced else "") for d in self.decisions_for(field)]
+
 
 # The plan fields a comparison looks at (decisions and estimates follow from them).
 COMPARED_FIELDS = ("attention_backend.prefill", "attention_backend.decode", "prefill.backend",

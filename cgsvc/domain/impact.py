@@ -42,13 +42,6 @@ class Outcome:
             return cls(None, ServiceError.invalid([FieldViolation("spec", str(err))]))
 
 
-def deciders(plan: Plan, field: str) -> list[str]:
-    """The rules that decided a plan field, in order; "*" marks a forced decision (a lock kept the value)."""
-    if field == "warnings":
-        return [w.rule_id for w in plan.warnings]
-    return [d.rule_id + ("*" if d.forced else "") for d in plan.decisions_for(field)]
-
-
 def _refusal(group: dict[str, Any], err: ServiceError) -> dict[str, Any]:
     return {**group, "code": err.code, "message": err.message, "rule_id": err.rule_id or "",
             "fields": [v.field for v in err.violations]}
@@ -88,8 +81,8 @@ def policy_impact(store: AuditStore, candidate: str, baseline: str = DEFAULT_POL
                 else:
                     out["changed"].append({
                         **group, "changes": [{"field": f, "baseline": x, "candidate": y,
-                                              "baseline_rules": deciders(a.plan, f),
-                                              "candidate_rules": deciders(b.plan, f)} for f, x, y in cmp.changes],
+                                              "baseline_rules": a.plan.deciders(f),
+                                              "candidate_rules": b.plan.deciders(f)} for f, x, y in cmp.changes],
                         "rules": {"baseline_only": list(cmp.only_a), "candidate_only": list(cmp.only_b)}})
             elif a.plan is not None and b.error is not None:
                 out["newly_refused"].append(_refusal(group, b.error))

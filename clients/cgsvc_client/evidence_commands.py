@@ -83,9 +83,7 @@ def _plan_side(arg: str, policy: str, ns: argparse.Namespace, side: str) -> tupl
 
 
 def _trail(plan: Plan, field: str) -> str:
-    if field == "warnings":
-        return ", ".join(w.rule_id for w in plan.warnings) or "-"
-    return " > ".join(d.rule_id + ("*" if d.forced else "") for d in plan.decisions_for(field)) or "-"
+    return (", " if field == "warnings" else " > ").join(plan.deciders(field)) or "-"
 
 
 def cmd_plans_diff(ns: argparse.Namespace) -> int:
