@@ -17,6 +17,7 @@ from cgsvc.audit.writer import AuditWriter
 from cgsvc.errors import CODE_NUMBERS
 from cgsvc.plan import canonical_json
 from cgsvc.resolve import DEFAULT_POLICY, policy_version
+from cgsvc.resolve.policies import POLICIES
 
 # Whether the request being served has already been appended (set by every append made while
 # serving it), so that the pipeline audits an outcome the service did not — an internal fault
@@ -51,8 +52,6 @@ class Auditor:
               **extra: Any) -> AuditEntry:
         """An entry under `policy` (a known policy's name; an unknown one is recorded as asked,
         with no version)."""
-        from cgsvc.resolve.policies import POLICIES
-
         version = policy_version(policy) if policy in POLICIES else ""
         return AuditEntry(principal=principal, peer=peer, method=method, request_id=request_id,
                           trace_id=trace_id, policy=policy, policy_version=version, service_version=__version__,

@@ -27,7 +27,7 @@ import structlog
 from cgsvc import __version__
 from cgsvc.audit.records import AuditEntry
 from cgsvc.domain import stats
-from cgsvc.domain.launches import TERMINAL, Launches, order_for, read_checkpoint
+from cgsvc.domain.launches import TERMINAL, Launches, order_for, read_checkpoint, workload_problems
 from cgsvc.domain.plans import Caller, Plans
 from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
 from cgsvc.launch.store import ExperimentRow, ExperimentStore, LaunchRow, Workload
@@ -57,16 +57,16 @@ def substitutions_of(report: dict[str, Any]) -> list[str]:
             for f in report.get("plan_fidelity") or [] if f.get("status") == "substituted"]
 
 
-def launch_means_of(row: ExperimentRow) -> dict[str, dict[str, list[float]]]:
-    """The per-launch means stored so far (what result_of needs to add one more launch)."""
-    return {arm: {m: list(row.result.get("arms", {}).get(arm, {}).get("launch_means", {}).get(m, []))
+def stored(row: ExperimentRow, key: str) -> dict[str, dict[str, list[float]]]:
+    """Per arm and metric, what the stored result holds under `key` ("samples" or "launch_means")."""
+    return {arm: {m: list(row.result.get("arms", {}).get(arm, {}).get(key, {}).get(m, []))
                   for m in ("ttft_ms", "tpot_ms")} for arm in ARMS}
 
 
 def result_of(row: ExperimentRow, samples: dict[str, dict[str, list[float]]],
               substituted: dict[str, list[str]] | None = None,
               launch_means: dict[str, dict[str, list[float]]] | None = None) -> dict[str, Any]:
-    out = stats.analyse(samples, launch_means if launch_means is not None else launch_means_of(row))
+    out = stats.analyse(samples, launch_means if launch_means is not None else stored(row, "launch_means"))
     for arm, plan in zip(ARMS, row.request["plans"], strict=True):
         out["arms"][arm]["plan"] = plan
         out["arms"][arm]["launches"] = [r["launch"] for r in row.runs if r["arm"] == arm and r["state"] == "SUCCEEDED"]
@@ -107,17 +107,11 @@ class Experiments:
 
     async def _create(self, plans: list[str], workload: Workload, model_path: str, repeats: int, dispatcher: str,
                       caller: Caller) -> ExperimentRow:
-        problems = []
+        problems = workload_problems(workload, model_path)
         if len(plans) != 2:
             problems.append(FieldViolation("plans", f"exactly two (A and B), got {len(plans)}"))
         if not 1 <= repeats <= MAX_REPEATS:
             problems.append(FieldViolation("repeats", f"launches per arm, 1 to {MAX_REPEATS}; got {repeats}"))
-        for name, value in (("input_len", workload.input_len), ("output_len", workload.output_len),
-                            ("requests", workload.requests)):
-            if value < 1:
-                problems.append(FieldViolation(f"workload.{name}", f"must be at least 1, got {value}"))
-        if not model_path:
-            problems.append(FieldViolation("model_path", "required: the checkpoint directory the workers load"))
         if problems:
             raise ServiceError.invalid(problems)
         ids = []
@@ -172,10 +166,10 @@ class Experiments:
         substituted: dict[str, list[str]] = {arm: [] for arm in ARMS}
         try:
             ckpt = read_checkpoint(req["model_path"], workload)
+            plans = [await self.plans.get(name.removeprefix("plans/")) for name in req["plans"]]
             for repeat in range(1, req["repeats"] + 1):
-                for arm, plan in zip(ARMS, req["plans"], strict=True):
-                    order = order_for(await self.plans.get(plan.removeprefix("plans/")), ckpt, req["model_path"],
-                                      workload, req["dispatcher"], True)
+                for arm, plan in zip(ARMS, plans, strict=True):
+                    order = order_for(plan, ckpt, req["model_path"], workload, req["dispatcher"], True)
                     launch, _ = await self.launches.create(order, dataclasses.replace(caller, request_id=""))
                     run = {"arm": arm, "repeat": repeat, "launch": f"launches/{launch.launch_id}", "state": launch.state}
                     row = await self._save(dataclasses.replace(row, runs=(*row.runs, run)))
@@ -188,7 +182,7 @@ class Experiments:
                                         "measured before it are kept")
                         return
                     report = json.loads(done.report_json or "{}")
-                    means = launch_means_of(row)
+                    means = stored(row, "launch_means")
                     for metric, values in samples_of(report).items():
                         samples[arm][metric].extend(values)
                         if values:
@@ -238,11 +232,7 @@ class Experiments:
         schedule; it ends FAILED, keeping what it measured."""
         notes = []
         for row in await asyncio.to_thread(self.store.in_state, "RUNNING"):
-            samples = _empty_samples()
-            for arm in ARMS:
-                for metric in ("ttft_ms", "tpot_ms"):
-                    samples[arm][metric] = list(row.result.get("arms", {}).get(arm, {}).get("samples", {}).get(metric, []))
-            await self._end(row, samples, "FAILED", "the server stopped while the experiment ran; the launches it had "
+            await self._end(row, stored(row, "samples"), "FAILED", "the server stopped while the experiment ran; the launches it had "
                                                     "finished are kept, start a new experiment to continue")
             notes.append(f"ended experiments/{row.experiment_id} (the server stopped while it ran)")
         return notes

@@ -72,6 +72,18 @@ class LaunchOrder:
     request_hash: str = ""
 
 
+def workload_problems(workload: Workload, model_path: str) -> list[FieldViolation]:
+    """What is wrong with a launch's workload and checkpoint path, field by field."""
+    problems = [FieldViolation(f"workload.{k}", f"must be at least 1, got {v}") for k, v in
+                (("input_len", workload.input_len), ("output_len", workload.output_len),
+                 ("requests", workload.requests)) if v < 1]
+    if workload.concurrency < 0:
+        problems.append(FieldViolation("workload.concurrency", "must be 0 (all at once) or positive"))
+    if not model_path:
+        problems.append(FieldViolation("model_path", "required: the checkpoint directory the workers load"))
+    return problems
+
+
 def read_checkpoint(model_path: str, workload: Workload) -> catalog.ModelFacts:
     """The checkpoint the workers would load, checked against the workload (INVALID_ARGUMENT
     naming model_path or workload.input_len otherwise)."""

@@ -24,6 +24,7 @@ from cgsvc.domain.launches import (
     read_checkpoint,
     request_hash,
     tail,
+    workload_problems,
 )
 from cgsvc.domain.plans import Caller, Plans
 from cgsvc.errors import FieldViolation, ServiceError
@@ -63,18 +64,13 @@ class LaunchService:
 
     async def _create(self, request: launch_pb2.CreateLaunchRequest, who: Caller) -> LaunchRow:
         wl = request.workload
-        problems = [FieldViolation(f"workload.{k}", f"must be at least 1, got {v}") for k, v in
-                    (("input_len", wl.input_len), ("output_len", wl.output_len), ("requests", wl.requests)) if v < 1]
-        if wl.concurrency < 0:
-            problems.append(FieldViolation("workload.concurrency", "must be 0 (all at once) or positive"))
-        if not request.model_path:
-            problems.append(FieldViolation("model_path", "required: the checkpoint directory the workers load"))
+        workload = Workload(wl.input_len, wl.output_len, wl.requests, wl.concurrency, wl.seed)
+        problems = workload_problems(workload, request.model_path)
         if request.WhichOneof("source") is None:
             problems.append(FieldViolation("source", "give spec (resolved now) or plan (plans/ID of a stored plan)"))
         if problems:
             raise ServiceError.invalid(problems)
         model_path = os.path.abspath(request.model_path)
-        workload = Workload(wl.input_len, wl.output_len, wl.requests, wl.concurrency, wl.seed)
         dispatcher = request.dispatcher or "local"
         source = (codec.spec_dict_from_proto(request.spec) if request.WhichOneof("source") == "spec"
                   else {"plan": request.plan})

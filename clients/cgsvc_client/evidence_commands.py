@@ -35,15 +35,13 @@ def _show(value: Any) -> str:
 def cmd_policies(ns: argparse.Namespace) -> int:
     if ns.server:
         with Client.from_args(ns) as c:
-            rows = [codec.json_format.MessageToDict(p, preserving_proto_field_name=True,
-                                                    always_print_fields_with_no_presence=True)
-                    for p in c.list_policies().policies]
+            infos = list(c.list_policies().policies)
     else:
         from cgsvc.resolve.policies import POLICIES
 
-        rows = [codec.json_format.MessageToDict(codec.policy_info(p), preserving_proto_field_name=True,
-                                                always_print_fields_with_no_presence=True)
-                for p in POLICIES.values()]
+        infos = [codec.policy_info(p) for p in POLICIES.values()]
+    rows = [codec.json_format.MessageToDict(p, preserving_proto_field_name=True,
+                                            always_print_fields_with_no_presence=True) for p in infos]
     if render.output_mode(ns) == "json":
         render.print_json({"policies": rows})
     else:
