@@ -59,7 +59,9 @@ audit_records = sa.Table(
     sa.Column("launch_id", sa.Text, nullable=False, index=True),
     sa.Column("plan_id", sa.Text, nullable=False, index=True),
     sa.Column("prev_hash", sa.Text, nullable=False),
-    sa.Column("record_hash", sa.Text, nullable=False, unique=True),
+    # Not unique-indexed (migration 7): the chain makes hashes distinct, and a B-tree keyed by
+    # a random hash cost a page per record per commit.
+    sa.Column("record_hash", sa.Text, nullable=False),
 )
 audit_rule_ids = sa.Table(
     "audit_rule_ids", metadata,
@@ -126,12 +128,25 @@ plans = sa.Table(
 PLAN_COLUMNS_6 = (sa.Column("policy", sa.Text, nullable=False, server_default="cgsvc"),)
 for _column in PLAN_COLUMNS_6:
     plans.append_column(_column)
-idempotency = sa.Table(
+# Idempotency keys before migration 7: a rowid table, its primary key and a request_id index —
+# three B-trees, two of them keyed by the caller's random request id. Created by migration 1,
+# dropped by migration 7 after its rows move to idempotency_keys.
+idempotency_v1 = sa.Table(
     "idempotency", metadata,
     sa.Column("principal", sa.Text, primary_key=True),
     sa.Column("method", sa.Text, primary_key=True),
-    sa.Column("request_id", sa.Text, primary_key=True, index=True),  # the index: migration 5 for older logs
+    sa.Column("request_id", sa.Text, primary_key=True, index=True),
     sa.Column("sequence", sa.BigInteger, nullable=False),
+)
+# The first record of each (request_id, principal, method): one B-tree (WITHOUT ROWID on
+# SQLite), looked up by its leading column for a batch's request ids.
+idempotency = sa.Table(
+    "idempotency_keys", metadata,
+    sa.Column("request_id", sa.Text, primary_key=True),
+    sa.Column("principal", sa.Text, primary_key=True),
+    sa.Column("method", sa.Text, primary_key=True),
+    sa.Column("sequence", sa.BigInteger, nullable=False),
+    sqlite_with_rowid=False,
 )
 
 launches = sa.Table(
@@ -192,7 +207,7 @@ experiments = sa.Table(
 # existing tables); the applied set is recorded in schema_migrations.
 MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa.Column], ...]], ...] = (
     (1, "audit log, chain head, plans and idempotency keys",
-     (audit_records, audit_rule_ids, chain_head, plans, idempotency), ()),
+     (audit_records, audit_rule_ids, chain_head, plans, idempotency_v1), ()),
     (2, "launches", (launches,), ()),
     (3, "launch devices and placement, idempotent CreateLaunch", (launch_requests,),
      tuple((launches, c) for c in LAUNCH_COLUMNS_3)),
@@ -203,6 +218,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      tuple((audit_records, c) for c in AUDIT_COLUMNS_5)),
     (6, "named policies on records and plans; A/B experiments", (experiments,),
      tuple((audit_records, c) for c in AUDIT_COLUMNS_6) + tuple((plans, c) for c in PLAN_COLUMNS_6)),
+    (7, "fewer B-trees on the append path: idempotency keys in one, no unique index on record hashes",
+     (idempotency,), ()),
 )
 
 AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principal": "str", "outcome": "str",
@@ -443,6 +460,8 @@ class AuditStore:
                     self._build_tree(conn)
                 if version == 5:
                     self._build_rule_sets(conn)
+                if version == 7:
+                    self._trim_append_indexes(conn)
                 conn.execute(schema_migrations.insert().values(
                     version=version, description=description, applied_at=utc_now()))
                 applied_now.append(version)
@@ -476,6 +495,34 @@ class AuditStore:
                 _insert_rule_set(conn, set_id, ids)
             conn.execute(audit_records.update().where(audit_records.c.rule_ids == text).values(rule_set=set_id))
         conn.exec_driver_sql("DROP TABLE IF EXISTS audit_rule_ids")
+
+    def _trim_append_indexes(self, conn: Connection) -> None:
+        """Migration 7: move the idempotency keys into their one-B-tree table, and drop the
+        unique index on record_hash (SQLite cannot drop a UNIQUE constraint's index, so the
+        table is rebuilt there: once, for logs made before this version)."""
+        conn.exec_driver_sql("INSERT INTO idempotency_keys (request_id, principal, method, sequence) "
+                             "SELECT request_id, principal, method, sequence FROM idempotency")
+        conn.exec_driver_sql("DROP TABLE idempotency")
+        if self.dialect == "postgresql":
+            for uc in sa.inspect(conn).get_unique_constraints("audit_records"):
+                if uc["column_names"] == ["record_hash"]:
+                    conn.exec_driver_sql(f'ALTER TABLE audit_records DROP CONSTRAINT "{uc["name"]}"')
+            return
+        for _seq, name, unique, origin, *_ in conn.exec_driver_sql("PRAGMA index_list(audit_records)").all():
+            cols = [r[2] for r in conn.exec_driver_sql(f'PRAGMA index_info("{name}")')]
+            if not unique or cols != ["record_hash"]:
+                continue
+            if origin == "c":  # made by CREATE INDEX: droppable
+                conn.exec_driver_sql(f'DROP INDEX "{name}"')
+                continue
+            rebuilt = audit_records.to_metadata(sa.MetaData(), name="audit_records_rebuilt")
+            conn.execute(sa.schema.CreateTable(rebuilt))
+            cols_sql = ", ".join(c.name for c in audit_records.columns)
+            conn.exec_driver_sql(f"INSERT INTO audit_records_rebuilt ({cols_sql}) SELECT {cols_sql} FROM audit_records")
+            conn.exec_driver_sql("DROP TABLE audit_records")
+            conn.exec_driver_sql("ALTER TABLE audit_records_rebuilt RENAME TO audit_records")
+            for index in audit_records.indexes:
+                index.create(conn)
 
     def schema_version(self) -> int:
         with self.read_engine.begin() as conn:
@@ -556,8 +603,9 @@ class AuditStore:
         keys = {(i.entry.principal, i.entry.method, i.request_id) for i in items if i.request_id}
         if not keys:
             return {}
-        # The narrow key table first, through its request_id index (without one, this lookup
-        # scanned the table on every batch); the (rare) hits then fetch their records.
+        # The narrow key table first, by the leading column of its key (without an index on
+        # request_id, this lookup scanned the table on every batch); the (rare) hits then fetch
+        # their records.
         hits = [h for h in conn.execute(sa.select(idempotency).where(
             idempotency.c.request_id.in_(sorted({k[2] for k in keys})))) if (h.principal, h.method, h.request_id) in keys]
         if not hits:

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,6 +29,7 @@ from cgsvc.domain import stats
 from cgsvc.domain.launches import TERMINAL, Launches, order_for, read_checkpoint, workload_problems
 from cgsvc.domain.plans import Caller, Plans
 from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
+from cgsvc.ids import new_id
 from cgsvc.launch.store import ExperimentRow, ExperimentStore, LaunchRow, Workload
 
 log = structlog.get_logger("cgsvc.experiments")
@@ -126,7 +126,7 @@ class Experiments:
         if dispatcher not in self.launches.dispatchers:
             raise ServiceError("FAILED_PRECONDITION", f"dispatcher {dispatcher!r} is not configured on this server",
                                [FieldViolation("dispatcher", f"one of {', '.join(self.launches.dispatchers)}")])
-        experiment_id = uuid.uuid4().hex[:20]
+        experiment_id = new_id()
         request = {"plans": plans, "workload": dataclasses.asdict(workload), "model_path": model_path,
                    "repeats": repeats, "dispatcher": dispatcher}
         record = await self.audit(CREATE_EXPERIMENT_METHOD, caller.principal, "OK",

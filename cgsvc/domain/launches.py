@@ -41,6 +41,7 @@ from cgsvc.contract import (
 )
 from cgsvc.domain.plans import Caller
 from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
+from cgsvc.ids import new_id
 from cgsvc.launch.dispatch import DispatchError, LocalDispatcher, RunHandle
 from cgsvc.launch.store import LaunchRow, LaunchStore, Workload
 from cgsvc.plan import canonical_json
@@ -215,7 +216,7 @@ class Launches:
         if free < order.tp and not order.wait:
             raise ServiceError("RESOURCE_EXHAUSTED", f"the plan needs {order.tp} devices and {free} of {disp.slots} "
                                "are free; retry later or set wait_for_resources to queue")
-        launch_id = uuid.uuid4().hex[:20]
+        launch_id = new_id()
         run = RunDir(self.run_root / launch_id)
         row = LaunchRow(launch_id=launch_id, plan_id=order.plan_id, state="PLACING", principal=caller.principal,
                         dispatcher=order.dispatcher, tp=order.tp, model_path=order.model_path,

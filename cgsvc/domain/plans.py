@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +18,7 @@ from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.records import AuditEntry
 from cgsvc.audit.store import PlanRow, StoredPlan
 from cgsvc.errors import FieldViolation, ServiceError
+from cgsvc.ids import new_id
 from cgsvc.plan import Plan, canonical_json
 from cgsvc.resolve import DEFAULT_POLICY, resolve
 from cgsvc.spec import parse_spec, spec_to_dict
@@ -101,7 +101,7 @@ class Plans:
             await self.auditor.append(entry(err.code, err.message, rule_ids=(err.rule_id,) if err.rule_id else ()))
             raise
         plan = resolution.plan
-        plan_id = "" if validate_only else uuid.uuid4().hex[:20]
+        plan_id = "" if validate_only else new_id()
         # recorded with the spec in its canonical spelling
         e = resolved_entry(resolution, "OK", "validate_only" if validate_only else "", plan_json=resolution.plan_json,
                            plan_hash=plan.plan_hash, rule_ids=resolution.rule_ids, plan_id=plan_id)

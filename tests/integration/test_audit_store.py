@@ -44,7 +44,7 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 6
+    assert store.schema_version() == 7
     assert store.migrate() == []  # idempotent
 
 
@@ -53,7 +53,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     without a policy; no experiments) with a launch and a record-schema-1 record in it is upgraded
     in place: the old launch stays readable, the old record is cgsvc's and still verifies."""
     from cgsvc.audit import records
-    from cgsvc.audit.store import LAUNCH_COLUMNS_3, launches
+    from cgsvc.audit.store import LAUNCH_COLUMNS_3, idempotency_v1, launches
     from cgsvc.launch.store import ExperimentStore, LaunchStore
 
     monkeypatch.setattr(records, "SCHEMA_VERSION", 1)  # written before named policies
@@ -70,6 +70,8 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
         conn.execute(sa.text("DROP TABLE merkle_nodes"))
         conn.execute(sa.text("DROP TABLE rule_set_members"))
         conn.execute(sa.text("DROP TABLE rule_sets"))
+        conn.execute(sa.text("DROP TABLE idempotency_keys"))
+        idempotency_v1.create(conn)
         old = sa.Table("launches", sa.MetaData(), *[sa.Column(c.name, c.type, primary_key=c.primary_key)
                                                     for c in launches.columns if c.name not in new])
         old.create(conn)
@@ -78,8 +80,8 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
             tp=4, model_path="/m", workload_json='{"input_len": 1, "output_len": 1, "requests": 1, "concurrency": 1}',
             create_time="2026-01-01T00:00:00Z", update_time="2026-01-01T00:00:00Z", tokens_done=1, tokens_total=1,
             error="", report_json="", run_dir="/r", handle_json="", owner=""))
-    assert store.migrate() == [3, 4, 5, 6]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
-    assert store.schema_version() == 6
+    assert store.migrate() == [3, 4, 5, 6, 7]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 7
     old = store.get_record(1)
     assert old is not None and old.schema_version == 1 and old.policy == "cgsvc"
     assert ExperimentStore(store).list_rows() == ([], "")
@@ -131,6 +133,51 @@ def test_idempotency_replays_and_conflicts(store: AuditStore) -> None:
     assert other.conflict and other.record.outcome_code == 3
     assert [p.row.plan_id for p in store.list_plans()[0]] == ["p1"]
     assert store.verify().ok
+
+
+def _unique_record_hash_indexes(store: AuditStore) -> list[str]:
+    with store.write_engine.begin() as conn:
+        return [ix["name"] or "" for ix in sa.inspect(conn).get_indexes("audit_records")
+                if ix["unique"] and ix["column_names"] == ["record_hash"]] + \
+               [uc["name"] or "" for uc in sa.inspect(conn).get_unique_constraints("audit_records")
+                if uc["column_names"] == ["record_hash"]]
+
+
+def test_migration_7_moves_idempotency_keys_and_drops_the_record_hash_index(store: AuditStore) -> None:
+    """A log made before migration 7 (idempotency keys in three B-trees, a UNIQUE constraint on
+    record_hash) is upgraded in place: its keys still replay, its records still verify and
+    filter, and the append path no longer maintains either random-keyed index."""
+    from cgsvc.audit.store import audit_records, idempotency_v1
+
+    first = store.append(entry(1, plan_id="p1"), plan_row("p1"), request_id="r-1")
+    store.append(entry(2))
+    with store.write_engine.begin() as conn:  # back to the layout before version 7
+        idempotency_v1.create(conn)
+        conn.execute(sa.text("INSERT INTO idempotency (principal, method, request_id, sequence) "
+                             "SELECT principal, method, request_id, sequence FROM idempotency_keys"))
+        conn.execute(sa.text("DROP TABLE idempotency_keys"))
+        if store.dialect == "postgresql":
+            conn.execute(sa.text("ALTER TABLE audit_records ADD CONSTRAINT audit_records_record_hash_key "
+                                 "UNIQUE (record_hash)"))
+        else:
+            ddl = conn.execute(sa.text("SELECT sql FROM sqlite_master WHERE name = 'audit_records'")).scalar_one()
+            conn.execute(sa.text(ddl.replace("audit_records", "audit_records_old", 1).rstrip().rstrip(")")
+                                 + ", UNIQUE (record_hash))"))
+            conn.execute(sa.text("INSERT INTO audit_records_old SELECT * FROM audit_records"))
+            conn.execute(sa.text("DROP TABLE audit_records"))
+            conn.execute(sa.text("ALTER TABLE audit_records_old RENAME TO audit_records"))
+            for index in audit_records.indexes:
+                index.create(conn)
+        conn.execute(sa.text("DELETE FROM schema_migrations WHERE version = 7"))
+    assert _unique_record_hash_indexes(store)
+    assert store.migrate() == [7]
+    assert _unique_record_hash_indexes(store) == []
+    again = store.append(entry(1, plan_id="p9"), plan_row("p9"), request_id="r-1")
+    assert again.replay_of is not None and again.replay_of.sequence == first.record.sequence
+    assert [r.sequence for r in store.list_records('model = "Qwen/Qwen3-8B"')[0]] == [2]
+    assert [r.sequence for r in store.list_records('rule_id = "breakable.mla"')[0]] == [1, 3]
+    v = store.verify()
+    assert v.ok and v.records_checked == 3
 
 
 def test_tampering_is_located(store: AuditStore) -> None:
