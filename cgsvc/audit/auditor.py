@@ -13,7 +13,7 @@ from typing import Any
 from cgsvc import __version__
 from cgsvc.audit.records import AuditEntry, mask_secrets
 from cgsvc.audit.store import AppendResult, AuditStore, PendingAppend, PlanRow
-from cgsvc.audit.writer import AuditWriter
+from cgsvc.audit.writer import AuditWriter, ProcessAuditWriter
 from cgsvc.errors import CODE_NUMBERS
 from cgsvc.plan import canonical_json
 from cgsvc.resolve import DEFAULT_POLICY, policy_version
@@ -28,7 +28,7 @@ REQUEST_AUDITED: contextvars.ContextVar[bool] = contextvars.ContextVar("cgsvc_re
 class Auditor:
     """Builds audit entries for requests and appends them through the group-commit writer."""
 
-    def __init__(self, store: AuditStore, writer: AuditWriter) -> None:
+    def __init__(self, store: AuditStore, writer: AuditWriter | ProcessAuditWriter) -> None:
         self.store = store
         self.writer = writer
 

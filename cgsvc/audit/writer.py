@@ -7,20 +7,28 @@ woken once per batch and event loop, not once per record: one cross-thread call 
 every future the commit answered.
 
     AuditWriter         the writer is a thread of this process
-    ProcessAuditWriter  the thread hands each batch to a writer process with its own
-                        interpreter, so hashing and SQL no longer share the event loop's GIL
-                        (the server's default; docs/decisions.md)
+    ProcessAuditWriter  a writer process with its own interpreter does the hashing and the SQL;
+                        the event loop itself streams appends to it over a socket and settles
+                        its answers, with no thread in between (the server's default;
+                        docs/decisions.md)
+
+Both answer `submit_async(item)` and `await aclose()` (finish what was submitted, then stop).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import multiprocessing as mp
+import os
+import pickle
 import queue
+import socket
+import struct
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -62,6 +70,9 @@ class AuditWriter:
         """Finish what is queued, then stop."""
         self._queue.put(_STOP)
         self._thread.join(timeout)
+
+    async def aclose(self, timeout: float = 30.0) -> None:
+        await asyncio.to_thread(self.close, timeout)
 
     def _run(self) -> None:
         stopping = False
@@ -124,69 +135,253 @@ class WriterProcessError(RuntimeError):
     """The writer process failed a batch or died; the batch's callers get this."""
 
 
-class ProcessAuditWriter(AuditWriter):
-    """Group commit in a separate process. This process's writer thread pickles each batch to
-    the child, which appends it to its own store (the same database) and answers after the
-    commit; the thread then settles the callers. A child that dies fails the batch in flight
-    and is started again for the next one."""
+_FRAME = struct.Struct("!i")  # multiprocessing.Connection's framing: a 4-byte length, then the pickle
+log = logging.getLogger("cgsvc.audit.writer")
+
+
+class ProcessAuditWriter:
+    """Group commit in a separate process, driven by the event loop that submits.
+
+    Appends submitted in one turn of the loop go to the child as one message, at once: the
+    loop does not wait for the previous commit. The child, when it finishes a commit, takes
+    every message that arrived meanwhile into its next transaction (up to max_batch records),
+    so batches grow with the load and the child never waits for a round trip. It answers each
+    message, in order, after the commit; the loop reads the answers from the same socket and
+    settles their callers. A child that dies fails the messages it had not answered (their
+    records may or may not be committed) and is started again, off the loop, for the next ones.
+    """
 
     def __init__(self, store: AuditStore, max_batch: int = 256,
                  observe: Callable[[int, float], None] | None = None) -> None:
+        self.store = store
+        self.max_batch = max_batch
+        self.observe = observe
+        self._loop = asyncio.get_running_loop()
         self._ctx = mp.get_context("spawn")  # never fork a process that runs gRPC
-        self._conn: Any = None
+        self._unsent: list[tuple[PendingAppend, asyncio.Future[AppendResult]]] = []
+        self._inflight: deque[list[asyncio.Future[AppendResult]]] = deque()  # one entry per message sent
+        self._out = bytearray()  # framed messages the socket has not taken yet
+        self._in = bytearray()  # answer bytes not yet a whole frame
+        self._flush_scheduled = False
+        self._closing = False
+        self._drained: asyncio.Future[None] | None = None
         self._proc: Any = None
-        self._start_child(store.url)
-        super().__init__(store, max_batch, observe)
+        self._sock: socket.socket | None = None
+        self._attach(self._spawn())
 
-    def _start_child(self, url: str) -> None:
+    # ------------------------------------------------------------------ child
+    def _spawn(self) -> tuple[Any, socket.socket]:
+        """Start a child and wait until it has opened the database (blocking)."""
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_writer_process, args=(url, child), name="cgsvc-audit-writer",
-                                       daemon=True)
-        self._proc.start()
+        proc = self._ctx.Process(target=_writer_process, args=(self.store.url, child, self.max_batch),
+                                 name="cgsvc-audit-writer", daemon=True)
+        proc.start()
         child.close()
-        self._conn = parent
-        if parent.recv() != "ready":  # the child opened the database
-            raise WriterProcessError("the audit writer process did not start")
-
-    def _append(self, items: list[PendingAppend]) -> list[AppendResult]:
         try:
-            self._conn.send(items)
-            status, payload = self._conn.recv()
-        except (EOFError, OSError) as exc:
-            self._proc.join(1)
-            self._start_child(self.store.url)
-            raise WriterProcessError(f"the audit writer process died ({exc}); the batch may not be committed") \
-                from None
+            ready = parent.recv()
+        except EOFError:
+            ready = None
+        if ready != "ready":
+            parent.close()
+            raise WriterProcessError("the audit writer process did not start")
+        sock = socket.socket(fileno=os.dup(parent.fileno()))
+        parent.close()
+        sock.setblocking(False)
+        return proc, sock
+
+    def _attach(self, spawned: tuple[Any, socket.socket]) -> None:
+        self._proc, self._sock = spawned
+        self._loop.add_reader(self._sock.fileno(), self._on_readable)
+        self._flush()  # what was submitted while there was no child
+
+    def _child_lost(self, why: str) -> None:
+        """The child died (or its socket failed): fail what it had not answered, start another."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            self._loop.remove_reader(sock.fileno())
+            self._loop.remove_writer(sock.fileno())
+            sock.close()
+        if self._proc is not None:
+            self._proc.join(0)
+        self._out.clear()
+        self._in.clear()
+        error = WriterProcessError(f"the audit writer process died ({why}); the batch may not be committed")
+        while self._inflight:
+            for fut in self._inflight.popleft():
+                if not fut.done():
+                    fut.set_exception(error)
+        self._check_drained()
+        if not self._closing:
+            log.error("audit writer process lost (%s); starting another", why)
+            self._respawn()
+
+    def _respawn(self) -> None:
+        def done(task: asyncio.Future[tuple[Any, socket.socket]]) -> None:
+            exc = task.exception()
+            if exc is None:
+                self._attach(task.result())
+                return
+            unsent, self._unsent = self._unsent, []
+            for _item, fut in unsent:
+                if not fut.done():
+                    fut.set_exception(WriterProcessError(f"the audit writer process cannot start: {exc}"))
+            self._loop.call_later(1.0, self._respawn)
+        self._loop.run_in_executor(None, self._spawn).add_done_callback(done)
+
+    # ------------------------------------------------------------------ submit and send
+    def submit_async(self, item: PendingAppend) -> asyncio.Future[AppendResult]:
+        """Queue an append; the future resolves after the commit that holds it."""
+        fut: asyncio.Future[AppendResult] = self._loop.create_future()
+        self._unsent.append((item, fut))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        return fut
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._sock is None or not self._unsent:
+            return
+        unsent, self._unsent = self._unsent, []
+        for i in range(0, len(unsent), self.max_batch):
+            part = unsent[i:i + self.max_batch]
+            data = pickle.dumps([item for item, _ in part], protocol=pickle.HIGHEST_PROTOCOL)
+            self._inflight.append([fut for _, fut in part])
+            self._write(_FRAME.pack(len(data)) + data)
+
+    def _write(self, data: bytes) -> None:
+        assert self._sock is not None
+        if not self._out:
+            try:
+                sent = self._sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:  # the child is gone: the reader sees EOF and fails what was in flight
+                return
+            if sent == len(data):
+                return
+            data = data[sent:]
+            self._loop.add_writer(self._sock.fileno(), self._on_writable)
+        self._out += data
+
+    def _on_writable(self) -> None:
+        assert self._sock is not None
+        try:
+            sent = self._sock.send(self._out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._loop.remove_writer(self._sock.fileno())
+            return
+        del self._out[:sent]
+        if not self._out:
+            self._loop.remove_writer(self._sock.fileno())
+
+    # ------------------------------------------------------------------ answers
+    def _on_readable(self) -> None:
+        assert self._sock is not None
+        try:
+            chunk = self._sock.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._child_lost(str(exc))
+            return
+        if not chunk:
+            self._child_lost("end of file")
+            return
+        self._in += chunk
+        view = self._in
+        pos = 0
+        while len(view) - pos >= 4:
+            (size,) = _FRAME.unpack_from(view, pos)
+            if len(view) - pos - 4 < size:
+                break
+            answer = pickle.loads(view[pos + 4:pos + 4 + size])
+            pos += 4 + size
+            self._settle(self._inflight.popleft(), answer)
+        del self._in[:pos]
+        self._check_drained()
+
+    def _settle(self, futures: list[asyncio.Future[AppendResult]], answer: tuple[str, Any, Any]) -> None:
+        status, payload, stats = answer
+        if stats is not None and self.observe is not None:
+            self.observe(*stats)
         if status != "ok":
-            raise WriterProcessError(payload)
-        return payload  # type: ignore[no-any-return]
+            error = WriterProcessError(payload)
+        for i, fut in enumerate(futures):
+            if fut.done():  # its caller was cancelled (it is audited all the same)
+                continue
+            if status == "ok":
+                fut.set_result(payload[i])
+            else:
+                fut.set_exception(error)
 
-    def close(self, timeout: float = 30.0) -> None:
-        super().close(timeout)
-        with contextlib.suppress(OSError):
-            self._conn.send(None)
-        self._proc.join(timeout)
+    # ------------------------------------------------------------------ close
+    def _check_drained(self) -> None:
+        if self._drained is not None and not self._inflight and not self._unsent and not self._drained.done():
+            self._drained.set_result(None)
+
+    async def aclose(self, timeout: float = 30.0) -> None:
+        """Finish what was submitted, then stop the child."""
+        self._closing = True
+        self._flush()
+        if self._inflight or self._unsent:
+            self._drained = self._loop.create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained, timeout)
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            self._loop.remove_reader(sock.fileno())
+            self._loop.remove_writer(sock.fileno())
+            with contextlib.suppress(OSError):
+                sock.setblocking(True)
+                data = pickle.dumps(None)
+                sock.sendall(_FRAME.pack(len(data)) + data)
+            sock.close()
+        if self._proc is not None:
+            await asyncio.to_thread(self._proc.join, timeout)
 
 
-def _writer_process(url: str, conn: Any) -> None:
-    """The child: append each batch it is sent and answer after the commit. Answers leave out
-    the records' spec and plan JSON (the parent has them) to keep the pipe short."""
+def _writer_process(url: str, conn: Any, max_batch: int) -> None:
+    """The child: append what it is sent, answering each message after the commit that holds
+    it. Messages that arrive during a commit are merged into the next transaction. Answers
+    leave out the records' spec and plan JSON (the parent has them) to keep the socket short."""
     store = AuditStore(url)
     conn.send("ready")
-    while True:
+    stopping = False
+    while not stopping:
         try:
-            items = conn.recv()
+            first = conn.recv()
         except EOFError:  # the parent is gone (stopped, or killed): nothing more will come
             break
-        if items is None:
+        if first is None:
             break
+        messages = [first]
+        count = len(first)
+        while count < max_batch and conn.poll(0):
+            nxt = conn.recv()
+            if nxt is None:
+                stopping = True
+                break
+            messages.append(nxt)
+            count += len(nxt)
+        items = [item for message in messages for item in message]
+        answers: list[tuple[str, Any, Any]] = []
+        t0 = time.perf_counter()
         try:
             results = [r.slim() for r in store.append_batch(items)]
         except Exception as exc:  # noqa: BLE001 - the parent reports it to every caller of the batch
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
-            continue
+            answers = [("error", f"{type(exc).__name__}: {exc}", None)] * len(messages)
+        else:
+            stats = (len(items), time.perf_counter() - t0)
+            k = 0
+            for j, message in enumerate(messages):
+                answers.append(("ok", results[k:k + len(message)], stats if j == 0 else None))
+                k += len(message)
         try:
-            conn.send(("ok", results))
+            for answer in answers:
+                conn.send(answer)
         except OSError:  # the parent died after the commit: the records are durable regardless
             break
     store.close()

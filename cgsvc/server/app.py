@@ -95,7 +95,7 @@ class Running:
     server: grpc.aio.Server
     port: int
     store: AuditStore
-    writer: AuditWriter
+    writer: AuditWriter | ProcessAuditWriter
     health: health.HealthServicer
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -104,7 +104,7 @@ class Running:
         await self.server.stop(grace)
         await self.extras["experiments"].close()
         await self.extras["launches"].close()
-        self.writer.close()
+        await self.writer.aclose()
         self.store.close()
 
 
@@ -122,7 +122,8 @@ async def start(cfg: ServerConfig) -> Running:
     if cfg.audit_writer not in ("process", "thread"):
         raise ConfigError(f"audit_writer must be process or thread, got {cfg.audit_writer!r}")
     writer_class = ProcessAuditWriter if cfg.audit_writer == "process" else AuditWriter
-    writer = writer_class(store, max_batch=cfg.audit_max_batch, observe=metrics.observe_batch)
+    writer: AuditWriter | ProcessAuditWriter = writer_class(store, max_batch=cfg.audit_max_batch,
+                                                            observe=metrics.observe_batch)
     auditor = Auditor(store, writer)
     anonymous = "local" if is_loopback(cfg.address) else "anonymous"
     pipeline = Pipeline(Authenticator(cfg.token_file, require=cfg.authenticated, anonymous=anonymous),
@@ -155,7 +156,7 @@ async def start(cfg: ServerConfig) -> Running:
     reflection.enable(server, [*descriptors, health.SERVICE_NAME])
     port = server.add_secure_port(cfg.address, creds) if creds else server.add_insecure_port(cfg.address)
     if port == 0:
-        writer.close()
+        await writer.aclose()
         store.close()
         raise ConfigError(f"cannot bind {cfg.address}")
     await server.start()

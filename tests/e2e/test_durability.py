@@ -73,6 +73,39 @@ def test_kill_9_loses_no_acknowledged_plan(tmp_path: Path) -> None:
         srv.stop()
 
 
+def test_a_killed_writer_process_is_replaced_and_the_log_stays_whole(tmp_path: Path) -> None:
+    """kill -9 of the audit writer process (not the server): the calls it had not answered fail
+    (INTERNAL, their records may or may not be committed), a new writer takes over, every call
+    acknowledged before and after is in the log, and the log verifies."""
+    import os
+    import signal
+    import subprocess
+
+    srv = ServerProcess(tmp_path / "srv").start()
+    try:
+        assert srv.proc is not None
+        run = Load(srv.address)
+        run.wait_for(100)
+        children = subprocess.run(["pgrep", "-f", "-P", str(srv.proc.pid), "multiprocessing"], capture_output=True,
+                                  text=True).stdout.split()
+        assert children, "no writer process found"
+        for pid in children:
+            os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.5)
+        run.stop()
+        assert set(run.errors) <= {"INTERNAL"}
+        with Client(srv.address) as c:
+            after = [c.resolve_proto(KIMI) for _ in range(3)]
+            assert all(p.audit_record for p in after)
+            assert c.verify_audit_log().ok
+            for name, record in [*run.acked, *((p.name, p.audit_record) for p in after)]:
+                assert c.get_plan(name).audit_record == record
+        assert srv.alive()
+        assert "audit writer process lost" in srv.log_path.read_text()
+    finally:
+        srv.stop()
+
+
 def test_two_replicas_share_one_linear_chain_on_postgres(tmp_path: Path) -> None:
     url = pg_url_or_skip(f"replicas_{uuid.uuid4().hex[:10]}")
     a = ServerProcess(tmp_path / "a", "--database-url", url).start()
