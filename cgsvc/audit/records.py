@@ -97,7 +97,7 @@ class AuditRecord:
         d.pop("record_hash")
         if self.schema_version < 2:
             d.pop("policy")
-        d["rule_ids"] = list(self.rule_ids)
+        d["rule_ids"] = self.rule_ids  # a tuple: encoded as the same JSON array a list would be
         return d
 
     def compute_hash(self) -> str:
@@ -125,23 +125,34 @@ def _json_string(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+@functools.lru_cache(maxsize=64)
+def _key_prefixes(keys: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The keys in sorted order, each with its encoded `"key":` prefix."""
+    return tuple((k, f"{_json_string(k)}:") for k in sorted(keys))
+
+
+@functools.lru_cache(maxsize=1024)
+def _json_string_array(values: tuple[str, ...]) -> str:
+    return "[" + ",".join(_json_string(v) for v in values) + "]"
+
+
 def canonical_record_json(fields: dict[str, Any]) -> str:
     """canonical_json of a record's fields, byte for byte (tests/unit/test_records.py checks
-    it), built without a json.dumps call per value and with the encoding of long strings (the
-    spec and plan, the same for every request of one spec) cached: on the append path this
-    was the largest share of hashing a record."""
+    it), built without a json.dumps call per value, with the keys' encoding made once per key
+    set and the encoding of long strings and of rule-id lists (the same for every request of
+    one spec) cached: on the append path this was the largest share of hashing a record."""
     parts = []
-    for key in sorted(fields):
+    for key, prefix in _key_prefixes(tuple(fields)):
         value = fields[key]
         if isinstance(value, str):
             enc = _json_string(value)
         elif isinstance(value, int) and not isinstance(value, bool):
             enc = str(value)
-        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-            enc = "[" + ",".join(_json_string(v) for v in value) + "]"
+        elif isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            enc = _json_string_array(tuple(value))
         else:
             enc = json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-        parts.append(f"{_json_string(key)}:{enc}")
+        parts.append(prefix + enc)
     return "{" + ",".join(parts) + "}"
 
 

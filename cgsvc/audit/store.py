@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import json
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -323,8 +326,16 @@ def _sqlite_engines(url: str) -> tuple[Engine, Engine]:
             configure(sa.create_engine(url, connect_args=args), False))
 
 
+@functools.lru_cache(maxsize=4096)
+def _rule_set_id(rule_ids: tuple[str, ...]) -> str:
+    ids = sorted(set(rule_ids))
+    return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:32] if ids else ""
+
+
 def rule_set_id(rule_ids: Sequence[str]) -> str:
     """The id of a set of rule ids ("" for none)."""
+    if isinstance(rule_ids, tuple):
+        return _rule_set_id(rule_ids)
     ids = sorted(set(rule_ids))
     return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:32] if ids else ""
 
@@ -351,11 +362,14 @@ def _frontier_from_json(text: str) -> dict[int, bytes]:
     return {int(k): bytes.fromhex(v) for k, v in json.loads(text or "{}").items()}
 
 
-def _row_to_record(row: Any) -> AuditRecord:
-    m = row._mapping
+def _values_to_record(m: Any) -> AuditRecord:
     values: dict[str, Any] = {f.name: m[f.name] for f in dataclasses.fields(AuditRecord)}
     values["rule_ids"] = tuple(json.loads(values["rule_ids"]))
     return AuditRecord(**values)
+
+
+def _row_to_record(row: Any) -> AuditRecord:
+    return _values_to_record(row._mapping)
 
 
 def _record_values(rec: AuditRecord) -> dict[str, Any]:
@@ -368,15 +382,14 @@ class _RawInsert:
     """INSERT of whole rows through the driver's executemany: the append path's rows skip
     SQLAlchemy's per-row parameter processing, which cost more than the database itself."""
 
-    def __init__(self, table: sa.Table, paramstyle: str) -> None:
+    def __init__(self, table: sa.Table, mark: str) -> None:
         self.columns = [c.name for c in table.columns]
-        mark = "?" if paramstyle == "qmark" else "%s"
         self.sql = f"INSERT INTO {table.name} ({', '.join(self.columns)}) VALUES ({', '.join([mark] * len(self.columns))})"
 
-    def __call__(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    def __call__(self, cur: Any, rows: Sequence[dict[str, Any]]) -> None:
         if rows:
             cols = self.columns
-            conn.exec_driver_sql(self.sql, [tuple(r[c] for c in cols) for r in rows])
+            cur.executemany(self.sql, [tuple(r[c] for c in cols) for r in rows])
 
 
 def _encode_token(after: int, filter_text: str) -> str:
@@ -429,9 +442,14 @@ class AuditStore:
             self.write_engine = sa.create_engine(url, pool_pre_ping=True)
             self.read_engine = self.write_engine
         self.dialect = self.write_engine.dialect.name
-        style = self.write_engine.dialect.paramstyle
-        self._insert = {t.name: _RawInsert(t, style) for t in (audit_records, plans, idempotency, merkle_nodes)}
+        self._mark = "?" if self.write_engine.dialect.paramstyle == "qmark" else "%s"
+        self._insert = {t.name: _RawInsert(t, self._mark) for t in (audit_records, plans, idempotency, merkle_nodes)}
         self._known_rule_sets: set[str] = set()  # sets this process has seen committed
+        # The append path runs on one DBAPI connection of its own, held while the store lives:
+        # SQLAlchemy's per-statement execution and the pool's checkout (a ping on PostgreSQL)
+        # cost more than the statements. Dropped after a failed batch, reopened by the next.
+        self._append_conn: Any = None
+        self._append_lock = threading.Lock()
         self.migrate()
 
     # ------------------------------------------------------------------ schema
@@ -529,6 +547,10 @@ class AuditStore:
             return int(conn.execute(sa.select(sa.func.max(schema_migrations.c.version))).scalar() or 0)
 
     def close(self) -> None:
+        with self._append_lock:
+            if self._append_conn is not None:
+                self._append_conn.close()
+                self._append_conn = None
         self.write_engine.dispose()
         self.read_engine.dispose()
 
@@ -539,80 +561,114 @@ class AuditStore:
         Statements are batched (one query for idempotency keys, one multi-row insert per
         table), so a group commit costs little more than one record.
         """
+        with self._append_lock:
+            if self._append_conn is None:
+                pooled = self.write_engine.raw_connection()  # configured like every connection (pragmas)
+                pooled.detach()
+                self._append_conn = pooled.dbapi_connection
+            conn = self._append_conn
+            try:
+                cur = conn.cursor()
+                if self.dialect == "sqlite":
+                    cur.execute("BEGIN IMMEDIATE")
+                results, new_sets = self._append_in(cur, items)
+                conn.commit()
+            except BaseException:
+                self._append_conn = None  # a connection in an unknown state is not reused
+                with contextlib.suppress(Exception):
+                    conn.rollback()
+                with contextlib.suppress(Exception):
+                    conn.close()
+                raise
+            self._known_rule_sets.update(new_sets)  # committed
+            return results
+
+    def _append_in(self, cur: Any, items: Sequence[PendingAppend]) -> tuple[list[AppendResult], dict[str, Any]]:
+        """The batch's statements, inside the transaction `cur` belongs to."""
+        mark = self._mark
         results: list[AppendResult] = []
         records: list[dict[str, Any]] = []
         plan_rows: list[dict[str, Any]] = []
         idem_rows: list[dict[str, Any]] = []
         new_sets: dict[str, tuple[str, ...]] = {}
-        with self.write_engine.begin() as conn:
-            head = conn.execute(sa.select(chain_head.c.sequence, chain_head.c.record_hash, chain_head.c.frontier)
-                                .where(chain_head.c.id == 1).with_for_update()).one()
-            seq, prev = int(head.sequence), str(head.record_hash)
-            size, frontier = seq, _frontier_from_json(head.frontier)
-            firsts = self._first_requests(conn, items)
-            for item in items:
-                entry, plan_row, conflict = item.entry, item.plan, False
-                key = (entry.principal, entry.method, item.request_id)
-                replay_of = firsts.get(key) if item.request_id else None
-                if replay_of is not None:
-                    plan_row = None
-                    if replay_of.spec_hash != entry.spec_hash or (
-                            replay_of.schema_version >= 2 and replay_of.policy != entry.policy):
-                        conflict = True
-                        entry = dataclasses.replace(
-                            entry, plan_json="", plan_hash="", rule_ids=(), plan_id="",
-                            outcome_code=CODE_NUMBERS["INVALID_ARGUMENT"],
-                            outcome_message=f"request_id {item.request_id!r} was first used with a "
-                                            f"different spec or policy ({replay_of.name})")
-                    else:
-                        entry = dataclasses.replace(
-                            entry, plan_id=replay_of.plan_id, plan_json=replay_of.plan_json,
-                            plan_hash=replay_of.plan_hash, rule_ids=replay_of.rule_ids,
-                            outcome_message=f"replay of {replay_of.name}")
-                seq += 1
-                record = chain(entry, seq, utc_now(), prev)
-                prev = record.record_hash
-                values = _record_values(record)
-                values["rule_set"] = set_id = rule_set_id(record.rule_ids)
-                if set_id and set_id not in self._known_rule_sets:
-                    new_sets[set_id] = record.rule_ids
-                records.append(values)
-                if plan_row is not None:  # its spec and plan JSON are the record's: not stored twice
-                    plan_rows.append({**plan_row.__dict__, "spec_json": "", "plan_json": "", "sequence": seq,
-                                      "create_time": record.time, "principal": entry.principal})
-                if item.request_id and replay_of is None and record.outcome_code == 0:
-                    idem_rows.append({"principal": entry.principal, "method": entry.method,
-                                      "request_id": item.request_id, "sequence": seq})
-                    firsts[key] = record  # a duplicate later in this batch is a replay
-                results.append(AppendResult(record, replay_of, conflict))
-            frontier, made = merkle.append_leaves(size, frontier, [_leaf(r["record_hash"]) for r in records])
-            node_rows = [{"level": lv, "idx": i, "hash": h.hex()} for lv, i, h in made]
-            for table, rows in ((audit_records, records), (plans, plan_rows), (idempotency, idem_rows),
-                                (merkle_nodes, node_rows)):
-                self._insert[table.name](conn, rows)
-            for set_id, ids in new_sets.items():
-                _insert_rule_set(conn, set_id, ids)
-            conn.execute(chain_head.update().where(chain_head.c.id == 1).values(
-                sequence=seq, record_hash=prev, frontier=_frontier_json(frontier)))
-        self._known_rule_sets.update(new_sets)  # committed
-        return results
+        cur.execute("SELECT sequence, record_hash, frontier FROM chain_head WHERE id = 1"
+                    + (" FOR UPDATE" if self.dialect == "postgresql" else ""))
+        head_seq, head_hash, head_frontier = cur.fetchone()
+        seq, prev = int(head_seq), str(head_hash)
+        size, frontier = seq, _frontier_from_json(head_frontier)
+        firsts = self._first_requests(cur, items)
+        now = utc_now()  # the batch's time: its records are committed together
+        for item in items:
+            entry, plan_row, conflict = item.entry, item.plan, False
+            key = (entry.principal, entry.method, item.request_id)
+            replay_of = firsts.get(key) if item.request_id else None
+            if replay_of is not None:
+                plan_row = None
+                if replay_of.spec_hash != entry.spec_hash or (
+                        replay_of.schema_version >= 2 and replay_of.policy != entry.policy):
+                    conflict = True
+                    entry = dataclasses.replace(
+                        entry, plan_json="", plan_hash="", rule_ids=(), plan_id="",
+                        outcome_code=CODE_NUMBERS["INVALID_ARGUMENT"],
+                        outcome_message=f"request_id {item.request_id!r} was first used with a "
+                                        f"different spec or policy ({replay_of.name})")
+                else:
+                    entry = dataclasses.replace(
+                        entry, plan_id=replay_of.plan_id, plan_json=replay_of.plan_json,
+                        plan_hash=replay_of.plan_hash, rule_ids=replay_of.rule_ids,
+                        outcome_message=f"replay of {replay_of.name}")
+            seq += 1
+            record = chain(entry, seq, now, prev)
+            prev = record.record_hash
+            values = _record_values(record)
+            values["rule_set"] = set_id = rule_set_id(record.rule_ids)
+            if set_id and set_id not in self._known_rule_sets:
+                new_sets[set_id] = record.rule_ids
+            records.append(values)
+            if plan_row is not None:  # its spec and plan JSON are the record's: not stored twice
+                plan_rows.append({**plan_row.__dict__, "spec_json": "", "plan_json": "", "sequence": seq,
+                                  "create_time": record.time, "principal": entry.principal})
+            if item.request_id and replay_of is None and record.outcome_code == 0:
+                idem_rows.append({"principal": entry.principal, "method": entry.method,
+                                  "request_id": item.request_id, "sequence": seq})
+                firsts[key] = record  # a duplicate later in this batch is a replay
+            results.append(AppendResult(record, replay_of, conflict))
+        frontier, made = merkle.append_leaves(size, frontier, [_leaf(r["record_hash"]) for r in records])
+        node_rows = [{"level": lv, "idx": i, "hash": h.hex()} for lv, i, h in made]
+        for table, rows in ((audit_records, records), (plans, plan_rows), (idempotency, idem_rows),
+                            (merkle_nodes, node_rows)):
+            self._insert[table.name](cur, rows)
+        for set_id, ids in new_sets.items():
+            members = sorted(set(ids))
+            cur.execute(f"INSERT INTO rule_sets (set_id, rule_ids) VALUES ({mark}, {mark}) ON CONFLICT DO NOTHING",
+                        (set_id, json.dumps(members)))
+            cur.executemany(f"INSERT INTO rule_set_members (rule_id, set_id) VALUES ({mark}, {mark}) "
+                            "ON CONFLICT DO NOTHING", [(r, set_id) for r in members])
+        cur.execute(f"UPDATE chain_head SET sequence = {mark}, record_hash = {mark}, frontier = {mark} WHERE id = 1",
+                    (seq, prev, _frontier_json(frontier)))
+        return results, new_sets
 
-    @staticmethod
-    def _first_requests(conn: Connection, items: Sequence[PendingAppend]) -> dict[tuple[str, str, str], AuditRecord]:
+    def _first_requests(self, cur: Any, items: Sequence[PendingAppend]) -> dict[tuple[str, str, str], AuditRecord]:
         """The first records of the batch's request ids, keyed by (principal, method, request_id)."""
         keys = {(i.entry.principal, i.entry.method, i.request_id) for i in items if i.request_id}
         if not keys:
             return {}
-        # The narrow key table first, by the leading column of its key (without an index on
-        # request_id, this lookup scanned the table on every batch); the (rare) hits then fetch
-        # their records.
-        hits = [h for h in conn.execute(sa.select(idempotency).where(
-            idempotency.c.request_id.in_(sorted({k[2] for k in keys})))) if (h.principal, h.method, h.request_id) in keys]
+        # The narrow key table first, by the leading column of its key; the (rare) hits then
+        # fetch their records.
+        ids = sorted({k[2] for k in keys})
+        cur.execute(f"SELECT request_id, principal, method, sequence FROM idempotency_keys WHERE request_id IN "
+                    f"({', '.join([self._mark] * len(ids))})", ids)
+        hits = [h for h in cur.fetchall() if (h[1], h[2], h[0]) in keys]
         if not hits:
             return {}
-        recs = {r.sequence: r for r in map(_row_to_record, conn.execute(
-            sa.select(audit_records).where(audit_records.c.sequence.in_([h.sequence for h in hits]))))}
-        return {(h.principal, h.method, h.request_id): recs[h.sequence] for h in hits}
+        cols = [c.name for c in audit_records.columns]
+        cur.execute(f"SELECT {', '.join(cols)} FROM audit_records WHERE sequence IN "
+                    f"({', '.join([self._mark] * len(hits))})", [h[3] for h in hits])
+        recs = {}
+        for row in cur.fetchall():
+            values = dict(zip(cols, row, strict=True))
+            recs[values["sequence"]] = _values_to_record(values)
+        return {(h[1], h[2], h[0]): recs[h[3]] for h in hits}
 
     def append(self, entry: AuditEntry, plan: PlanRow | None = None, request_id: str = "") -> AppendResult:
         return self.append_batch([PendingAppend(entry, plan, request_id)])[0]
