@@ -40,7 +40,9 @@ schema_migrations = sa.Table(
 )
 audit_records = sa.Table(
     "audit_records", metadata,
-    sa.Column("sequence", sa.BigInteger, primary_key=True, autoincrement=False),
+    # On SQLite the sequence is the rowid (INTEGER PRIMARY KEY, migration 7): one B-tree, not two.
+    sa.Column("sequence", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True,
+              autoincrement=False),
     sa.Column("schema_version", sa.Integer, nullable=False),
     sa.Column("time", sa.Text, nullable=False, index=True),
     sa.Column("principal", sa.Text, nullable=False, index=True),
@@ -92,6 +94,20 @@ for _column in AUDIT_COLUMNS_5:
 AUDIT_COLUMNS_6 = (sa.Column("policy", sa.Text, nullable=False, server_default="cgsvc"),)
 for _column in AUDIT_COLUMNS_6:
     audit_records.append_column(_column)
+# Migration 7: a plan is the record that created it. These columns are the plan's listing
+# fields that the record does not already carry (they are read off its plan_json, which the
+# record's hash covers); plan_created marks the record that made the plan (not a replay, not a
+# launch that names it). Before: a `plans` table with seven B-trees of its own per append.
+AUDIT_COLUMNS_7: tuple[sa.Column[Any], ...] = (
+    sa.Column("plan_created", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("prefill_backend", sa.Text, nullable=False, server_default=""),
+    sa.Column("decode_backend", sa.Text, nullable=False, server_default=""),
+    sa.Column("attention_prefill", sa.Text, nullable=False, server_default=""),
+    sa.Column("attention_decode", sa.Text, nullable=False, server_default=""),
+)
+for _column in AUDIT_COLUMNS_7:
+    audit_records.append_column(_column)
+PLAN_COLUMNS = tuple(c.name for c in AUDIT_COLUMNS_7[1:])
 chain_head = sa.Table(
     "chain_head", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
@@ -110,8 +126,11 @@ merkle_nodes = sa.Table(
     sa.Column("level", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("idx", sa.BigInteger, primary_key=True, autoincrement=False),
     sa.Column("hash", sa.Text, nullable=False),
+    sqlite_with_rowid=False,  # one B-tree keyed by (level, idx) (migration 7 rebuilds older logs')
 )
-plans = sa.Table(
+# Plans before migration 7, when a plan was a row of its own beside the record that created it.
+# Created by migration 1, folded into audit_records and dropped by migration 7.
+plans_v1 = sa.Table(
     "plans", metadata,
     sa.Column("plan_id", sa.Text, primary_key=True),
     sa.Column("sequence", sa.BigInteger, nullable=False, unique=True),
@@ -130,7 +149,7 @@ plans = sa.Table(
 )
 PLAN_COLUMNS_6 = (sa.Column("policy", sa.Text, nullable=False, server_default="cgsvc"),)
 for _column in PLAN_COLUMNS_6:
-    plans.append_column(_column)
+    plans_v1.append_column(_column)
 # Idempotency keys before migration 7: a rowid table, its primary key and a request_id index —
 # three B-trees, two of them keyed by the caller's random request id. Created by migration 1,
 # dropped by migration 7 after its rows move to idempotency_keys.
@@ -210,7 +229,7 @@ experiments = sa.Table(
 # existing tables); the applied set is recorded in schema_migrations.
 MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa.Column], ...]], ...] = (
     (1, "audit log, chain head, plans and idempotency keys",
-     (audit_records, audit_rule_ids, chain_head, plans, idempotency_v1), ()),
+     (audit_records, audit_rule_ids, chain_head, plans_v1, idempotency_v1), ()),
     (2, "launches", (launches,), ()),
     (3, "launch devices and placement, idempotent CreateLaunch", (launch_requests,),
      tuple((launches, c) for c in LAUNCH_COLUMNS_3)),
@@ -220,14 +239,16 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      (rule_sets, rule_set_members),
      tuple((audit_records, c) for c in AUDIT_COLUMNS_5)),
     (6, "named policies on records and plans; A/B experiments", (experiments,),
-     tuple((audit_records, c) for c in AUDIT_COLUMNS_6) + tuple((plans, c) for c in PLAN_COLUMNS_6)),
-    (7, "fewer B-trees on the append path: idempotency keys in one, no unique index on record hashes",
-     (idempotency,), ()),
+     tuple((audit_records, c) for c in AUDIT_COLUMNS_6) + tuple((plans_v1, c) for c in PLAN_COLUMNS_6)),
+    (7, "fewer B-trees on the append path: a plan is the record that created it, idempotency keys in "
+        "one B-tree, the sequence as SQLite's rowid, no unique index on record hashes", (idempotency,), ()),
 )
 
 AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principal": "str", "outcome": "str",
                        "method": "str", "time": "str", "request_id": "str", "plan_id": "str",
                        "launch_id": "str", "sequence": "int", "policy_version": "str", "policy": "str"}
+# Plans are listed from the records that created them; create_time is the record's time.
+PLAN_FILTER_COLUMNS = {"create_time": "time"}
 PLAN_FILTER_FIELDS = {"model": "str", "gpu": "str", "prefill_backend": "str", "decode_backend": "str",
                       "attention_prefill": "str", "attention_decode": "str", "policy_version": "str",
                       "plan_hash": "str", "principal": "str", "create_time": "str", "policy": "str"}
@@ -372,6 +393,16 @@ def _row_to_record(row: Any) -> AuditRecord:
     return _values_to_record(row._mapping)
 
 
+_NOT_A_PLAN: dict[str, Any] = {"plan_created": 0, **{name: "" for name in PLAN_COLUMNS}}
+
+
+def _stored_plan(row: Any) -> StoredPlan:
+    """A plan, read off the record that created it."""
+    m = row._mapping
+    return StoredPlan(PlanRow(**{f.name: m[f.name] for f in dataclasses.fields(PlanRow)}), int(m["sequence"]),
+                      m["time"], m["principal"])
+
+
 def _record_values(rec: AuditRecord) -> dict[str, Any]:
     d = dict(rec.__dict__)  # shallow: asdict's deep copy dominated the append path
     d["rule_ids"] = json.dumps(list(rec.rule_ids))
@@ -411,7 +442,7 @@ def _decode_token(token: str, filter_text: str) -> int:
     return after
 
 
-def _where(table: sa.Table, terms: Sequence[filters.Term]) -> list[Any]:
+def _where(table: sa.Table, terms: Sequence[filters.Term], columns: dict[str, str] | None = None) -> list[Any]:
     ops = {"=": "__eq__", "!=": "__ne__", "<": "__lt__", "<=": "__le__", ">": "__gt__", ">=": "__ge__"}
     out: list[Any] = []
     for t in terms:
@@ -427,7 +458,7 @@ def _where(table: sa.Table, terms: Sequence[filters.Term]) -> list[Any]:
                 raise filters.FilterError(f"unknown outcome {t.value!r}; one of {', '.join(CODE_NUMBERS)}")
             out.append(getattr(table.c.outcome_code, ops[t.op])(code))
             continue
-        out.append(getattr(table.c[t.field], ops[t.op])(t.value))
+        out.append(getattr(table.c[(columns or {}).get(t.field, t.field)], ops[t.op])(t.value))
     return out
 
 
@@ -443,7 +474,7 @@ class AuditStore:
             self.read_engine = self.write_engine
         self.dialect = self.write_engine.dialect.name
         self._mark = "?" if self.write_engine.dialect.paramstyle == "qmark" else "%s"
-        self._insert = {t.name: _RawInsert(t, self._mark) for t in (audit_records, plans, idempotency, merkle_nodes)}
+        self._insert = {t.name: _RawInsert(t, self._mark) for t in (audit_records, idempotency, merkle_nodes)}
         self._known_rule_sets: set[str] = set()  # sets this process has seen committed
         # The append path runs on one DBAPI connection of its own, held while the store lives:
         # SQLAlchemy's per-statement execution and the pool's checkout (a ping on PostgreSQL)
@@ -479,7 +510,7 @@ class AuditStore:
                 if version == 5:
                     self._build_rule_sets(conn)
                 if version == 7:
-                    self._trim_append_indexes(conn)
+                    self._migrate_append_path(conn)
                 conn.execute(schema_migrations.insert().values(
                     version=version, description=description, applied_at=utc_now()))
                 applied_now.append(version)
@@ -514,33 +545,74 @@ class AuditStore:
             conn.execute(audit_records.update().where(audit_records.c.rule_ids == text).values(rule_set=set_id))
         conn.exec_driver_sql("DROP TABLE IF EXISTS audit_rule_ids")
 
-    def _trim_append_indexes(self, conn: Connection) -> None:
-        """Migration 7: move the idempotency keys into their one-B-tree table, and drop the
-        unique index on record_hash (SQLite cannot drop a UNIQUE constraint's index, so the
-        table is rebuilt there: once, for logs made before this version)."""
+    def _migrate_append_path(self, conn: Connection) -> None:
+        """Migration 7: idempotency keys into their one-B-tree table; plans folded into the
+        records that created them; no unique index on record_hash. On SQLite the log is rebuilt
+        once (its sequence becomes the rowid; a UNIQUE constraint's index cannot be dropped) and
+        so is the Merkle tree (WITHOUT ROWID); a log made by this version is left as it is."""
         conn.exec_driver_sql("INSERT INTO idempotency_keys (request_id, principal, method, sequence) "
                              "SELECT request_id, principal, method, sequence FROM idempotency")
         conn.exec_driver_sql("DROP TABLE idempotency")
+        inspector = sa.inspect(conn)
+        have = {c["name"] for c in inspector.get_columns("audit_records")}
         if self.dialect == "postgresql":
-            for uc in sa.inspect(conn).get_unique_constraints("audit_records"):
+            for column in AUDIT_COLUMNS_7:
+                kind = "INTEGER" if column.name == "plan_created" else "TEXT"
+                default = column.server_default.arg  # type: ignore[union-attr]
+                conn.exec_driver_sql(f"ALTER TABLE audit_records ADD COLUMN IF NOT EXISTS {column.name} {kind} "
+                                     f"NOT NULL DEFAULT '{default}'")
+            conn.exec_driver_sql(f"UPDATE audit_records a SET plan_created = 1, "
+                                 f"{', '.join(f'{c} = p.{c}' for c in PLAN_COLUMNS)} FROM plans p "
+                                 "WHERE p.sequence = a.sequence")
+            for uc in inspector.get_unique_constraints("audit_records"):
                 if uc["column_names"] == ["record_hash"]:
                     conn.exec_driver_sql(f'ALTER TABLE audit_records DROP CONSTRAINT "{uc["name"]}"')
-            return
-        for _seq, name, unique, origin, *_ in conn.exec_driver_sql("PRAGMA index_list(audit_records)").all():
-            cols = [r[2] for r in conn.exec_driver_sql(f'PRAGMA index_info("{name}")')]
-            if not unique or cols != ["record_hash"]:
-                continue
-            if origin == "c":  # made by CREATE INDEX: droppable
-                conn.exec_driver_sql(f'DROP INDEX "{name}"')
-                continue
-            rebuilt = audit_records.to_metadata(sa.MetaData(), name="audit_records_rebuilt")
-            conn.execute(sa.schema.CreateTable(rebuilt))
-            cols_sql = ", ".join(c.name for c in audit_records.columns)
-            conn.exec_driver_sql(f"INSERT INTO audit_records_rebuilt ({cols_sql}) SELECT {cols_sql} FROM audit_records")
-            conn.exec_driver_sql("DROP TABLE audit_records")
-            conn.exec_driver_sql("ALTER TABLE audit_records_rebuilt RENAME TO audit_records")
-            for index in audit_records.indexes:
-                index.create(conn)
+        else:
+            unique_hash = any(ix["unique"] and ix["column_names"] == ["record_hash"]
+                              for ix in inspector.get_indexes("audit_records"))
+            if "plan_created" not in have or unique_hash or not self._sqlite_rowid_sequence(conn):
+                self._rebuild_audit_records(conn, have)
+            if "WITHOUT ROWID" not in self._sqlite_ddl(conn, "merkle_nodes").upper():
+                self._sqlite_rebuild(conn, merkle_nodes, "level, idx, hash")
+        conn.exec_driver_sql("DROP TABLE plans")
+
+    @staticmethod
+    def _sqlite_ddl(conn: Connection, table: str) -> str:
+        return str(conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                        (table,)).scalar_one())
+
+    @staticmethod
+    def _sqlite_rowid_sequence(conn: Connection) -> bool:
+        """Whether audit_records.sequence is the table's rowid (declared INTEGER, the only key)."""
+        cols = conn.exec_driver_sql("PRAGMA table_info(audit_records)").all()
+        return [(c[1], c[2].upper()) for c in cols if c[5]] == [("sequence", "INTEGER")]
+
+    @staticmethod
+    def _sqlite_rebuild(conn: Connection, table: sa.Table, select_sql: str, source: str = "") -> None:
+        """Replace a SQLite table by one made from its current definition, filled by `select_sql`
+        (a SELECT list over `source`, default the old table), with its indexes made again."""
+        rebuilt = table.to_metadata(sa.MetaData(), name=f"{table.name}_rebuilt")
+        conn.execute(sa.schema.CreateTable(rebuilt))
+        cols = ", ".join(c.name for c in table.columns)
+        conn.exec_driver_sql(f"INSERT INTO {table.name}_rebuilt ({cols}) SELECT {select_sql} "
+                             f"FROM {source or table.name}")
+        conn.exec_driver_sql(f"DROP TABLE {table.name}")
+        conn.exec_driver_sql(f"ALTER TABLE {table.name}_rebuilt RENAME TO {table.name}")
+        for index in table.indexes:
+            index.create(conn)
+
+    def _rebuild_audit_records(self, conn: Connection, have: set[str]) -> None:
+        """SQLite: the log in its version-7 shape, each plan's listing fields read from its plans row."""
+        exprs = []
+        for c in audit_records.columns:
+            if c.name in have:
+                exprs.append(f"a.{c.name}")
+            elif c.name == "plan_created":
+                exprs.append("CASE WHEN p.sequence IS NULL THEN 0 ELSE 1 END")
+            else:  # a plan column: from the plan the record created, if any
+                exprs.append(f"COALESCE(p.{c.name}, '')")
+        self._sqlite_rebuild(conn, audit_records, ", ".join(exprs),
+                             "audit_records a LEFT JOIN plans p ON p.sequence = a.sequence")
 
     def schema_version(self) -> int:
         with self.read_engine.begin() as conn:
@@ -588,7 +660,6 @@ class AuditStore:
         mark = self._mark
         results: list[AppendResult] = []
         records: list[dict[str, Any]] = []
-        plan_rows: list[dict[str, Any]] = []
         idem_rows: list[dict[str, Any]] = []
         new_sets: dict[str, tuple[str, ...]] = {}
         cur.execute("SELECT sequence, record_hash, frontier FROM chain_head WHERE id = 1"
@@ -624,10 +695,13 @@ class AuditStore:
             values["rule_set"] = set_id = rule_set_id(record.rule_ids)
             if set_id and set_id not in self._known_rule_sets:
                 new_sets[set_id] = record.rule_ids
+            if plan_row is None:
+                values.update(_NOT_A_PLAN)
+            else:  # this record creates the plan: its listing fields ride on the record
+                values["plan_created"] = 1
+                for name in PLAN_COLUMNS:
+                    values[name] = getattr(plan_row, name)
             records.append(values)
-            if plan_row is not None:  # its spec and plan JSON are the record's: not stored twice
-                plan_rows.append({**plan_row.__dict__, "spec_json": "", "plan_json": "", "sequence": seq,
-                                  "create_time": record.time, "principal": entry.principal})
             if item.request_id and replay_of is None and record.outcome_code == 0:
                 idem_rows.append({"principal": entry.principal, "method": entry.method,
                                   "request_id": item.request_id, "sequence": seq})
@@ -635,8 +709,7 @@ class AuditStore:
             results.append(AppendResult(record, replay_of, conflict))
         frontier, made = merkle.append_leaves(size, frontier, [_leaf(r["record_hash"]) for r in records])
         node_rows = [{"level": lv, "idx": i, "hash": h.hex()} for lv, i, h in made]
-        for table, rows in ((audit_records, records), (plans, plan_rows), (idempotency, idem_rows),
-                            (merkle_nodes, node_rows)):
+        for table, rows in ((audit_records, records), (idempotency, idem_rows), (merkle_nodes, node_rows)):
             self._insert[table.name](cur, rows)
         for set_id, ids in new_sets.items():
             members = sorted(set(ids))
@@ -722,38 +795,26 @@ class AuditStore:
 
     def get_plan(self, plan_id: str) -> StoredPlan | None:
         with self.read_engine.begin() as conn:
-            row = conn.execute(sa.select(plans).where(plans.c.plan_id == plan_id)).first()
-            return self._stored_plans(conn, [row])[0] if row is not None else None
+            row = conn.execute(sa.select(audit_records).where(audit_records.c.plan_id == plan_id,
+                                                              audit_records.c.plan_created == 1)).first()
+        return _stored_plan(row) if row is not None else None
 
     def list_plans(self, filter_text: str = "", page_size: int = 0,
                    page_token: str = "") -> tuple[list[StoredPlan], str]:
         terms = filters.parse_filter(filter_text, PLAN_FILTER_FIELDS)
-        rows, next_token = self.page(plans, terms, filter_text, page_size, page_token)
-        with self.read_engine.begin() as conn:
-            return self._stored_plans(conn, rows), next_token
-
-    @staticmethod
-    def _stored_plans(conn: Connection, rows: Sequence[Any]) -> list[StoredPlan]:
-        """Plan rows with their spec and plan JSON, read from the records that created them."""
-        seqs = [int(r._mapping["sequence"]) for r in rows]
-        texts = {int(r.sequence): (r.spec_json, r.plan_json) for r in conn.execute(
-            sa.select(audit_records.c.sequence, audit_records.c.spec_json, audit_records.c.plan_json)
-            .where(audit_records.c.sequence.in_(seqs)))} if seqs else {}
-        out = []
-        for r in rows:
-            m = r._mapping
-            fields = {f.name: m[f.name] for f in dataclasses.fields(PlanRow)}
-            fields["spec_json"], fields["plan_json"] = texts.get(int(m["sequence"]), (m["spec_json"], m["plan_json"]))
-            out.append(StoredPlan(PlanRow(**fields), int(m["sequence"]), m["create_time"], m["principal"]))
-        return out
+        rows, next_token = self.page(audit_records, terms, filter_text, page_size, page_token,
+                                     where=(audit_records.c.plan_created == 1,), columns=PLAN_FILTER_COLUMNS)
+        return [_stored_plan(r) for r in rows], next_token
 
     def page(self, table: sa.Table, terms: Sequence[filters.Term], filter_text: str, page_size: int,
-              page_token: str) -> tuple[list[Any], str]:
+             page_token: str, where: Sequence[Any] = (), columns: dict[str, str] | None = None) -> tuple[list[Any], str]:
+        """A page of `table` in sequence order: rows matching the filter's terms (fields named
+        as `columns` maps them) and `where`."""
         if page_size < 0:
             raise PageTokenError("page_size must not be negative")
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         after = _decode_token(page_token, filter_text)
-        query = (sa.select(table).where(table.c.sequence > after, *_where(table, terms))
+        query = (sa.select(table).where(table.c.sequence > after, *where, *_where(table, terms, columns or {}))
                  .order_by(table.c.sequence).limit(size + 1))
         with self.read_engine.begin() as conn:
             rows = list(conn.execute(query))

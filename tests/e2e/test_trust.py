@@ -86,7 +86,7 @@ def attack(db: Path, keep: int = 0, rewrite: int = 0) -> None:
     con = sqlite3.connect(db)
     cols = [r[1] for r in con.execute("PRAGMA table_info(audit_records)")]
     if keep:
-        for table in ("audit_records", "plans", "idempotency_keys"):
+        for table in ("audit_records", "idempotency_keys"):
             con.execute(f"DELETE FROM {table} WHERE sequence > ?", (keep,))
     if rewrite:
         con.execute("UPDATE audit_records SET outcome_message = 'nothing to see here' WHERE sequence = ?", (rewrite,))

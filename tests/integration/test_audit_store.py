@@ -53,7 +53,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     without a policy; no experiments) with a launch and a record-schema-1 record in it is upgraded
     in place: the old launch stays readable, the old record is cgsvc's and still verifies."""
     from cgsvc.audit import records
-    from cgsvc.audit.store import LAUNCH_COLUMNS_3, idempotency_v1, launches
+    from cgsvc.audit.store import LAUNCH_COLUMNS_3, launches
     from cgsvc.launch.store import ExperimentStore, LaunchStore
 
     monkeypatch.setattr(records, "SCHEMA_VERSION", 1)  # written before named policies
@@ -61,6 +61,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     monkeypatch.undo()
     new = {c.name for c in LAUNCH_COLUMNS_3}
     with store.write_engine.begin() as conn:
+        _layout_before_7(store, conn)
         conn.execute(sa.text("DROP TABLE experiments"))
         conn.execute(sa.text("ALTER TABLE audit_records DROP COLUMN policy"))
         conn.execute(sa.text("ALTER TABLE plans DROP COLUMN policy"))
@@ -70,8 +71,6 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
         conn.execute(sa.text("DROP TABLE merkle_nodes"))
         conn.execute(sa.text("DROP TABLE rule_set_members"))
         conn.execute(sa.text("DROP TABLE rule_sets"))
-        conn.execute(sa.text("DROP TABLE idempotency_keys"))
-        idempotency_v1.create(conn)
         old = sa.Table("launches", sa.MetaData(), *[sa.Column(c.name, c.type, primary_key=c.primary_key)
                                                     for c in launches.columns if c.name not in new])
         old.create(conn)
@@ -143,41 +142,72 @@ def _unique_record_hash_indexes(store: AuditStore) -> list[str]:
                 if uc["column_names"] == ["record_hash"]]
 
 
-def test_migration_7_moves_idempotency_keys_and_drops_the_record_hash_index(store: AuditStore) -> None:
-    """A log made before migration 7 (idempotency keys in three B-trees, a UNIQUE constraint on
-    record_hash) is upgraded in place: its keys still replay, its records still verify and
-    filter, and the append path no longer maintains either random-keyed index."""
-    from cgsvc.audit.store import audit_records, idempotency_v1
+def _layout_before_7(store: AuditStore, conn: sa.Connection) -> None:
+    """Turn a current log back into the layout migration 7 found: idempotency keys in three
+    B-trees, plans in a table of their own, a UNIQUE constraint on record_hash, and on SQLite a
+    sequence that is not the rowid and a Merkle table with one."""
+    from cgsvc.audit.store import PLAN_COLUMNS, audit_records, idempotency_v1, plans_v1
 
+    idempotency_v1.create(conn)
+    conn.execute(sa.text("INSERT INTO idempotency (principal, method, request_id, sequence) "
+                         "SELECT principal, method, request_id, sequence FROM idempotency_keys"))
+    conn.execute(sa.text("DROP TABLE idempotency_keys"))
+    plans_v1.create(conn)
+    conn.execute(sa.text(
+        "INSERT INTO plans (plan_id, sequence, create_time, principal, model, gpu, prefill_backend, decode_backend, "
+        "attention_prefill, attention_decode, policy_version, plan_hash, spec_json, plan_json, policy) "
+        "SELECT plan_id, sequence, time, principal, model, gpu, prefill_backend, decode_backend, attention_prefill, "
+        "attention_decode, policy_version, plan_hash, '', '', policy FROM audit_records WHERE plan_created = 1"))
+    for name in ("plan_created", *PLAN_COLUMNS):
+        conn.execute(sa.text(f"ALTER TABLE audit_records DROP COLUMN {name}"))
+    if store.dialect == "postgresql":
+        conn.execute(sa.text("ALTER TABLE audit_records ADD CONSTRAINT audit_records_record_hash_key "
+                             "UNIQUE (record_hash)"))
+    else:
+        for table, change in (("audit_records", lambda ddl: ddl.replace("sequence INTEGER", "sequence BIGINT", 1)
+                               .rstrip().rstrip(")") + ", UNIQUE (record_hash))"),
+                              ("merkle_nodes", lambda ddl: ddl.replace("WITHOUT ROWID", ""))):
+            ddl = conn.execute(sa.text(f"SELECT sql FROM sqlite_master WHERE name = '{table}'")).scalar_one()
+            conn.execute(sa.text(change(ddl).replace(table, f"{table}_old", 1)))
+            conn.execute(sa.text(f"INSERT INTO {table}_old SELECT * FROM {table}"))
+            conn.execute(sa.text(f"DROP TABLE {table}"))
+            conn.execute(sa.text(f"ALTER TABLE {table}_old RENAME TO {table}"))
+        for index in audit_records.indexes:
+            index.create(conn)
+    conn.execute(sa.text("DELETE FROM schema_migrations WHERE version = 7"))
+
+
+def test_migration_7_folds_plans_into_records_and_trims_the_append_path(store: AuditStore) -> None:
+    """A log made before migration 7 is upgraded in place: its plans are read off the records
+    that created them (listing fields and filters included), its idempotency keys still replay,
+    its records still verify and filter, and the random-keyed record-hash index is gone."""
     first = store.append(entry(1, plan_id="p1"), plan_row("p1"), request_id="r-1")
     store.append(entry(2))
-    with store.write_engine.begin() as conn:  # back to the layout before version 7
-        idempotency_v1.create(conn)
-        conn.execute(sa.text("INSERT INTO idempotency (principal, method, request_id, sequence) "
-                             "SELECT principal, method, request_id, sequence FROM idempotency_keys"))
-        conn.execute(sa.text("DROP TABLE idempotency_keys"))
-        if store.dialect == "postgresql":
-            conn.execute(sa.text("ALTER TABLE audit_records ADD CONSTRAINT audit_records_record_hash_key "
-                                 "UNIQUE (record_hash)"))
-        else:
-            ddl = conn.execute(sa.text("SELECT sql FROM sqlite_master WHERE name = 'audit_records'")).scalar_one()
-            conn.execute(sa.text(ddl.replace("audit_records", "audit_records_old", 1).rstrip().rstrip(")")
-                                 + ", UNIQUE (record_hash))"))
-            conn.execute(sa.text("INSERT INTO audit_records_old SELECT * FROM audit_records"))
-            conn.execute(sa.text("DROP TABLE audit_records"))
-            conn.execute(sa.text("ALTER TABLE audit_records_old RENAME TO audit_records"))
-            for index in audit_records.indexes:
-                index.create(conn)
-        conn.execute(sa.text("DELETE FROM schema_migrations WHERE version = 7"))
+    with store.write_engine.begin() as conn:
+        _layout_before_7(store, conn)
     assert _unique_record_hash_indexes(store)
     assert store.migrate() == [7]
     assert _unique_record_hash_indexes(store) == []
+    with store.write_engine.begin() as conn:
+        tables = set(sa.inspect(conn).get_table_names())
+        assert "plans" not in tables and "idempotency" not in tables
+        if store.dialect == "sqlite":
+            assert store._sqlite_rowid_sequence(conn)
+            assert "WITHOUT ROWID" in store._sqlite_ddl(conn, "merkle_nodes")
+    plan = store.get_plan("p1")
+    assert plan is not None and plan.sequence == 1 and plan.row.prefill_backend == "breakable"
+    assert plan.row.plan_json == first.record.plan_json and plan.row.model == "deepseek-ai/DeepSeek-V3"
+    assert [p.row.plan_id for p in store.list_plans('decode_backend = "full"')[0]] == ["p1"]
+    assert store.list_plans('create_time < "2000-01-01"')[0] == []
     again = store.append(entry(1, plan_id="p9"), plan_row("p9"), request_id="r-1")
     assert again.replay_of is not None and again.replay_of.sequence == first.record.sequence
+    assert store.get_plan("p9") is None
     assert [r.sequence for r in store.list_records('model = "Qwen/Qwen3-8B"')[0]] == [2]
     assert [r.sequence for r in store.list_records('rule_id = "breakable.mla"')[0]] == [1, 3]
     v = store.verify()
     assert v.ok and v.records_checked == 3
+    fresh = store.append(entry(5, plan_id="p5"), plan_row("p5"))
+    assert store.get_plan("p5") is not None and fresh.record.sequence == 4 and store.verify().ok
 
 
 def test_tampering_is_located(store: AuditStore) -> None:
