@@ -6,7 +6,6 @@ caller's cancellation, so a caller that gives up (deadline, disconnect) is still
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 from typing import Any
 
@@ -33,9 +32,10 @@ class Auditor:
         self.writer = writer
 
     async def append(self, entry: AuditEntry, plan: PlanRow | None = None, request_id: str = "") -> AppendResult:
-        # Shielded: a caller that cancels (deadline, disconnect) does not unqueue its record.
+        # A caller that cancels (deadline, disconnect) cancels only its wait: the record is
+        # queued already, and both writers append it and skip a cancelled future.
         REQUEST_AUDITED.set(True)
-        return await asyncio.shield(self.writer.submit_async(PendingAppend(entry, plan, request_id)))
+        return await self.writer.submit_async(PendingAppend(entry, plan, request_id))
 
     @staticmethod
     def spec_fields(spec_dict: dict[str, Any] | None) -> dict[str, Any]:

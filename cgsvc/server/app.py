@@ -121,9 +121,11 @@ async def start(cfg: ServerConfig) -> Running:
     store = AuditStore(cfg.effective_database_url)
     if cfg.audit_writer not in ("process", "thread"):
         raise ConfigError(f"audit_writer must be process or thread, got {cfg.audit_writer!r}")
-    writer_class = ProcessAuditWriter if cfg.audit_writer == "process" else AuditWriter
-    writer: AuditWriter | ProcessAuditWriter = writer_class(store, max_batch=cfg.audit_max_batch,
-                                                            observe=metrics.observe_batch)
+    if cfg.audit_cohort_wait_ms < 0:
+        raise ConfigError(f"audit_cohort_wait_ms must be 0 or more, got {cfg.audit_cohort_wait_ms}")
+    writer: AuditWriter | ProcessAuditWriter = (
+        ProcessAuditWriter(store, cfg.audit_max_batch, metrics.observe_batch, cfg.audit_cohort_wait_ms / 1000)
+        if cfg.audit_writer == "process" else AuditWriter(store, cfg.audit_max_batch, metrics.observe_batch))
     auditor = Auditor(store, writer)
     anonymous = "local" if is_loopback(cfg.address) else "anonymous"
     pipeline = Pipeline(Authenticator(cfg.token_file, require=cfg.authenticated, anonymous=anonymous),

@@ -37,6 +37,8 @@ class ServerConfig:
     audit_max_batch: int = _opt(256, "most audit records committed in one group commit")
     audit_writer: str = _opt("process", "process (default: group commit in a writer process, off the event loop's "
                                         "GIL) or thread")
+    audit_cohort_wait_ms: float = _opt(2.0, "how long the writer process holds a commit open for the callers its "
+                                            "previous commit answered to come back (0: commit what is there at once)")
     signing_key: str = _opt("", "Ed25519 private key (PEM) that signs audit-log checkpoints; default: "
                                 "data_dir/signing_key.pem, created at first start")
     local_devices: str = _opt("", "devices the local dispatcher gives ranks, e.g. 0,1,2,3 or 0-7 (GPU ids); "

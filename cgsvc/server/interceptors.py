@@ -92,7 +92,8 @@ class Pipeline:
         metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
         peer = context.peer() or ""
         try:
-            principal = self.auth.authenticate(metadata, _cert_common_name(context))
+            principal = self.auth.authenticate(
+                metadata, _cert_common_name(context) if self.auth.certificates else None)
             if not principal.may_call(method):
                 raise AuthError("PERMISSION_DENIED",
                                 f"principal {principal.name!r} (roles: {', '.join(principal.roles) or 'none'}) "

@@ -270,6 +270,37 @@ def test_group_commit_writer_concurrent(store: AuditStore) -> None:
     assert store.verify().ok
 
 
+def test_process_writer_keeps_a_cohort_in_one_commit(store: AuditStore) -> None:
+    """The writer process holds a commit open for as many records as its previous commit
+    answered (up to cohort_wait), so callers answered together are committed together again;
+    a lone caller's cohort is one, so it never waits; with cohort_wait 0 nothing waits."""
+    import asyncio
+
+    from cgsvc.audit.writer import ProcessAuditWriter
+
+    async def run(cohort_wait: float) -> list[int]:
+        batches: list[int] = []
+        writer = ProcessAuditWriter(store, observe=lambda n, _s: batches.append(n), cohort_wait=cohort_wait)
+        try:
+            # A lone caller (the first commit's cohort is one) is answered without waiting.
+            await asyncio.wait_for(writer.submit_async(PendingAppend(entry(1))), timeout=20)
+            first = [writer.submit_async(PendingAppend(entry(i))) for i in range(2, 5)]  # one turn: one message
+            await asyncio.gather(*first)
+            # The cohort of three comes back one at a time.
+            second = [writer.submit_async(PendingAppend(entry(5)))]
+            await asyncio.sleep(0.2)
+            second += [writer.submit_async(PendingAppend(entry(i))) for i in (6, 7)]
+            await asyncio.wait_for(asyncio.gather(*second), timeout=20)
+        finally:
+            await writer.aclose()
+        return batches
+
+    assert asyncio.run(run(cohort_wait=30.0)) == [1, 3, 3]
+    assert asyncio.run(run(cohort_wait=0.0)) == [1, 3, 1, 2]
+    v = store.verify()
+    assert v.ok and v.records_checked == 14
+
+
 def test_secrets_are_masked() -> None:
     masked = mask_secrets({"model": {"path": "https://user:hunter2@hub.example/m"}, "api_token": "abc",
                            "x": [{"password": "p"}]})
