@@ -18,7 +18,7 @@ import functools
 import hashlib
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -643,7 +643,10 @@ class AuditStore:
                 cur = conn.cursor()
                 if self.dialect == "sqlite":
                     cur.execute("BEGIN IMMEDIATE")
-                results, new_sets = self._append_in(cur, items)
+                # PostgreSQL: the batch's writes go out in one pipeline (one round trip, not one
+                # per statement); SQLite runs in process.
+                writes = conn.pipeline if self.dialect == "postgresql" else contextlib.nullcontext
+                results, new_sets = self._append_in(cur, items, writes)
                 conn.commit()
             except BaseException:
                 self._append_conn = None  # a connection in an unknown state is not reused
@@ -655,7 +658,8 @@ class AuditStore:
             self._known_rule_sets.update(new_sets)  # committed
             return results
 
-    def _append_in(self, cur: Any, items: Sequence[PendingAppend]) -> tuple[list[AppendResult], dict[str, Any]]:
+    def _append_in(self, cur: Any, items: Sequence[PendingAppend],
+                   writes: Callable[[], contextlib.AbstractContextManager[Any]]) -> tuple[list[AppendResult], dict[str, Any]]:
         """The batch's statements, inside the transaction `cur` belongs to."""
         mark = self._mark
         results: list[AppendResult] = []
@@ -709,16 +713,17 @@ class AuditStore:
             results.append(AppendResult(record, replay_of, conflict))
         frontier, made = merkle.append_leaves(size, frontier, [_leaf(r["record_hash"]) for r in records])
         node_rows = [{"level": lv, "idx": i, "hash": h.hex()} for lv, i, h in made]
-        for table, rows in ((audit_records, records), (idempotency, idem_rows), (merkle_nodes, node_rows)):
-            self._insert[table.name](cur, rows)
-        for set_id, ids in new_sets.items():
-            members = sorted(set(ids))
-            cur.execute(f"INSERT INTO rule_sets (set_id, rule_ids) VALUES ({mark}, {mark}) ON CONFLICT DO NOTHING",
-                        (set_id, json.dumps(members)))
-            cur.executemany(f"INSERT INTO rule_set_members (rule_id, set_id) VALUES ({mark}, {mark}) "
-                            "ON CONFLICT DO NOTHING", [(r, set_id) for r in members])
-        cur.execute(f"UPDATE chain_head SET sequence = {mark}, record_hash = {mark}, frontier = {mark} WHERE id = 1",
-                    (seq, prev, _frontier_json(frontier)))
+        with writes():
+            for table, rows in ((audit_records, records), (idempotency, idem_rows), (merkle_nodes, node_rows)):
+                self._insert[table.name](cur, rows)
+            for set_id, ids in new_sets.items():
+                members = sorted(set(ids))
+                cur.execute(f"INSERT INTO rule_sets (set_id, rule_ids) VALUES ({mark}, {mark}) ON CONFLICT DO NOTHING",
+                            (set_id, json.dumps(members)))
+                cur.executemany(f"INSERT INTO rule_set_members (rule_id, set_id) VALUES ({mark}, {mark}) "
+                                "ON CONFLICT DO NOTHING", [(r, set_id) for r in members])
+            cur.execute(f"UPDATE chain_head SET sequence = {mark}, record_hash = {mark}, frontier = {mark} "
+                        "WHERE id = 1", (seq, prev, _frontier_json(frontier)))
         return results, new_sets
 
     def _first_requests(self, cur: Any, items: Sequence[PendingAppend]) -> dict[tuple[str, str, str], AuditRecord]:
