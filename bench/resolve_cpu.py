@@ -1,0 +1,137 @@
+"""Where a durable ResolvePlan's time goes: CPU per request in the server, its audit writer
+process and the client, with the writer's batch sizes and commit times — side by side for
+server variants, rounds alternating so that a noisy machine affects every variant alike.
+
+    .venv/bin/python bench/resolve_cpu.py [--seconds 4] [--rounds 2]
+        [--levels echo@8,resolve@8,echo@32,resolve@32] [--variant NAME=FLAG,FLAG ...] [--postgresql]
+
+A variant is a name and `cgsvc serve` flags, e.g. `--variant nowait=--audit-cohort-wait-ms=0`;
+without one, the defaults run. CPU is read from /proc (user + system) over the measured
+seconds plus the one-second warm-up, so it is an upper bound per request; batch figures come
+from the server's Prometheus metrics (cgsvc_audit_batch_records, cgsvc_audit_append_seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from resolve_load import drive, drop_schema, pg_schema_url  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+METRIC = re.compile(r'^(cgsvc_audit_\w+?)(_sum|_count|_bucket)(?:\{le="([^"]+)"\})? ([0-9.e+-]+)$')
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scrape(url: str) -> dict[tuple[str, str | None], float]:
+    out: dict[tuple[str, str | None], float] = {}
+    for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+        m = METRIC.match(line)
+        if m:
+            out[(m.group(1) + m.group(2), m.group(3))] = float(m.group(4))
+    return out
+
+
+def run_variant(flags: list[str], levels: list[tuple[str, int]], seconds: float, postgresql: bool) -> list[str]:
+    data_dir = tempfile.mkdtemp(prefix="cgsvc-cpu-")
+    url = pg_schema_url() if postgresql else None
+    if postgresql and url is None:
+        raise SystemExit("no PostgreSQL server answers (CGSVC_BENCH_PG)")
+    args = [sys.executable, "-m", "cgsvc.server.main", "serve", "--address", "127.0.0.1:0", "--data-dir", data_dir,
+            "--metrics-address", "127.0.0.1:0", "--log-level", "warning", *flags]
+    if url:
+        args += ["--database-url", url]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+    assert proc.stdout is not None
+    address = metrics = ""
+    for line in proc.stdout:
+        if m := re.search(r"listening on (\S+)", line):
+            address = m.group(1)
+        if m := re.search(r"metrics: (http\S+)", line):
+            metrics = m.group(1)
+            break
+    rows = []
+    try:
+        time.sleep(0.5)
+        children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                  text=True).stdout.split()]
+        for op, callers in levels:
+            before = {p: cpu_seconds(p) for p in [proc.pid, *children]}
+            m0, client0 = scrape(metrics), time.process_time()
+            rate, p50, p99, errors = asyncio.run(drive(address, op, callers, seconds))
+            after = {p: cpu_seconds(p) for p in before}
+            m1, client = scrape(metrics), time.process_time() - client0
+            requests = rate * (seconds + 1)  # measured window plus warm-up, which also used CPU
+
+            def per_request(total: float, n: float = requests) -> str:
+                return f"{total / n * 1000:.3f}" if n else "-"
+
+            def delta(key: str, le: str | None = None, m0: dict = m0, m1: dict = m1) -> float:  # type: ignore[type-arg]
+                return m1.get((key, le), 0.0) - m0.get((key, le), 0.0)
+
+            batches = delta("cgsvc_audit_batch_records_count")
+            over = batches - delta("cgsvc_audit_append_seconds_bucket", "0.002")
+            rows.append(
+                f"| {op} | {callers} | {rate:.0f} | {p50:.2f} | {p99:.2f} | "
+                f"{per_request(after[proc.pid] - before[proc.pid])} | "
+                f"{per_request(sum(after[p] - before[p] for p in children))} | {per_request(client)} | "
+                + (f"{delta('cgsvc_audit_batch_records_sum') / batches:.1f} | "
+                   f"{delta('cgsvc_audit_append_seconds_sum') / batches * 1000:.2f} | {over / batches:.0%} |"
+                   if batches else "- | - | - |")
+                + f" {errors} |")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        shutil.rmtree(data_dir, ignore_errors=True)
+        if url:
+            drop_schema(url)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=4.0, help="measured seconds per row (after 1 s of warm-up)")
+    ap.add_argument("--rounds", type=int, default=2, help="times every variant runs, alternating")
+    ap.add_argument("--levels", default="echo@8,resolve@8,echo@32,resolve@32",
+                    help="comma-separated OP@CALLERS rows, OP one of echo, resolve")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME=FLAG,FLAG: a server variant and its `cgsvc serve` flags (repeatable)")
+    ap.add_argument("--postgresql", action="store_true", help="log to a fresh schema on the PostgreSQL server")
+    ns = ap.parse_args()
+    levels = []
+    for item in ns.levels.split(","):
+        op, _, callers = item.partition("@")
+        if op not in ("echo", "resolve") or not callers.isdigit():
+            ap.error(f"--levels: OP@CALLERS with OP echo or resolve, got {item!r}")
+        levels.append((op, int(callers)))
+    variants: dict[str, list[str]] = {"default": []} if not ns.variant else {}
+    for spec in ns.variant:
+        name, _, flags = spec.partition("=")
+        variants[name] = [f for f in flags.split(",") if f]
+    print(f"# {os.cpu_count()} CPUs; CPU ms per request (server process, its writer process, the client); "
+          f"{ns.seconds:.0f} s per row; {'postgresql' if ns.postgresql else 'sqlite'}")
+    print("| round | variant | op | callers | req/s | p50 ms | p99 ms | server | writer | client | records/commit "
+          "| ms/commit | commits > 2 ms | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for rnd in range(ns.rounds):
+        for name, flags in variants.items():
+            for row in run_variant(flags, levels, ns.seconds, ns.postgresql):
+                print(f"| {rnd + 1} | {name} {row}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
