@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,9 +25,8 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from resolve_load import drive, drop_schema, pg_schema_url  # noqa: E402
+from resolve_load import drive, pg_schema_url, start_server, stop_server  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 METRIC = re.compile(r'^(cgsvc_audit_\w+?)(_sum|_count|_bucket)(?:\{le="([^"]+)"\})? ([0-9.e+-]+)$')
 
 
@@ -48,22 +46,10 @@ def scrape(url: str) -> dict[tuple[str, str | None], float]:
 
 def run_variant(flags: list[str], levels: list[tuple[str, int]], seconds: float, postgresql: bool) -> list[str]:
     data_dir = tempfile.mkdtemp(prefix="cgsvc-cpu-")
-    url = pg_schema_url() if postgresql else None
-    if postgresql and url is None:
+    url = (pg_schema_url() or "") if postgresql else ""
+    if postgresql and not url:
         raise SystemExit("no PostgreSQL server answers (CGSVC_BENCH_PG)")
-    args = [sys.executable, "-m", "cgsvc.server.main", "serve", "--address", "127.0.0.1:0", "--data-dir", data_dir,
-            "--metrics-address", "127.0.0.1:0", "--log-level", "warning", *flags]
-    if url:
-        args += ["--database-url", url]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
-    assert proc.stdout is not None
-    address = metrics = ""
-    for line in proc.stdout:
-        if m := re.search(r"listening on (\S+)", line):
-            address = m.group(1)
-        if m := re.search(r"metrics: (http\S+)", line):
-            metrics = m.group(1)
-            break
+    proc, address, metrics = start_server(data_dir, url, *flags, metrics=True)
     rows = []
     try:
         time.sleep(0.5)
@@ -94,11 +80,7 @@ def run_variant(flags: list[str], levels: list[tuple[str, int]], seconds: float,
                    if batches else "- | - | - |")
                 + f" {errors} |")
     finally:
-        proc.terminate()
-        proc.wait(30)
-        shutil.rmtree(data_dir, ignore_errors=True)
-        if url:
-            drop_schema(url)
+        stop_server(proc, data_dir, url)
     return rows
 
 

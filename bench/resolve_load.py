@@ -36,18 +36,31 @@ KIMI = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300"
         "parallelism": {"tp": 4}}
 
 
-def start_server(data_dir: str, database_url: str) -> tuple[subprocess.Popen[str], str]:
+def start_server(data_dir: str, database_url: str, *flags: str,
+                 metrics: bool = False) -> tuple[subprocess.Popen[str], str, str]:
+    """`cgsvc serve` on a free port: (process, address, metrics URL or "")."""
     args = [sys.executable, "-m", "cgsvc.server.main", "serve", "--address", "127.0.0.1:0", "--data-dir", data_dir,
-            "--metrics-address", "", "--log-level", "warning"]
+            "--metrics-address", "127.0.0.1:0" if metrics else "", "--log-level", "warning", *flags]
     if database_url:
         args += ["--database-url", database_url]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
     assert proc.stdout is not None
+    address = ""
     for line in proc.stdout:
-        m = re.search(r"listening on (\S+)", line)
-        if m:
-            return proc, m.group(1)
+        if m := re.search(r"listening on (\S+)", line):
+            address = m.group(1)
+        if m := re.search(r"metrics: (\S+?);?$", line):
+            return proc, address, m.group(1) if metrics else ""
     raise RuntimeError("server did not start")
+
+
+def stop_server(proc: subprocess.Popen[str], data_dir: str, database_url: str) -> None:
+    """Stop it, remove its data directory and, for PostgreSQL, its schema."""
+    proc.terminate()
+    proc.wait(30)
+    shutil.rmtree(data_dir, ignore_errors=True)
+    if database_url:
+        drop_schema(database_url)
 
 
 def pg_schema_url() -> str | None:
@@ -131,7 +144,7 @@ def main() -> None:
                 continue
             url = maybe
         tmp = tempfile.mkdtemp(prefix="cgsvc-bench-")
-        proc, address = start_server(tmp, url)
+        proc, address, _ = start_server(tmp, url)
         try:
             for c in levels:
                 echo = asyncio.run(drive(address, "echo", c, ns.seconds))
@@ -139,11 +152,7 @@ def main() -> None:
                 print(f"| {backend} | {c} | {echo[0]:.0f} | {res[0]:.0f} | {res[0] / echo[0]:.0%} | "
                       f"{res[1]:.2f} | {res[2]:.2f} | {echo[2]:.2f} | {res[3] + echo[3]} |", flush=True)
         finally:
-            proc.terminate()
-            proc.wait(30)
-            shutil.rmtree(tmp, ignore_errors=True)
-            if url:
-                drop_schema(url)
+            stop_server(proc, tmp, url)
 
 
 if __name__ == "__main__":
