@@ -158,12 +158,14 @@ def canonical_record_json(fields: dict[str, Any]) -> str:
 
 def chain(entry: AuditEntry, sequence: int, time: str, prev_hash: str) -> AuditRecord:
     """The record for an entry appended after prev_hash, with its hash filled in."""
-    base = AuditRecord(
+    fields: dict[str, Any] = dict(
         sequence=sequence, schema_version=SCHEMA_VERSION, time=time, principal=entry.principal,
         peer=entry.peer, method=entry.method, request_id=entry.request_id, trace_id=entry.trace_id,
         model=entry.model, gpu=entry.gpu, spec_json=entry.spec_json, spec_hash=entry.spec_hash,
         plan_json=entry.plan_json, plan_hash=entry.plan_hash, rule_ids=tuple(entry.rule_ids),
-        policy_version=entry.policy_version, policy=entry.policy, service_version=entry.service_version,
+        policy_version=entry.policy_version, service_version=entry.service_version,
         outcome_code=entry.outcome_code, outcome_message=entry.outcome_message,
-        launch_id=entry.launch_id, plan_id=entry.plan_id, prev_hash=prev_hash)
-    return AuditRecord(**{**base.__dict__, "record_hash": base.compute_hash()})
+        launch_id=entry.launch_id, plan_id=entry.plan_id, prev_hash=prev_hash, policy=entry.policy)
+    # What AuditRecord.hashed_fields() gives, without building the record twice.
+    hashed = fields if SCHEMA_VERSION >= 2 else {k: v for k, v in fields.items() if k != "policy"}
+    return AuditRecord(**fields, record_hash=sha256_hex(canonical_record_json(hashed)))

@@ -17,6 +17,7 @@ import datetime as dt
 import functools
 import hashlib
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from cgsvc.audit import filters, merkle
 from cgsvc.audit.records import GENESIS, AuditEntry, AuditRecord, chain
 from cgsvc.errors import CODE_NUMBERS
 
+log = logging.getLogger("cgsvc.audit.store")
 metadata = sa.MetaData()
 
 schema_migrations = sa.Table(
@@ -312,8 +314,8 @@ class AppendResult:
 
     def slim(self) -> AppendResult:
         """Without the spec and plan JSON its caller already has (for crossing a process pipe)."""
-        return AppendResult(dataclasses.replace(self.record, spec_json="", plan_json=""), self.replay_of,
-                            self.conflict)
+        return AppendResult(AuditRecord(**{**self.record.__dict__, "spec_json": "", "plan_json": ""}),
+                            self.replay_of, self.conflict)
 
 
 @dataclass(frozen=True)
@@ -403,9 +405,14 @@ def _stored_plan(row: Any) -> StoredPlan:
                       m["time"], m["principal"])
 
 
+@functools.lru_cache(maxsize=4096)
+def _rule_ids_json(rule_ids: tuple[str, ...]) -> str:
+    return json.dumps(list(rule_ids))
+
+
 def _record_values(rec: AuditRecord) -> dict[str, Any]:
     d = dict(rec.__dict__)  # shallow: asdict's deep copy dominated the append path
-    d["rule_ids"] = json.dumps(list(rec.rule_ids))
+    d["rule_ids"] = _rule_ids_json(rec.rule_ids)
     return d
 
 
@@ -603,6 +610,9 @@ class AuditStore:
 
     def _rebuild_audit_records(self, conn: Connection, have: set[str]) -> None:
         """SQLite: the log in its version-7 shape, each plan's listing fields read from its plans row."""
+        count = conn.exec_driver_sql("SELECT count(*) FROM audit_records").scalar_one()
+        log.warning("schema migration 7: rebuilding the audit log's table once (%d records; about a minute per "
+                    "million); the server starts serving when it is done", count)
         exprs = []
         for c in audit_records.columns:
             if c.name in have:
