@@ -20,6 +20,22 @@ Hash = bytes
 SubtreeLookup = Callable[[int, int], Hash]
 
 
+def node_position(level: int, index: int) -> int:
+    """Where the stored subtree (level, index) sits in the tree's in-order ("flat tree")
+    numbering: leaf k at 2k, the subtree over leaves [i * 2**L, (i + 1) * 2**L) at
+    i * 2**(L+1) + 2**L - 1. Every node an append completes lies at or just before 2k (a
+    level-L node 2**L - 1 back, and those are one in 2**L appends), so stored in this order the
+    nodes of a commit land on the last page of their table."""
+    return (index << (level + 1)) + (1 << level) - 1
+
+
+def node_at(position: int) -> tuple[int, int]:
+    """(level, index) of the subtree at an in-order position (the inverse of node_position)."""
+    odd = position + 1  # 2**level * (2 * index + 1)
+    level = (odd & -odd).bit_length() - 1
+    return level, (odd >> level) >> 1
+
+
 def leaf_hash(entry: bytes) -> Hash:
     return hashlib.sha256(b"\x00" + entry).digest()
 

@@ -123,12 +123,13 @@ for _column in CHAIN_HEAD_COLUMNS_4:
     chain_head.append_column(_column)
 # Every complete, aligned subtree of the Merkle tree: level L, index i covers leaves
 # [i * 2**L, (i + 1) * 2**L) (leaf k is record sequence k + 1). Proofs read O(log n) of them.
+# Keyed by the subtree's in-order position (merkle.node_position), so an append's new nodes
+# land on the table's last page (migration 7; before, keyed by (level, idx), they landed on
+# one page per level).
 merkle_nodes = sa.Table(
     "merkle_nodes", metadata,
-    sa.Column("level", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("idx", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("pos", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=False),
     sa.Column("hash", sa.Text, nullable=False),
-    sqlite_with_rowid=False,  # one B-tree keyed by (level, idx) (migration 7 rebuilds older logs')
 )
 # Plans before migration 7, when a plan was a row of its own beside the record that created it.
 # Created by migration 1, folded into audit_records and dropped by migration 7.
@@ -535,7 +536,8 @@ class AuditStore:
             if not rows:
                 break
             frontier, made = merkle.append_leaves(size, frontier, [_leaf(r.record_hash) for r in rows])
-            conn.execute(merkle_nodes.insert(), [{"level": lv, "idx": i, "hash": h.hex()} for lv, i, h in made])
+            conn.execute(merkle_nodes.insert(), [{"pos": merkle.node_position(lv, i), "hash": h.hex()}
+                                                 for lv, i, h in made])
             size, after = size + len(rows), int(rows[-1].sequence)
         conn.execute(chain_head.update().where(chain_head.c.id == 1).values(frontier=_frontier_json(frontier)))
 
@@ -554,9 +556,9 @@ class AuditStore:
 
     def _migrate_append_path(self, conn: Connection) -> None:
         """Migration 7: idempotency keys into their one-B-tree table; plans folded into the
-        records that created them; no unique index on record_hash. On SQLite the log is rebuilt
-        once (its sequence becomes the rowid; a UNIQUE constraint's index cannot be dropped) and
-        so is the Merkle tree (WITHOUT ROWID); a log made by this version is left as it is."""
+        records that created them; no unique index on record_hash; Merkle nodes keyed by their
+        in-order position. On SQLite the log is rebuilt once (its sequence becomes the rowid; a
+        UNIQUE constraint's index cannot be dropped); a log made by this version is left as it is."""
         conn.exec_driver_sql("INSERT INTO idempotency_keys (request_id, principal, method, sequence) "
                              "SELECT request_id, principal, method, sequence FROM idempotency")
         conn.exec_driver_sql("DROP TABLE idempotency")
@@ -579,8 +581,8 @@ class AuditStore:
                               for ix in inspector.get_indexes("audit_records"))
             if "plan_created" not in have or unique_hash or not self._sqlite_rowid_sequence(conn):
                 self._rebuild_audit_records(conn, have)
-            if "WITHOUT ROWID" not in self._sqlite_ddl(conn, "merkle_nodes").upper():
-                self._sqlite_rebuild(conn, merkle_nodes, "level, idx, hash")
+        if "level" in {c["name"] for c in inspector.get_columns("merkle_nodes")}:  # keyed by (level, idx)
+            self._rebuild(conn, merkle_nodes, "(idx << (level + 1)) + (CAST(1 AS BIGINT) << level) - 1, hash")
         conn.exec_driver_sql("DROP TABLE plans")
 
     @staticmethod
@@ -595,9 +597,9 @@ class AuditStore:
         return [(c[1], c[2].upper()) for c in cols if c[5]] == [("sequence", "INTEGER")]
 
     @staticmethod
-    def _sqlite_rebuild(conn: Connection, table: sa.Table, select_sql: str, source: str = "") -> None:
-        """Replace a SQLite table by one made from its current definition, filled by `select_sql`
-        (a SELECT list over `source`, default the old table), with its indexes made again."""
+    def _rebuild(conn: Connection, table: sa.Table, select_sql: str, source: str = "") -> None:
+        """Replace a table by one made from its current definition, filled by `select_sql` (a
+        SELECT list over `source`, default the old table), with its indexes made again."""
         rebuilt = table.to_metadata(sa.MetaData(), name=f"{table.name}_rebuilt")
         conn.execute(sa.schema.CreateTable(rebuilt))
         cols = ", ".join(c.name for c in table.columns)
@@ -621,7 +623,7 @@ class AuditStore:
                 exprs.append("CASE WHEN p.sequence IS NULL THEN 0 ELSE 1 END")
             else:  # a plan column: from the plan the record created, if any
                 exprs.append(f"COALESCE(p.{c.name}, '')")
-        self._sqlite_rebuild(conn, audit_records, ", ".join(exprs),
+        self._rebuild(conn, audit_records, ", ".join(exprs),
                              "audit_records a LEFT JOIN plans p ON p.sequence = a.sequence")
 
     def schema_version(self) -> int:
@@ -722,7 +724,7 @@ class AuditStore:
                 firsts[key] = record  # a duplicate later in this batch is a replay
             results.append(AppendResult(record, replay_of, conflict))
         frontier, made = merkle.append_leaves(size, frontier, [_leaf(r["record_hash"]) for r in records])
-        node_rows = [{"level": lv, "idx": i, "hash": h.hex()} for lv, i, h in made]
+        node_rows = [{"pos": merkle.node_position(lv, i), "hash": h.hex()} for lv, i, h in made]
         with writes():
             for table, rows in ((audit_records, records), (idempotency, idem_rows), (merkle_nodes, node_rows)):
                 self._insert[table.name](cur, rows)
@@ -850,8 +852,8 @@ class AuditStore:
 
         def lookup(level: int, idx: int) -> bytes:
             if (level, idx) not in cache:
-                h = conn.execute(sa.select(merkle_nodes.c.hash).where(merkle_nodes.c.level == level,
-                                                                      merkle_nodes.c.idx == idx)).scalar()
+                h = conn.execute(sa.select(merkle_nodes.c.hash).where(
+                    merkle_nodes.c.pos == merkle.node_position(level, idx))).scalar()
                 if h is None:
                     raise LookupError(f"Merkle node ({level}, {idx}) is missing from the log")
                 cache[(level, idx)] = bytes.fromhex(h)

@@ -103,7 +103,8 @@ def attack(db: Path, keep: int = 0, rewrite: int = 0) -> None:
         leaves.append(merkle.leaf_hash(bytes.fromhex(h)))
     frontier, made = merkle.append_leaves(0, {}, leaves)
     con.execute("DELETE FROM merkle_nodes")
-    con.executemany("INSERT INTO merkle_nodes (level, idx, hash) VALUES (?, ?, ?)", [(lv, i, x.hex()) for lv, i, x in made])
+    con.executemany("INSERT INTO merkle_nodes (pos, hash) VALUES (?, ?)",
+                    [(merkle.node_position(lv, i), x.hex()) for lv, i, x in made])
     con.execute("UPDATE chain_head SET sequence = ?, record_hash = ?, frontier = ?",
                 (len(leaves), prev, json.dumps({str(k): v.hex() for k, v in sorted(frontier.items())})))
     con.commit()

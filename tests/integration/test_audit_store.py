@@ -144,8 +144,9 @@ def _unique_record_hash_indexes(store: AuditStore) -> list[str]:
 
 def _layout_before_7(store: AuditStore, conn: sa.Connection) -> None:
     """Turn a current log back into the layout migration 7 found: idempotency keys in three
-    B-trees, plans in a table of their own, a UNIQUE constraint on record_hash, and on SQLite a
-    sequence that is not the rowid and a Merkle table with one."""
+    B-trees, plans in a table of their own, a UNIQUE constraint on record_hash, Merkle nodes
+    keyed by (level, idx), and on SQLite a sequence that is not the rowid."""
+    from cgsvc.audit import merkle
     from cgsvc.audit.store import PLAN_COLUMNS, audit_records, idempotency_v1, plans_v1
 
     idempotency_v1.create(conn)
@@ -160,18 +161,23 @@ def _layout_before_7(store: AuditStore, conn: sa.Connection) -> None:
         "attention_decode, policy_version, plan_hash, '', '', policy FROM audit_records WHERE plan_created = 1"))
     for name in ("plan_created", *PLAN_COLUMNS):
         conn.execute(sa.text(f"ALTER TABLE audit_records DROP COLUMN {name}"))
+    nodes = [(*merkle.node_at(pos), h) for pos, h in conn.execute(sa.text("SELECT pos, hash FROM merkle_nodes"))]
+    conn.execute(sa.text("DROP TABLE merkle_nodes"))
+    conn.execute(sa.text("CREATE TABLE merkle_nodes (level INTEGER NOT NULL, idx BIGINT NOT NULL, hash TEXT NOT NULL, "
+                         "PRIMARY KEY (level, idx))"))
+    for level, idx, h in nodes:
+        conn.execute(sa.text("INSERT INTO merkle_nodes (level, idx, hash) VALUES (:l, :i, :h)"),
+                     {"l": level, "i": idx, "h": h})
     if store.dialect == "postgresql":
         conn.execute(sa.text("ALTER TABLE audit_records ADD CONSTRAINT audit_records_record_hash_key "
                              "UNIQUE (record_hash)"))
     else:
-        for table, change in (("audit_records", lambda ddl: ddl.replace("sequence INTEGER", "sequence BIGINT", 1)
-                               .rstrip().rstrip(")") + ", UNIQUE (record_hash))"),
-                              ("merkle_nodes", lambda ddl: ddl.replace("WITHOUT ROWID", ""))):
-            ddl = conn.execute(sa.text(f"SELECT sql FROM sqlite_master WHERE name = '{table}'")).scalar_one()
-            conn.execute(sa.text(change(ddl).replace(table, f"{table}_old", 1)))
-            conn.execute(sa.text(f"INSERT INTO {table}_old SELECT * FROM {table}"))
-            conn.execute(sa.text(f"DROP TABLE {table}"))
-            conn.execute(sa.text(f"ALTER TABLE {table}_old RENAME TO {table}"))
+        ddl = conn.execute(sa.text("SELECT sql FROM sqlite_master WHERE name = 'audit_records'")).scalar_one()
+        conn.execute(sa.text(ddl.replace("sequence INTEGER", "sequence BIGINT", 1).rstrip().rstrip(")")
+                             .replace("audit_records", "audit_records_old", 1) + ", UNIQUE (record_hash))"))
+        conn.execute(sa.text("INSERT INTO audit_records_old SELECT * FROM audit_records"))
+        conn.execute(sa.text("DROP TABLE audit_records"))
+        conn.execute(sa.text("ALTER TABLE audit_records_old RENAME TO audit_records"))
         for index in audit_records.indexes:
             index.create(conn)
     conn.execute(sa.text("DELETE FROM schema_migrations WHERE version = 7"))
@@ -191,9 +197,9 @@ def test_migration_7_folds_plans_into_records_and_trims_the_append_path(store: A
     with store.write_engine.begin() as conn:
         tables = set(sa.inspect(conn).get_table_names())
         assert "plans" not in tables and "idempotency" not in tables
+        assert [c["name"] for c in sa.inspect(conn).get_columns("merkle_nodes")] == ["pos", "hash"]
         if store.dialect == "sqlite":
             assert store._sqlite_rowid_sequence(conn)
-            assert "WITHOUT ROWID" in store._sqlite_ddl(conn, "merkle_nodes")
     plan = store.get_plan("p1")
     assert plan is not None and plan.sequence == 1 and plan.row.prefill_backend == "breakable"
     assert plan.row.plan_json == first.record.plan_json and plan.row.model == "deepseek-ai/DeepSeek-V3"

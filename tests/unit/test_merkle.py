@@ -77,3 +77,22 @@ def test_every_proof_of_small_trees_verifies_and_detects_a_change(size: int) -> 
         if first < size:  # a history whose last record was rewritten does not extend the first tree's... root
             assert not merkle.verify_consistency(first, size, merkle.root(first, look), merkle.root(size, forged),
                                                  proof)
+
+
+def test_node_positions_are_the_in_order_numbering_and_invert() -> None:
+    """Leaf k sits at 2k, a subtree between its halves; every node an append completes is at or
+    just before 2k (what keeps a commit's nodes on the last page of their table)."""
+    assert [merkle.node_position(0, k) for k in range(4)] == [0, 2, 4, 6]
+    assert merkle.node_position(1, 0) == 1 and merkle.node_position(1, 1) == 5 and merkle.node_position(2, 0) == 3
+    seen = set()
+    for level in range(12):
+        for idx in range(64):
+            pos = merkle.node_position(level, idx)
+            assert merkle.node_at(pos) == (level, idx)
+            seen.add(pos)
+    assert len(seen) == 12 * 64  # no two subtrees share a position
+    frontier: dict[int, bytes] = {}
+    for k in range(300):  # the nodes that appending leaf k stores lie within 2**level of 2k
+        frontier, made = merkle.append_leaves(k, frontier, [hashlib.sha256(str(k).encode()).digest()])
+        assert {merkle.node_position(lv, i) for lv, i, _ in made} == \
+            {2 * k + 1 - (1 << lv) for lv in range(12) if (k + 1) % (1 << lv) == 0}
