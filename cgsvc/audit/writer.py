@@ -142,12 +142,6 @@ log = logging.getLogger("cgsvc.audit.writer")
 class ProcessAuditWriter:
     """Group commit in a separate process, driven by the event loop that submits.
 
-    Callers of one commit are answered together and come back together: under load they move
-    as cohorts. The child holds a commit open (up to `cohort_wait` seconds) until as many
-    records have arrived as the previous commit answered, so a cohort stays in one commit
-    instead of splitting into many small ones; every stage (the child's per-commit work, the
-    event loop's and the clients' per-wake-up work) then costs less per request.
-
     Appends submitted in one turn of the loop go to the child as one message, at once: the
     loop does not wait for the previous commit. The child, when it finishes a commit, takes
     every message that arrived meanwhile into its next transaction (up to max_batch records),
@@ -155,6 +149,13 @@ class ProcessAuditWriter:
     message, in order, after the commit; the loop reads the answers from the same socket and
     settles their callers. A child that dies fails the messages it had not answered (their
     records may or may not be committed) and is started again, off the loop, for the next ones.
+
+    Callers of one commit are answered together and come back together: under load they move
+    as cohorts. The child holds a commit open (up to `cohort_wait` seconds) until as many
+    records have arrived as the previous commit answered, so a cohort stays in one commit
+    instead of splitting into many small ones; every stage (the child's per-commit work, the
+    event loop's and the clients' per-wake-up work) then costs less per request. A lone
+    caller's cohort is one: it never waits.
     """
 
     def __init__(self, store: AuditStore, max_batch: int = 256,
@@ -225,6 +226,10 @@ class ProcessAuditWriter:
     def _respawn(self) -> None:
         def done(task: asyncio.Future[tuple[Any, socket.socket]]) -> None:
             exc = task.exception()
+            if exc is None and self._closing:  # closed while it started: nothing more to write
+                _, sock = task.result()
+                sock.close()  # the child sees end of file and exits
+                return
             if exc is None:
                 self._attach(task.result())
                 return
@@ -232,7 +237,8 @@ class ProcessAuditWriter:
             for _item, fut in unsent:
                 if not fut.done():
                     fut.set_exception(WriterProcessError(f"the audit writer process cannot start: {exc}"))
-            self._loop.call_later(1.0, self._respawn)
+            if not self._closing:
+                self._loop.call_later(1.0, self._respawn)
         self._loop.run_in_executor(None, self._spawn).add_done_callback(done)
 
     # ------------------------------------------------------------------ submit and send
