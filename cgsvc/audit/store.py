@@ -243,8 +243,9 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      tuple((audit_records, c) for c in AUDIT_COLUMNS_5)),
     (6, "named policies on records and plans; A/B experiments", (experiments,),
      tuple((audit_records, c) for c in AUDIT_COLUMNS_6) + tuple((plans_v1, c) for c in PLAN_COLUMNS_6)),
-    (7, "fewer B-trees on the append path: a plan is the record that created it, idempotency keys in "
-        "one B-tree, the sequence as SQLite's rowid, no unique index on record hashes", (idempotency,), ()),
+    (7, "fewer B-trees and pages on the append path: a plan is the record that created it, idempotency "
+        "keys in one B-tree, the sequence as SQLite's rowid, no unique index on record hashes, Merkle nodes "
+        "keyed by in-order position", (idempotency,), ()),
 )
 
 AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principal": "str", "outcome": "str",
