@@ -102,6 +102,24 @@ def add_policy(p: argparse.ArgumentParser) -> None:
                                     "sglang-0.5.17 (cgsvc-cli policies lists them)")
 
 
+def add_workload(p: argparse.ArgumentParser) -> None:
+    """The checkpoint, workload and dispatcher flags of every command that starts worker groups."""
+    p.add_argument("--model-path", dest="checkpoint", required=True, help="checkpoint directory for the workers")
+    p.add_argument("--input-len", type=int, default=128, help="prompt tokens per request (default 128)")
+    p.add_argument("--output-len", type=int, default=32, help="tokens to generate per request (default 32)")
+    p.add_argument("--requests", type=int, default=4, help="requests per launch (default 4)")
+    p.add_argument("--concurrency", type=int, default=1, help="requests in flight, 0 for all (default 1)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the synthetic prompts and of sampling (the same for every launch)")
+    p.add_argument("--dispatcher", help="local (default) or ray")
+
+
+def workload(ns: argparse.Namespace) -> dict[str, int]:
+    """The LaunchWorkload fields from add_workload's flags."""
+    return {"input_len": ns.input_len, "output_len": ns.output_len, "requests": ns.requests,
+            "concurrency": ns.concurrency, "seed": ns.seed}
+
+
 def add_output(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", "-o", choices=("table", "json"),
                    help="table (default on a terminal) or json (default otherwise)")

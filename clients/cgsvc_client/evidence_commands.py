@@ -14,7 +14,15 @@ from cgsvc import codec
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.plan import Plan, compare, plan_fields
 from cgsvc_client import render
-from cgsvc_client.args import CliError, add_listing, add_output, add_server, resolve_offline
+from cgsvc_client.args import (
+    CliError,
+    add_listing,
+    add_output,
+    add_server,
+    add_workload,
+    resolve_offline,
+    workload,
+)
 from cgsvc_client.client import Client
 
 
@@ -223,10 +231,8 @@ def _experiment_progress(msg: Any, last: list[str]) -> None:
 def cmd_experiment_run(ns: argparse.Namespace) -> int:
     if len(ns.plan) != 2:
         raise _bad("plans", f"give --plan twice (A, then B); got {len(ns.plan)}")
-    workload = {"input_len": ns.input_len, "output_len": ns.output_len, "requests": ns.requests,
-                "concurrency": ns.concurrency, "seed": ns.seed}
     with Client.from_args(ns) as c:
-        msg = c.create_experiment(ns.plan, os.path.abspath(ns.checkpoint), workload, ns.repeats,
+        msg = c.create_experiment(ns.plan, os.path.abspath(ns.checkpoint), workload(ns), ns.repeats,
                                   ns.dispatcher or "")
         print(f"{msg.name}: {ns.plan[0]} (A) vs {ns.plan[1]} (B), {ns.repeats} launches per arm, interleaved",
               file=sys.stderr, flush=True)
@@ -307,14 +313,8 @@ def register(sub: Any) -> None:
     run = ex.add_parser("run", help="run two stored plans as interleaved launches (A B A B ...) and compare them")
     run.add_argument("--plan", action="append", default=[], required=True,
                      help="plans/ID; give it twice: A (the baseline), then B")
-    run.add_argument("--model-path", dest="checkpoint", required=True, help="checkpoint directory for the workers")
-    run.add_argument("--input-len", type=int, default=128, help="prompt tokens per request (default 128)")
-    run.add_argument("--output-len", type=int, default=32, help="tokens to generate per request (default 32)")
-    run.add_argument("--requests", type=int, default=4, help="requests per launch (default 4)")
-    run.add_argument("--concurrency", type=int, default=1, help="requests in flight, 0 for all (default 1)")
-    run.add_argument("--seed", type=int, default=0, help="seed of the prompts and of sampling, the same for every launch")
+    add_workload(run)
     run.add_argument("--repeats", type=int, default=3, help="launches per arm (default 3)")
-    run.add_argument("--dispatcher", help="local (default) or ray")
     run.add_argument("--detach", action="store_true", help="answer once it has started (follow it with experiments show)")
     add_output(run)
     add_server(run, required=True)

@@ -17,7 +17,9 @@ from cgsvc_client.args import (
     add_policy,
     add_server,
     add_spec_flags,
+    add_workload,
     build_spec,
+    workload,
 )
 from cgsvc_client.client import Client
 
@@ -84,10 +86,8 @@ def cmd_launch(ns: argparse.Namespace) -> int:
         raise ServiceError.invalid([FieldViolation("plan", "give a spec or --plan, not both")])
     if spec is None and not ns.plan:
         raise ServiceError.invalid([FieldViolation("spec", "give --spec FILE (or --model/--gpu flags) or --plan plans/ID")])
-    workload = {"input_len": ns.input_len, "output_len": ns.output_len, "requests": ns.requests,
-                "concurrency": ns.concurrency, "seed": ns.seed}
     with Client.from_args(ns) as c:
-        op = c.create_launch(ns.checkpoint, workload, spec=spec, plan=ns.plan or "",
+        op = c.create_launch(ns.checkpoint, workload(ns), spec=spec, plan=ns.plan or "",
                              wait_for_resources=ns.wait_for_resources, dispatcher=ns.dispatcher or "",
                              request_id=ns.request_id, policy=ns.policy or "")
         launch = op.metadata
@@ -158,13 +158,7 @@ def register(sub: Any) -> None:
     add_spec_flags(la, exclude=("--model-path",))
     la.add_argument("--plan", help="plans/ID of a stored plan instead of a spec")
     add_policy(la)
-    la.add_argument("--model-path", dest="checkpoint", required=True, help="checkpoint directory for the workers")
-    la.add_argument("--input-len", type=int, default=128, help="prompt tokens per request (default 128)")
-    la.add_argument("--output-len", type=int, default=32, help="tokens to generate per request (default 32)")
-    la.add_argument("--requests", type=int, default=4, help="number of requests (default 4)")
-    la.add_argument("--concurrency", type=int, default=1, help="requests in flight, 0 for all (default 1)")
-    la.add_argument("--seed", type=int, default=0, help="seed of the synthetic prompts and of sampling")
-    la.add_argument("--dispatcher", help="local (default) or ray")
+    add_workload(la)
     la.add_argument("--request-id", help="idempotency key: a retry with the same id returns the same launch "
                                           "(default: a fresh id per invocation)")
     la.add_argument("--wait", action="store_true", help="follow progress until the launch ends")
