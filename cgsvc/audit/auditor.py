@@ -11,7 +11,7 @@ from typing import Any
 
 from cgsvc import __version__
 from cgsvc.audit.records import AuditEntry, mask_secrets
-from cgsvc.audit.store import AppendResult, AuditStore, PendingAppend, PlanRow
+from cgsvc.audit.store import AppendResult, AuditStore, PendingAppend, PlanListing
 from cgsvc.audit.writer import AuditWriter, ProcessAuditWriter
 from cgsvc.errors import CODE_NUMBERS
 from cgsvc.plan import canonical_json
@@ -31,7 +31,7 @@ class Auditor:
         self.store = store
         self.writer = writer
 
-    async def append(self, entry: AuditEntry, plan: PlanRow | None = None, request_id: str = "") -> AppendResult:
+    async def append(self, entry: AuditEntry, plan: PlanListing | None = None, request_id: str = "") -> AppendResult:
         # A caller that cancels (deadline, disconnect) cancels only its wait: the record is
         # queued already, and both writers append it and skip a cancelled future.
         REQUEST_AUDITED.set(True)

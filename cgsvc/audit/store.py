@@ -109,7 +109,7 @@ AUDIT_COLUMNS_7: tuple[sa.Column[Any], ...] = (
 )
 for _column in AUDIT_COLUMNS_7:
     audit_records.append_column(_column)
-PLAN_COLUMNS = tuple(c.name for c in AUDIT_COLUMNS_7[1:])
+PLAN_COLUMNS = tuple(c.name for c in AUDIT_COLUMNS_7[1:])  # PlanListing's fields
 chain_head = sa.Table(
     "chain_head", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
@@ -274,8 +274,19 @@ def utc_now() -> str:
 
 
 @dataclass(frozen=True)
+class PlanListing:
+    """What the record that creates a plan adds to itself: the plan's listing fields the record
+    does not already carry (its id, model, GPU, policy, hash, spec and plan JSON are the record's)."""
+
+    prefill_backend: str
+    decode_backend: str
+    attention_prefill: str
+    attention_decode: str
+
+
+@dataclass(frozen=True)
 class PlanRow:
-    """The plan resource stored with an accepted ResolvePlan."""
+    """A stored plan, as GetPlan and ListPlans read it off the record that created it."""
 
     plan_id: str
     model: str
@@ -301,10 +312,10 @@ class StoredPlan:
 
 @dataclass(frozen=True)
 class PendingAppend:
-    """One append: the entry, the plan resource it creates, and its idempotency key."""
+    """One append: the entry, the plan it creates (if any), and its idempotency key."""
 
     entry: AuditEntry
-    plan: PlanRow | None = None
+    plan: PlanListing | None = None
     request_id: str = ""
 
 
@@ -687,11 +698,11 @@ class AuditStore:
         firsts = self._first_requests(cur, items)
         now = utc_now()  # the batch's time: its records are committed together
         for item in items:
-            entry, plan_row, conflict = item.entry, item.plan, False
+            entry, listing, conflict = item.entry, item.plan, False
             key = (entry.principal, entry.method, item.request_id)
             replay_of = firsts.get(key) if item.request_id else None
             if replay_of is not None:
-                plan_row = None
+                listing = None
                 if replay_of.spec_hash != entry.spec_hash or (
                         replay_of.schema_version >= 2 and replay_of.policy != entry.policy):
                     conflict = True
@@ -712,12 +723,11 @@ class AuditStore:
             values["rule_set"] = set_id = rule_set_id(record.rule_ids)
             if set_id and set_id not in self._known_rule_sets:
                 new_sets[set_id] = record.rule_ids
-            if plan_row is None:
+            if listing is None:
                 values.update(_NOT_A_PLAN)
             else:  # this record creates the plan: its listing fields ride on the record
                 values["plan_created"] = 1
-                for name in PLAN_COLUMNS:
-                    values[name] = getattr(plan_row, name)
+                values.update(listing.__dict__)
             records.append(values)
             if item.request_id and replay_of is None and record.outcome_code == 0:
                 idem_rows.append({"principal": entry.principal, "method": entry.method,
@@ -761,7 +771,7 @@ class AuditStore:
             recs[values["sequence"]] = _values_to_record(values)
         return {(h[1], h[2], h[0]): recs[h[3]] for h in hits}
 
-    def append(self, entry: AuditEntry, plan: PlanRow | None = None, request_id: str = "") -> AppendResult:
+    def append(self, entry: AuditEntry, plan: PlanListing | None = None, request_id: str = "") -> AppendResult:
         return self.append_batch([PendingAppend(entry, plan, request_id)])[0]
 
     # ------------------------------------------------------------------ read

@@ -16,7 +16,7 @@ from typing import Any
 
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.records import AuditEntry
-from cgsvc.audit.store import PlanRow, StoredPlan
+from cgsvc.audit.store import PlanListing, StoredPlan
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.ids import new_id
 from cgsvc.plan import Plan, canonical_json
@@ -43,6 +43,7 @@ class Resolution:
     rule_ids: tuple[str, ...]
     spec: dict[str, Any]  # the spec in its canonical spelling (closed sets as the catalog spells them)
     audit_fields: dict[str, Any]  # the spec's audit fields (masked canonical JSON, model, GPU), made once
+    listing: PlanListing  # what the record that creates a plan of it adds to itself
 
 
 @functools.lru_cache(maxsize=4096)
@@ -51,7 +52,9 @@ def _resolve_canonical(spec_key: str, policy: str = DEFAULT_POLICY) -> Resolutio
     plan = resolve(parsed, policy)
     rule_ids = tuple(dict.fromkeys([d.rule_id for d in plan.decisions] + [w.rule_id for w in plan.warnings]))
     canonical = spec_to_dict(parsed)
-    return Resolution(plan, canonical_json(plan.to_dict()), rule_ids, canonical, Auditor.spec_fields(canonical))
+    return Resolution(plan, canonical_json(plan.to_dict()), rule_ids, canonical, Auditor.spec_fields(canonical),
+                      PlanListing(plan.prefill_backend, plan.decode_backend, plan.attention_prefill,
+                                  plan.attention_decode))
 
 
 def resolve_spec(spec: dict[str, Any], policy: str = DEFAULT_POLICY) -> Resolution:
@@ -105,12 +108,8 @@ class Plans:
         # recorded with the spec in its canonical spelling
         e = resolved_entry(resolution, "OK", "validate_only" if validate_only else "", plan_json=resolution.plan_json,
                            plan_hash=plan.plan_hash, rule_ids=resolution.rule_ids, plan_id=plan_id)
-        row = None if validate_only else PlanRow(
-            plan_id=plan_id, model=e.model, gpu=e.gpu, prefill_backend=plan.prefill_backend,
-            decode_backend=plan.decode_backend, attention_prefill=plan.attention_prefill,
-            attention_decode=plan.attention_decode, policy_version=plan.policy_version,
-            plan_hash=plan.plan_hash, spec_json=e.spec_json, plan_json=resolution.plan_json, policy=plan.policy)
-        result = await self.auditor.append(e, row, "" if validate_only else idempotency_key)
+        result = await self.auditor.append(e, None if validate_only else resolution.listing,
+                                           "" if validate_only else idempotency_key)
         if result.conflict:
             raise ServiceError.invalid([FieldViolation("request_id", result.record.outcome_message)])
         replay = None

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from cgsvc.audit import filters
 from cgsvc.audit.records import AuditEntry, mask_secrets
-from cgsvc.audit.store import AuditStore, PageTokenError, PendingAppend, PlanRow
+from cgsvc.audit.store import AuditStore, PageTokenError, PendingAppend, PlanListing
 from cgsvc.audit.writer import AuditWriter
 from tests.integration.pg import pg_url_or_skip
 
@@ -117,18 +117,17 @@ def test_filters_and_pagination(store: AuditStore) -> None:
         store.list_records('gpu = "H100"', page_token=tok)
 
 
-def plan_row(plan_id: str) -> PlanRow:
-    return PlanRow(plan_id=plan_id, model="m", gpu="H100", prefill_backend="breakable", decode_backend="full",
-                   attention_prefill="fa3", attention_decode="fa3", policy_version="p", plan_hash="h",
-                   spec_json='{"i":1}', plan_json="{}")
+# The listing fields of a plan the appended record creates (its id is the entry's plan_id).
+LISTING = PlanListing(prefill_backend="breakable", decode_backend="full", attention_prefill="fa3",
+                      attention_decode="fa3")
 
 
 def test_idempotency_replays_and_conflicts(store: AuditStore) -> None:
-    first = store.append(entry(1, plan_id="p1"), plan_row("p1"), request_id="r-1")
-    again = store.append(entry(1, plan_id="p2"), plan_row("p2"), request_id="r-1")
+    first = store.append(entry(1, plan_id="p1"), LISTING, request_id="r-1")
+    again = store.append(entry(1, plan_id="p2"), LISTING, request_id="r-1")
     assert again.replay_of is not None and again.replay_of.sequence == first.record.sequence
     assert again.record.plan_id == "p1" and store.get_plan("p2") is None
-    other = store.append(entry(2, plan_id="p3"), plan_row("p3"), request_id="r-1")
+    other = store.append(entry(2, plan_id="p3"), LISTING, request_id="r-1")
     assert other.conflict and other.record.outcome_code == 3
     assert [p.row.plan_id for p in store.list_plans()[0]] == ["p1"]
     assert store.verify().ok
@@ -187,7 +186,7 @@ def test_migration_7_folds_plans_into_records_and_trims_the_append_path(store: A
     """A log made before migration 7 is upgraded in place: its plans are read off the records
     that created them (listing fields and filters included), its idempotency keys still replay,
     its records still verify and filter, and the random-keyed record-hash index is gone."""
-    first = store.append(entry(1, plan_id="p1"), plan_row("p1"), request_id="r-1")
+    first = store.append(entry(1, plan_id="p1"), LISTING, request_id="r-1")
     store.append(entry(2))
     with store.write_engine.begin() as conn:
         _layout_before_7(store, conn)
@@ -205,14 +204,14 @@ def test_migration_7_folds_plans_into_records_and_trims_the_append_path(store: A
     assert plan.row.plan_json == first.record.plan_json and plan.row.model == "deepseek-ai/DeepSeek-V3"
     assert [p.row.plan_id for p in store.list_plans('decode_backend = "full"')[0]] == ["p1"]
     assert store.list_plans('create_time < "2000-01-01"')[0] == []
-    again = store.append(entry(1, plan_id="p9"), plan_row("p9"), request_id="r-1")
+    again = store.append(entry(1, plan_id="p9"), LISTING, request_id="r-1")
     assert again.replay_of is not None and again.replay_of.sequence == first.record.sequence
     assert store.get_plan("p9") is None
     assert [r.sequence for r in store.list_records('model = "Qwen/Qwen3-8B"')[0]] == [2]
     assert [r.sequence for r in store.list_records('rule_id = "breakable.mla"')[0]] == [1, 3]
     v = store.verify()
     assert v.ok and v.records_checked == 3
-    fresh = store.append(entry(5, plan_id="p5"), plan_row("p5"))
+    fresh = store.append(entry(5, plan_id="p5"), LISTING)
     assert store.get_plan("p5") is not None and fresh.record.sequence == 4 and store.verify().ok
 
 
