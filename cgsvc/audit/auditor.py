@@ -1,7 +1,7 @@
 """The auditor: builds audit entries and appends them through the group-commit writer.
 
-Every service and the launch lifecycle append through it; an append is shielded from the
-caller's cancellation, so a caller that gives up (deadline, disconnect) is still audited.
+Every service and the launch lifecycle append through it; an append is queued before its caller
+can cancel, so a caller that gives up (deadline, disconnect) is still audited.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 from cgsvc import __version__
 from cgsvc.audit.records import AuditEntry, mask_secrets
 from cgsvc.audit.store import AppendResult, AuditStore, PendingAppend, PlanListing
-from cgsvc.audit.writer import AuditWriter, ProcessAuditWriter
+from cgsvc.audit.writer import Writer
 from cgsvc.errors import CODE_NUMBERS
 from cgsvc.plan import canonical_json
 from cgsvc.resolve import DEFAULT_POLICY, policy_version
@@ -27,7 +27,7 @@ REQUEST_AUDITED: contextvars.ContextVar[bool] = contextvars.ContextVar("cgsvc_re
 class Auditor:
     """Builds audit entries for requests and appends them through the group-commit writer."""
 
-    def __init__(self, store: AuditStore, writer: AuditWriter | ProcessAuditWriter) -> None:
+    def __init__(self, store: AuditStore, writer: Writer) -> None:
         self.store = store
         self.writer = writer
 

@@ -356,6 +356,10 @@ class ProcessAuditWriter:
             await asyncio.to_thread(self._proc.join, timeout)
 
 
+# Either writer: both answer submit_async(item) and await aclose().
+Writer = AuditWriter | ProcessAuditWriter
+
+
 def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float) -> None:
     """The child: append what it is sent, answering each message after the commit that holds
     it. Messages that arrive during a commit are merged into the next transaction, and while a

@@ -14,7 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from cgsvc.audit import checkpoint
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.store import AuditStore
-from cgsvc.audit.writer import AuditWriter, ProcessAuditWriter
+from cgsvc.audit.writer import AuditWriter, ProcessAuditWriter, Writer
 from cgsvc.domain.experiments import Experiments
 from cgsvc.domain.launches import Launches
 from cgsvc.domain.plans import Plans
@@ -95,7 +95,7 @@ class Running:
     server: grpc.aio.Server
     port: int
     store: AuditStore
-    writer: AuditWriter | ProcessAuditWriter
+    writer: Writer
     health: health.HealthServicer
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -123,7 +123,7 @@ async def start(cfg: ServerConfig) -> Running:
         raise ConfigError(f"audit_writer must be process or thread, got {cfg.audit_writer!r}")
     if cfg.audit_cohort_wait_ms < 0:
         raise ConfigError(f"audit_cohort_wait_ms must be 0 or more, got {cfg.audit_cohort_wait_ms}")
-    writer: AuditWriter | ProcessAuditWriter = (
+    writer: Writer = (
         ProcessAuditWriter(store, cfg.audit_max_batch, metrics.observe_batch, cfg.audit_cohort_wait_ms / 1000)
         if cfg.audit_writer == "process" else AuditWriter(store, cfg.audit_max_batch, metrics.observe_batch))
     auditor = Auditor(store, writer)
