@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -423,6 +423,10 @@ def _rule_ids_json(rule_ids: tuple[str, ...]) -> str:
     return json.dumps(list(rule_ids))
 
 
+_HEAD_SQL = "SELECT sequence, record_hash, frontier FROM chain_head WHERE id = 1"
+_KEYS_SQL = "SELECT request_id, principal, method, sequence FROM idempotency_keys WHERE request_id"
+
+
 def _record_values(rec: AuditRecord) -> dict[str, Any]:
     d = dict(rec.__dict__)  # shallow: asdict's deep copy dominated the append path
     d["rule_ids"] = _rule_ids_json(rec.rule_ids)
@@ -655,7 +659,9 @@ class AuditStore:
         """Append all items in one transaction, in order; durable when this returns.
 
         Statements are batched (one query for idempotency keys, one multi-row insert per
-        table), so a group commit costs little more than one record.
+        table), so a group commit costs little more than one record. On PostgreSQL a batch is
+        two round trips: its reads (BEGIN, the chain head FOR UPDATE, the idempotency keys) in
+        one pipeline, its writes and the COMMIT in another; SQLite runs in process.
         """
         with self._append_lock:
             if self._append_conn is None:
@@ -664,14 +670,7 @@ class AuditStore:
                 self._append_conn = pooled.dbapi_connection
             conn = self._append_conn
             try:
-                cur = conn.cursor()
-                if self.dialect == "sqlite":
-                    cur.execute("BEGIN IMMEDIATE")
-                # PostgreSQL: the batch's writes go out in one pipeline (one round trip, not one
-                # per statement); SQLite runs in process.
-                writes = conn.pipeline if self.dialect == "postgresql" else contextlib.nullcontext
-                results, new_sets = self._append_in(cur, items, writes)
-                conn.commit()
+                results, new_sets = self._append_in(conn, items)
             except BaseException:
                 self._append_conn = None  # a connection in an unknown state is not reused
                 with contextlib.suppress(Exception):
@@ -682,20 +681,40 @@ class AuditStore:
             self._known_rule_sets.update(new_sets)  # committed
             return results
 
-    def _append_in(self, cur: Any, items: Sequence[PendingAppend],
-                   writes: Callable[[], contextlib.AbstractContextManager[Any]]) -> tuple[list[AppendResult], dict[str, Any]]:
-        """The batch's statements, inside the transaction `cur` belongs to."""
+    def _read_head_and_keys(self, conn: Any, items: Sequence[PendingAppend]) -> tuple[
+            Any, Any, set[tuple[str, str, str]], list[Any]]:
+        """Open the batch's transaction and read what it depends on: the chain head (locked)
+        and the stored keys among its request ids. (cursor, head row, the batch's keys, key rows)"""
+        keys = {(i.entry.principal, i.entry.method, i.request_id) for i in items if i.request_id}
+        ids = sorted({k[2] for k in keys})
+        cur = conn.cursor()
+        if self.dialect == "sqlite":
+            cur.execute("BEGIN IMMEDIATE")
+            cur.execute(_HEAD_SQL)
+            head = cur.fetchone()
+            rows: list[Any] = []
+            if ids:
+                cur.execute(f"{_KEYS_SQL} IN ({', '.join(['?'] * len(ids))})", ids)
+                rows = cur.fetchall()
+            return cur, head, keys, rows
+        keys_cur = conn.cursor()
+        with conn.pipeline():  # BEGIN and both reads in one round trip
+            cur.execute(_HEAD_SQL + " FOR UPDATE")
+            if ids:
+                keys_cur.execute(f"{_KEYS_SQL} = ANY(%s)", (ids,))
+        return cur, cur.fetchone(), keys, keys_cur.fetchall() if ids else []
+
+    def _append_in(self, conn: Any, items: Sequence[PendingAppend]) -> tuple[list[AppendResult], dict[str, Any]]:
+        """The batch's transaction, from BEGIN to COMMIT."""
         mark = self._mark
         results: list[AppendResult] = []
         records: list[dict[str, Any]] = []
         idem_rows: list[dict[str, Any]] = []
         new_sets: dict[str, tuple[str, ...]] = {}
-        cur.execute("SELECT sequence, record_hash, frontier FROM chain_head WHERE id = 1"
-                    + (" FOR UPDATE" if self.dialect == "postgresql" else ""))
-        head_seq, head_hash, head_frontier = cur.fetchone()
+        cur, (head_seq, head_hash, head_frontier), keys, key_rows = self._read_head_and_keys(conn, items)
         seq, prev = int(head_seq), str(head_hash)
         size, frontier = seq, _frontier_from_json(head_frontier)
-        firsts = self._first_requests(cur, items)
+        firsts = self._first_requests(cur, keys, key_rows)
         now = utc_now()  # the batch's time: its records are committed together
         for item in items:
             entry, listing, conflict = item.entry, item.plan, False
@@ -736,7 +755,8 @@ class AuditStore:
             results.append(AppendResult(record, replay_of, conflict))
         frontier, made = merkle.append_leaves(size, frontier, [_leaf(r["record_hash"]) for r in records])
         node_rows = [{"pos": merkle.node_position(lv, i), "hash": h.hex()} for lv, i, h in made]
-        with writes():
+        # PostgreSQL: the writes and the COMMIT in one pipeline (one round trip)
+        with conn.pipeline() if self.dialect == "postgresql" else contextlib.nullcontext():
             for table, rows in ((audit_records, records), (idempotency, idem_rows), (merkle_nodes, node_rows)):
                 self._insert[table.name](cur, rows)
             for set_id, ids in new_sets.items():
@@ -747,19 +767,14 @@ class AuditStore:
                                 "ON CONFLICT DO NOTHING", [(r, set_id) for r in members])
             cur.execute(f"UPDATE chain_head SET sequence = {mark}, record_hash = {mark}, frontier = {mark} "
                         "WHERE id = 1", (seq, prev, _frontier_json(frontier)))
+            conn.commit()
         return results, new_sets
 
-    def _first_requests(self, cur: Any, items: Sequence[PendingAppend]) -> dict[tuple[str, str, str], AuditRecord]:
-        """The first records of the batch's request ids, keyed by (principal, method, request_id)."""
-        keys = {(i.entry.principal, i.entry.method, i.request_id) for i in items if i.request_id}
-        if not keys:
-            return {}
-        # The narrow key table first, by the leading column of its key; the (rare) hits then
-        # fetch their records.
-        ids = sorted({k[2] for k in keys})
-        cur.execute(f"SELECT request_id, principal, method, sequence FROM idempotency_keys WHERE request_id IN "
-                    f"({', '.join([self._mark] * len(ids))})", ids)
-        hits = [h for h in cur.fetchall() if (h[1], h[2], h[0]) in keys]
+    def _first_requests(self, cur: Any, keys: set[tuple[str, str, str]],
+                        key_rows: Sequence[Any]) -> dict[tuple[str, str, str], AuditRecord]:
+        """The first records of the batch's request ids, keyed by (principal, method, request_id):
+        the narrow key table was read by request id; the (rare) hits now fetch their records."""
+        hits = [h for h in key_rows if (h[1], h[2], h[0]) in keys]
         if not hits:
             return {}
         cols = [c.name for c in audit_records.columns]
