@@ -174,6 +174,17 @@ idempotency = sa.Table(
     sqlite_with_rowid=False,
 )
 
+# Migration 8: each distinct plan JSON stored once, keyed by its SHA-256. A record whose
+# plan_json column holds "@" + that hash carries its plan by reference (a plan's JSON always
+# starts with "{"); the record and its hash are the same either way.
+plan_bodies = sa.Table(
+    "plan_bodies", metadata,
+    sa.Column("body_hash", sa.Text, primary_key=True),
+    sa.Column("plan_json", sa.Text, nullable=False),
+    sqlite_with_rowid=False,
+)
+BODY_REF = "@"
+
 launches = sa.Table(
     "launches", metadata,
     sa.Column("launch_id", sa.Text, primary_key=True),
@@ -246,6 +257,7 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
     (7, "fewer B-trees and pages on the append path: a plan is the record that created it, idempotency "
         "keys in one B-tree, the sequence as SQLite's rowid, no unique index on record hashes, Merkle nodes "
         "keyed by in-order position", (idempotency,), ()),
+    (8, "each distinct plan JSON stored once (plan_bodies); new records carry it by reference", (plan_bodies,), ()),
 )
 
 AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principal": "str", "outcome": "str",
@@ -398,24 +410,17 @@ def _frontier_from_json(text: str) -> dict[int, bytes]:
     return {int(k): bytes.fromhex(v) for k, v in json.loads(text or "{}").items()}
 
 
-def _values_to_record(m: Any) -> AuditRecord:
-    values: dict[str, Any] = {f.name: m[f.name] for f in dataclasses.fields(AuditRecord)}
-    values["rule_ids"] = tuple(json.loads(values["rule_ids"]))
-    return AuditRecord(**values)
+_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(AuditRecord))
+_PLAN_ROW_FIELDS = tuple(f.name for f in dataclasses.fields(PlanRow))
 
 
-def _row_to_record(row: Any) -> AuditRecord:
-    return _values_to_record(row._mapping)
+@functools.lru_cache(maxsize=1024)
+def _body_ref(plan_json: str) -> str:
+    """The reference a record stores for a plan's JSON."""
+    return BODY_REF + hashlib.sha256(plan_json.encode()).hexdigest()
 
 
 _NOT_A_PLAN: dict[str, Any] = {"plan_created": 0, **{name: "" for name in PLAN_COLUMNS}}
-
-
-def _stored_plan(row: Any) -> StoredPlan:
-    """A plan, read off the record that created it."""
-    m = row._mapping
-    return StoredPlan(PlanRow(**{f.name: m[f.name] for f in dataclasses.fields(PlanRow)}), int(m["sequence"]),
-                      m["time"], m["principal"])
 
 
 @functools.lru_cache(maxsize=4096)
@@ -500,6 +505,8 @@ class AuditStore:
         self._mark = "?" if self.write_engine.dialect.paramstyle == "qmark" else "%s"
         self._insert = {t.name: _RawInsert(t, self._mark) for t in (audit_records, idempotency, merkle_nodes)}
         self._known_rule_sets: set[str] = set()  # sets this process has seen committed
+        # plan bodies: the references this process has seen committed, and bodies read back
+        self._known_bodies: dict[str, str] = {}
         # The append path runs on one DBAPI connection of its own, held while the store lives:
         # SQLAlchemy's per-statement execution and the pool's checkout (a ping on PostgreSQL)
         # cost more than the statements. Dropped after a failed batch, reopened by the next.
@@ -711,6 +718,7 @@ class AuditStore:
         records: list[dict[str, Any]] = []
         idem_rows: list[dict[str, Any]] = []
         new_sets: dict[str, tuple[str, ...]] = {}
+        new_bodies: dict[str, str] = {}
         cur, (head_seq, head_hash, head_frontier), keys, key_rows = self._read_head_and_keys(conn, items)
         seq, prev = int(head_seq), str(head_hash)
         size, frontier = seq, _frontier_from_json(head_frontier)
@@ -739,6 +747,10 @@ class AuditStore:
             record = chain(entry, seq, now, prev)
             prev = record.record_hash
             values = _record_values(record)
+            if record.plan_json:  # the plan's JSON once per distinct plan, the record a reference
+                values["plan_json"] = ref = _body_ref(record.plan_json)
+                if ref not in self._known_bodies:
+                    new_bodies[ref] = record.plan_json
             values["rule_set"] = set_id = rule_set_id(record.rule_ids)
             if set_id and set_id not in self._known_rule_sets:
                 new_sets[set_id] = record.rule_ids
@@ -759,6 +771,9 @@ class AuditStore:
         with conn.pipeline() if self.dialect == "postgresql" else contextlib.nullcontext():
             for table, rows in ((audit_records, records), (idempotency, idem_rows), (merkle_nodes, node_rows)):
                 self._insert[table.name](cur, rows)
+            if new_bodies:
+                cur.executemany(f"INSERT INTO plan_bodies (body_hash, plan_json) VALUES ({mark}, {mark}) "
+                                "ON CONFLICT DO NOTHING", [(ref[1:], body) for ref, body in new_bodies.items()])
             for set_id, ids in new_sets.items():
                 members = sorted(set(ids))
                 cur.execute(f"INSERT INTO rule_sets (set_id, rule_ids) VALUES ({mark}, {mark}) ON CONFLICT DO NOTHING",
@@ -768,6 +783,7 @@ class AuditStore:
             cur.execute(f"UPDATE chain_head SET sequence = {mark}, record_hash = {mark}, frontier = {mark} "
                         "WHERE id = 1", (seq, prev, _frontier_json(frontier)))
             conn.commit()
+        self._known_bodies.update(new_bodies)  # committed
         return results, new_sets
 
     def _first_requests(self, cur: Any, keys: set[tuple[str, str, str]],
@@ -783,23 +799,59 @@ class AuditStore:
         recs = {}
         for row in cur.fetchall():
             values = dict(zip(cols, row, strict=True))
-            recs[values["sequence"]] = _values_to_record(values)
+            recs[values["sequence"]] = self._record(values, cur)
         return {(h[1], h[2], h[0]): recs[h[3]] for h in hits}
 
     def append(self, entry: AuditEntry, plan: PlanListing | None = None, request_id: str = "") -> AppendResult:
         return self.append_batch([PendingAppend(entry, plan, request_id)])[0]
 
     # ------------------------------------------------------------------ read
+    def _plan_json(self, stored: str, cur: Any = None) -> str:
+        """A record's plan JSON: the column itself, or the body it refers to (read once per
+        process; `cur` reads inside an open transaction). A body that is missing stays the
+        reference, so verification names the record whose hash no longer matches."""
+        if not stored.startswith(BODY_REF):
+            return stored
+        body = self._known_bodies.get(stored)
+        if body is None:
+            sql = f"SELECT plan_json FROM plan_bodies WHERE body_hash = {self._mark}"
+            if cur is not None:
+                cur.execute(sql, (stored[1:],))
+                row = cur.fetchone()
+            else:
+                with self.read_engine.connect() as conn:
+                    row = conn.exec_driver_sql(sql, (stored[1:],)).first()
+            if row is None:
+                return stored
+            body = str(row[0])
+            if len(self._known_bodies) >= 4096:
+                self._known_bodies.clear()
+            self._known_bodies[stored] = body
+        return body
+
+    def _record(self, m: Any, cur: Any = None) -> AuditRecord:
+        values: dict[str, Any] = {name: m[name] for name in _RECORD_FIELDS}
+        values["rule_ids"] = tuple(json.loads(values["rule_ids"]))
+        values["plan_json"] = self._plan_json(values["plan_json"], cur)
+        return AuditRecord(**values)
+
+    def _stored_plan(self, row: Any) -> StoredPlan:
+        """A plan, read off the record that created it."""
+        m = row._mapping
+        values = {name: m[name] for name in _PLAN_ROW_FIELDS}
+        values["plan_json"] = self._plan_json(values["plan_json"])
+        return StoredPlan(PlanRow(**values), int(m["sequence"]), m["time"], m["principal"])
+
     def get_record(self, sequence: int) -> AuditRecord | None:
         with self.read_engine.begin() as conn:
             row = conn.execute(sa.select(audit_records).where(audit_records.c.sequence == sequence)).first()
-        return _row_to_record(row) if row is not None else None
+        return self._record(row._mapping) if row is not None else None
 
     def list_records(self, filter_text: str = "", page_size: int = 0,
                      page_token: str = "") -> tuple[list[AuditRecord], str]:
         terms = filters.parse_filter(filter_text, AUDIT_FILTER_FIELDS)
         rows, next_token = self.page(audit_records, terms, filter_text, page_size, page_token)
-        return [_row_to_record(r) for r in rows], next_token
+        return [self._record(r._mapping) for r in rows], next_token
 
     def spec_groups(self, methods: Sequence[str], filter_text: str = "",
                     batch: int = 1000) -> Iterator[tuple[str, int, int]]:
@@ -823,7 +875,7 @@ class AuditStore:
             return {}
         with self.read_engine.begin() as conn:
             rows = conn.execute(sa.select(audit_records).where(audit_records.c.sequence.in_(list(sequences))))
-            return {r.sequence: r for r in map(_row_to_record, rows)}
+            return {r.sequence: r for r in (self._record(row._mapping) for row in rows)}
 
     def policy_counts(self, methods: Sequence[str], filter_text: str = "") -> list[tuple[str, str, int]]:
         """(policy, policy_version, records) over the records of `methods` that carry a spec."""
@@ -840,14 +892,14 @@ class AuditStore:
         with self.read_engine.begin() as conn:
             row = conn.execute(sa.select(audit_records).where(audit_records.c.plan_id == plan_id,
                                                               audit_records.c.plan_created == 1)).first()
-        return _stored_plan(row) if row is not None else None
+        return self._stored_plan(row) if row is not None else None
 
     def list_plans(self, filter_text: str = "", page_size: int = 0,
                    page_token: str = "") -> tuple[list[StoredPlan], str]:
         terms = filters.parse_filter(filter_text, PLAN_FILTER_FIELDS)
         rows, next_token = self.page(audit_records, terms, filter_text, page_size, page_token,
                                      where=(audit_records.c.plan_created == 1,), columns=PLAN_FILTER_COLUMNS)
-        return [_stored_plan(r) for r in rows], next_token
+        return [self._stored_plan(r) for r in rows], next_token
 
     def page(self, table: sa.Table, terms: Sequence[filters.Term], filter_text: str, page_size: int,
              page_token: str, where: Sequence[Any] = (), columns: dict[str, str] | None = None) -> tuple[list[Any], str]:
@@ -924,7 +976,7 @@ class AuditStore:
             if not rows:
                 return
             for r in rows:
-                yield _row_to_record(r)
+                yield self._record(r._mapping)
             after = int(rows[-1]._mapping["sequence"])
 
     def verify(self) -> Verification:

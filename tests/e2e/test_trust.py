@@ -91,8 +91,10 @@ def attack(db: Path, keep: int = 0, rewrite: int = 0) -> None:
     if rewrite:
         con.execute("UPDATE audit_records SET outcome_message = 'nothing to see here' WHERE sequence = ?", (rewrite,))
     prev, leaves = "0" * 64, []
+    bodies = {"@" + h: j for h, j in con.execute("SELECT body_hash, plan_json FROM plan_bodies")}
     for row in con.execute("SELECT * FROM audit_records ORDER BY sequence").fetchall():
         d = dict(zip(cols, row, strict=True))
+        d["plan_json"] = bodies.get(d["plan_json"], d["plan_json"])  # a plan stored once, by reference
         rec = AuditRecord(**{**{k: d[k] for k in d if k in AuditRecord.__dataclass_fields__},
                              "rule_ids": tuple(json.loads(d["rule_ids"]) if d["rule_ids"].startswith("[")
                                                else [x for x in d["rule_ids"].split(",") if x]),

@@ -44,7 +44,7 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 7
+    assert store.schema_version() == 8
     assert store.migrate() == []  # idempotent
 
 
@@ -79,8 +79,8 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
             tp=4, model_path="/m", workload_json='{"input_len": 1, "output_len": 1, "requests": 1, "concurrency": 1}',
             create_time="2026-01-01T00:00:00Z", update_time="2026-01-01T00:00:00Z", tokens_done=1, tokens_total=1,
             error="", report_json="", run_dir="/r", handle_json="", owner=""))
-    assert store.migrate() == [3, 4, 5, 6, 7]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
-    assert store.schema_version() == 7
+    assert store.migrate() == [3, 4, 5, 6, 7, 8]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 8
     old = store.get_record(1)
     assert old is not None and old.schema_version == 1 and old.policy == "cgsvc"
     assert ExperimentStore(store).list_rows() == ([], "")
@@ -213,6 +213,63 @@ def test_migration_7_folds_plans_into_records_and_trims_the_append_path(store: A
     assert v.ok and v.records_checked == 3
     fresh = store.append(entry(5, plan_id="p5"), LISTING)
     assert store.get_plan("p5") is not None and fresh.record.sequence == 4 and store.verify().ok
+
+
+PLAN_JSON = '{"decisions":[],"plan_hash":"ab12","policy":"cgsvc"}'
+
+
+def test_a_plan_body_is_stored_once_and_read_back_whole(store: AuditStore) -> None:
+    """Records of one plan share one stored body (migration 8): the record's column holds a
+    reference, every read gives the plan JSON back, replays copy the body (not the reference),
+    a second store on the same log reads it from the database, and the chain verifies."""
+    first = store.append(entry(1, plan_id="p1", plan_json=PLAN_JSON, plan_hash="ab12"), LISTING, request_id="r-1")
+    store.append(entry(3, plan_id="p3", plan_json=PLAN_JSON, plan_hash="ab12"), LISTING)
+    replay = store.append(entry(1, plan_id="p9", plan_json=PLAN_JSON, plan_hash="ab12"), LISTING, request_id="r-1")
+    store.append(entry(2))  # no plan: nothing stored for it
+    with store.write_engine.begin() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM plan_bodies")).scalar_one() == 1
+        stored = list(conn.execute(sa.text("SELECT plan_json FROM audit_records ORDER BY sequence")).scalars())
+    assert stored[0] == stored[1] == stored[2] and stored[0].startswith("@") and stored[3] == ""
+    assert replay.replay_of is not None and replay.record.plan_json == PLAN_JSON
+    other = AuditStore(store.url)
+    try:
+        for reader in (store, other):
+            assert [r.plan_json for r in reader.list_records()[0]] == [PLAN_JSON] * 3 + [""]
+            plan = reader.get_plan("p1")
+            assert plan is not None and plan.row.plan_json == PLAN_JSON == first.record.plan_json
+            assert reader.verify().ok
+    finally:
+        other.close()
+
+
+def test_a_tampered_plan_body_is_caught_at_the_first_record_that_refers_to_it(store: AuditStore) -> None:
+    store.append(entry(2))
+    store.append(entry(1, plan_id="p1", plan_json=PLAN_JSON, plan_hash="ab12"), LISTING)
+    store.append(entry(3, plan_id="p3", plan_json=PLAN_JSON, plan_hash="ab12"), LISTING)
+    with store.write_engine.begin() as conn:
+        conn.execute(sa.text("UPDATE plan_bodies SET plan_json = :j"), {"j": PLAN_JSON.replace("cgsvc", "other")})
+    fresh = AuditStore(store.url)  # one that has not read the body yet
+    try:
+        v = fresh.verify()
+        assert not v.ok and v.first_bad_sequence == 2 and "modified" in v.reason
+    finally:
+        fresh.close()
+
+
+def test_records_written_before_migration_8_keep_their_inline_plan(store: AuditStore) -> None:
+    """A record whose column still holds the plan JSON itself (written before migration 8)
+    reads and verifies as before, beside records that refer to a stored body."""
+    store.append(entry(1, plan_id="p1", plan_json=PLAN_JSON, plan_hash="ab12"), LISTING)
+    with store.write_engine.begin() as conn:
+        conn.execute(sa.text("UPDATE audit_records SET plan_json = :j WHERE sequence = 1"), {"j": PLAN_JSON})
+        conn.execute(sa.text("DELETE FROM plan_bodies"))
+    fresh = AuditStore(store.url)  # as after an upgrade: no body stored yet
+    try:
+        fresh.append(entry(3, plan_id="p3", plan_json=PLAN_JSON, plan_hash="ab12"), LISTING)
+        assert [r.plan_json for r in fresh.list_records()[0]] == [PLAN_JSON, PLAN_JSON]
+        assert fresh.verify().ok
+    finally:
+        fresh.close()
 
 
 def test_tampering_is_located(store: AuditStore) -> None:
