@@ -874,8 +874,9 @@ class AuditStore:
         if not sequences:
             return {}
         with self.read_engine.begin() as conn:
-            rows = conn.execute(sa.select(audit_records).where(audit_records.c.sequence.in_(list(sequences))))
-            return {r.sequence: r for r in (self._record(row._mapping) for row in rows)}
+            rows = list(conn.execute(sa.select(audit_records).where(audit_records.c.sequence.in_(list(sequences)))))
+        # converted after the connection is returned: a plan body not read yet takes another
+        return {r.sequence: r for r in (self._record(row._mapping) for row in rows)}
 
     def policy_counts(self, methods: Sequence[str], filter_text: str = "") -> list[tuple[str, str, int]]:
         """(policy, policy_version, records) over the records of `methods` that carry a spec."""
