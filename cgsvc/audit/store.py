@@ -429,6 +429,11 @@ def _rule_ids_json(rule_ids: tuple[str, ...]) -> str:
 
 
 _HEAD_SQL = "SELECT sequence, record_hash, frontier FROM chain_head WHERE id = 1"
+try:  # what an optimistic PostgreSQL append fails with when its assumptions did not hold
+    from psycopg import errors as _pg_errors
+    _STALE: tuple[type[BaseException], ...] = (_pg_errors.DivisionByZero, _pg_errors.UniqueViolation)
+except ImportError:  # pragma: no cover - psycopg is a dependency; SQLite never raises these
+    _STALE = ()
 _KEYS_SQL = "SELECT request_id, principal, method, sequence FROM idempotency_keys WHERE request_id"
 
 
@@ -507,6 +512,11 @@ class AuditStore:
         self._known_rule_sets: set[str] = set()  # sets this process has seen committed
         # plan bodies: the references this process has seen committed, and bodies read back
         self._known_bodies: dict[str, str] = {}
+        # PostgreSQL: the head this store last committed (for the one-round-trip append), and
+        # how often that optimism failed lately
+        self._pg_head: tuple[int, str, str] | None = None
+        self._pg_stale = 0
+        self._pg_batches = 0
         # The append path runs on one DBAPI connection of its own, held while the store lives:
         # SQLAlchemy's per-statement execution and the pool's checkout (a ping on PostgreSQL)
         # cost more than the statements. Dropped after a failed batch, reopened by the next.
@@ -667,8 +677,9 @@ class AuditStore:
 
         Statements are batched (one query for idempotency keys, one multi-row insert per
         table), so a group commit costs little more than one record. On PostgreSQL a batch is
-        two round trips: its reads (BEGIN, the chain head FOR UPDATE, the idempotency keys) in
-        one pipeline, its writes and the COMMIT in another; SQLite runs in process.
+        one round trip when it extends the head this store last committed (`_append_in`,
+        optimistic), otherwise two: its reads (BEGIN, the chain head FOR UPDATE, the idempotency
+        keys) in one pipeline, its writes and the COMMIT in another. SQLite runs in process.
         """
         with self._append_lock:
             if self._append_conn is None:
@@ -677,7 +688,14 @@ class AuditStore:
                 self._append_conn = pooled.dbapi_connection
             conn = self._append_conn
             try:
-                results, new_sets = self._append_in(conn, items)
+                try:
+                    results, new_sets = self._append_in(conn, items, optimistic=self._pg_head is not None)
+                except _STALE as exc:  # the head moved (another replica) or a request id was seen before
+                    conn.rollback()
+                    self._pg_head = None
+                    self._pg_stale += 1
+                    log.debug("optimistic append fell back to the locked path: %s", type(exc).__name__)
+                    results, new_sets = self._append_in(conn, items)
             except BaseException:
                 self._append_conn = None  # a connection in an unknown state is not reused
                 with contextlib.suppress(Exception):
@@ -711,15 +729,29 @@ class AuditStore:
                 keys_cur.execute(f"{_KEYS_SQL} = ANY(%s)", (ids,))
         return cur, cur.fetchone(), keys, keys_cur.fetchall() if ids else []
 
-    def _append_in(self, conn: Any, items: Sequence[PendingAppend]) -> tuple[list[AppendResult], dict[str, Any]]:
-        """The batch's transaction, from BEGIN to COMMIT."""
+    def _append_in(self, conn: Any, items: Sequence[PendingAppend],
+                   optimistic: bool = False) -> tuple[list[AppendResult], dict[str, Any]]:
+        """The batch's transaction, from BEGIN to COMMIT.
+
+        `optimistic` (PostgreSQL, with the head this store last committed): one round trip.
+        Nothing is read first: the batch is chained onto the remembered head and assumed to
+        hold no request id seen before; its pipeline opens with a check that locks the head
+        and fails unless it is still the one remembered, and a request id seen before fails
+        its key's insert. Either failure aborts the whole transaction (nothing is written) and
+        the batch is appended again the locked way, reads first."""
         mark = self._mark
         results: list[AppendResult] = []
         records: list[dict[str, Any]] = []
         idem_rows: list[dict[str, Any]] = []
         new_sets: dict[str, tuple[str, ...]] = {}
         new_bodies: dict[str, str] = {}
-        cur, (head_seq, head_hash, head_frontier), keys, key_rows = self._read_head_and_keys(conn, items)
+        keys: set[tuple[str, str, str]] = set()
+        key_rows: list[Any] = []
+        if optimistic:
+            assert self._pg_head is not None
+            cur, (head_seq, head_hash, head_frontier) = conn.cursor(), self._pg_head
+        else:
+            cur, (head_seq, head_hash, head_frontier), keys, key_rows = self._read_head_and_keys(conn, items)
         seq, prev = int(head_seq), str(head_hash)
         size, frontier = seq, _frontier_from_json(head_frontier)
         firsts = self._first_requests(cur, keys, key_rows)
@@ -769,6 +801,8 @@ class AuditStore:
         node_rows = [{"pos": merkle.node_position(lv, i), "hash": h.hex()} for lv, i, h in made]
         # PostgreSQL: the writes and the COMMIT in one pipeline (one round trip)
         with conn.pipeline() if self.dialect == "postgresql" else contextlib.nullcontext():
+            if optimistic:  # lock the head; divide by zero unless it is the one this batch extends
+                cur.execute("SELECT 1 / (sequence = %s)::int FROM chain_head WHERE id = 1 FOR UPDATE", (head_seq,))
             for table, rows in ((audit_records, records), (idempotency, idem_rows), (merkle_nodes, node_rows)):
                 self._insert[table.name](cur, rows)
             if new_bodies:
@@ -784,6 +818,13 @@ class AuditStore:
                         "WHERE id = 1", (seq, prev, _frontier_json(frontier)))
             conn.commit()
         self._known_bodies.update(new_bodies)  # committed
+        if self.dialect == "postgresql":
+            # the next batch may extend this head without reading it, unless optimism keeps
+            # failing (replicas appending in turn): then it reads first for a while
+            self._pg_head = (seq, prev, _frontier_json(frontier)) if self._pg_stale < 8 else None
+            self._pg_batches += 1
+            if self._pg_batches % 256 == 0:
+                self._pg_stale = 0
         return results, new_sets
 
     def _first_requests(self, cur: Any, keys: set[tuple[str, str, str]],

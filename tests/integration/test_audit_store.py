@@ -378,3 +378,27 @@ def test_cancelled_waiter_is_still_audited_and_writer_survives(store: AuditStore
     assert writer.submit(PendingAppend(entry(2))).result(timeout=30).record.sequence == 2
     writer.close()
     assert store.get_record(1) is not None and store.verify().ok
+
+
+def test_postgresql_appends_in_one_round_trip_and_falls_back_when_it_must() -> None:
+    """With the head it last committed, a PostgreSQL store appends without reading first; when
+    another replica moved the head, or a request id was seen before, that transaction aborts
+    whole and the batch is appended the locked way: one chain, replays honoured."""
+    url = pg_url_or_skip(f"store_{uuid.uuid4().hex[:10]}")
+    a, b = AuditStore(url), AuditStore(url)
+    try:
+        a.append(entry(1))
+        a.append(entry(2))  # optimistic, on the head a just committed
+        assert a._pg_head is not None and a._pg_stale == 0
+        b.append(entry(3))  # another replica moves the head
+        a.append(entry(4))  # a's remembered head is stale: aborted, then appended after 3
+        assert a._pg_stale == 1
+        first = a.append(entry(5, plan_id="p5"), LISTING, request_id="r-5")
+        again = a.append(entry(5, plan_id="p6"), LISTING, request_id="r-5")  # a known key: aborted, replayed
+        assert a._pg_stale == 2
+        assert again.replay_of is not None and again.replay_of.sequence == first.record.sequence
+        assert [r.sequence for r in a.list_records()[0]] == [1, 2, 3, 4, 5, 6]
+        assert a.get_plan("p6") is None and a.verify().ok and b.verify().ok
+    finally:
+        a.close()
+        b.close()
