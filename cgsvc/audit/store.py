@@ -429,11 +429,6 @@ def _rule_ids_json(rule_ids: tuple[str, ...]) -> str:
 
 
 _HEAD_SQL = "SELECT sequence, record_hash, frontier FROM chain_head WHERE id = 1"
-try:  # what an optimistic PostgreSQL append fails with when its assumptions did not hold
-    from psycopg import errors as _pg_errors
-    _STALE: tuple[type[BaseException], ...] = (_pg_errors.DivisionByZero, _pg_errors.UniqueViolation)
-except ImportError:  # pragma: no cover - psycopg is a dependency; SQLite never raises these
-    _STALE = ()
 _KEYS_SQL = "SELECT request_id, principal, method, sequence FROM idempotency_keys WHERE request_id"
 
 
@@ -517,6 +512,12 @@ class AuditStore:
         self._pg_head: tuple[int, str, str] | None = None
         self._pg_stale = 0
         self._pg_batches = 0
+        # what an optimistic append fails with when its assumptions did not hold (imported only
+        # here: psycopg costs a SQLite store, and every CLI start, about 50 ms)
+        self._stale: tuple[type[BaseException], ...] = ()
+        if self.dialect == "postgresql":
+            from psycopg import errors as pg_errors
+            self._stale = (pg_errors.DivisionByZero, pg_errors.UniqueViolation)
         # The append path runs on one DBAPI connection of its own, held while the store lives:
         # SQLAlchemy's per-statement execution and the pool's checkout (a ping on PostgreSQL)
         # cost more than the statements. Dropped after a failed batch, reopened by the next.
@@ -657,7 +658,7 @@ class AuditStore:
             else:  # a plan column: from the plan the record created, if any
                 exprs.append(f"COALESCE(p.{c.name}, '')")
         self._rebuild(conn, audit_records, ", ".join(exprs),
-                             "audit_records a LEFT JOIN plans p ON p.sequence = a.sequence")
+                      "audit_records a LEFT JOIN plans p ON p.sequence = a.sequence")
 
     def schema_version(self) -> int:
         with self.read_engine.begin() as conn:
@@ -690,7 +691,7 @@ class AuditStore:
             try:
                 try:
                     results, new_sets = self._append_in(conn, items, optimistic=self._pg_head is not None)
-                except _STALE as exc:  # the head moved (another replica) or a request id was seen before
+                except self._stale as exc:  # the head moved (another replica) or a request id was seen before
                     conn.rollback()
                     self._pg_head = None
                     self._pg_stale += 1
