@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 MIN_LAUNCHES = 3  # per arm, for the launch-level check
 CONFIDENCE = 0.95
@@ -34,6 +33,7 @@ def _interval(data: tuple[np.ndarray, ...], statistic: Any) -> list[float] | Non
     below two samples per arm."""
     if any(len(d) < 2 for d in data):
         return None
+    from scipy import stats  # here, not at the top: importing it was 60 % of the server's start-up
     for method in ("BCa", "percentile"):
         with warnings.catch_warnings():  # BCa on equal samples divides by zero: that is the fallback's cue
             warnings.simplefilter("ignore", RuntimeWarning)

@@ -95,7 +95,7 @@ def test_two_replicas_create_launches_concurrently_on_postgres(tmp_path: Path) -
         def create(srv: ServerProcess) -> None:
             try:
                 with Client(srv.address) as c:
-                    for _ in range(3):
+                    for _ in range(2):
                         made.append(c.create_launch(tiny, work, spec=spec, wait_for_resources=True).metadata.name)
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
@@ -110,7 +110,7 @@ def test_two_replicas_create_launches_concurrently_on_postgres(tmp_path: Path) -
             for name in made:
                 assert wait_state(c, name, TERMINAL, timeout=300).state == "SUCCEEDED"
             listed = [x.name for x in c.list_launches(page_size=100).launches]
-            assert sorted(listed) == sorted(made) and len(set(made)) == 12
+            assert sorted(listed) == sorted(made) and len(set(made)) == 8
             assert c.verify_audit_log().ok
     finally:
         for s in servers:
