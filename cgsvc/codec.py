@@ -10,18 +10,17 @@ is the only module that maps between protobuf and domain types.
 from __future__ import annotations
 
 import calendar
+import functools
 import json
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import json_format, timestamp_pb2
 
 from cgsvc.audit.checkpoint import Checkpoint
 from cgsvc.audit.records import AuditRecord
-from cgsvc.audit.store import StoredPlan
 from cgsvc.contract import ContractError, WorkerReport
 from cgsvc.errors import FieldViolation, ServiceError
-from cgsvc.launch.store import ExperimentRow, LaunchRow
 from cgsvc.plan import Decision, Estimates, Plan, PlanWarning, canonical_json
 from cgsvc.resolve import DEFAULT_POLICY, policy_version
 from cgsvc.resolve.engine import Policy
@@ -35,6 +34,10 @@ from cgsvc.v1 import (
     plan_service_pb2,
 )
 
+if TYPE_CHECKING:  # the stores (and SQLAlchemy) stay out of the CLI's start-up
+    from cgsvc.audit.store import StoredPlan
+    from cgsvc.launch.store import ExperimentRow, LaunchRow
+
 
 def spec_to_proto(spec: LaunchSpec) -> launch_spec_pb2.LaunchSpec:
     return json_format.ParseDict(spec_to_dict(spec), launch_spec_pb2.LaunchSpec())
@@ -42,6 +45,18 @@ def spec_to_proto(spec: LaunchSpec) -> launch_spec_pb2.LaunchSpec:
 
 def spec_dict_from_proto(msg: launch_spec_pb2.LaunchSpec) -> dict[str, Any]:
     return json_format.MessageToDict(msg, preserving_proto_field_name=True)
+
+
+@functools.lru_cache(maxsize=2048)
+def _spec_json_of_bytes(raw: bytes) -> str:
+    return canonical_json(spec_dict_from_proto(launch_spec_pb2.LaunchSpec.FromString(raw)))
+
+
+def spec_json_from_proto(msg: launch_spec_pb2.LaunchSpec) -> str:
+    """The spec's JSON form as canonical JSON, memoised by its wire bytes: an orchestrator sends
+    the same few specs again and again, and MessageToDict cost more than resolving a memoised
+    spec. Parse it (json.loads) for a dict of the caller's own."""
+    return _spec_json_of_bytes(msg.SerializeToString(deterministic=True))
 
 
 def spec_from_proto(msg: launch_spec_pb2.LaunchSpec) -> LaunchSpec:

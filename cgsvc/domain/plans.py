@@ -57,10 +57,11 @@ def _resolve_canonical(spec_key: str, policy: str = DEFAULT_POLICY) -> Resolutio
                                   plan.attention_decode))
 
 
-def resolve_spec(spec: dict[str, Any], policy: str = DEFAULT_POLICY) -> Resolution:
-    """Resolve under a policy, memoised by the canonical spec. Specs naming a model.path are
-    not memoised (the file may change)."""
-    key = canonical_json(spec)
+def resolve_spec(spec: dict[str, Any], policy: str = DEFAULT_POLICY, spec_key: str = "") -> Resolution:
+    """Resolve under a policy, memoised by the canonical spec (`spec_key`: canonical_json(spec)
+    when the caller has it already). Specs naming a model.path are not memoised (the file may
+    change)."""
+    key = spec_key or canonical_json(spec)
     policy = (policy or DEFAULT_POLICY).strip().lower()
     if isinstance(spec.get("model"), dict) and "path" in spec["model"]:
         return _resolve_canonical.__wrapped__(key, policy)
@@ -86,8 +87,9 @@ class Plans:
 
     async def resolve_and_record(self, spec: dict[str, Any], caller: Caller, validate_only: bool = False,
                                  idempotency_key: str = "", method: str = RESOLVE_METHOD,
-                                 policy: str = DEFAULT_POLICY) -> Recorded:
-        """Resolve the spec under `policy` and append the outcome; a refusal is appended, then raised."""
+                                 policy: str = DEFAULT_POLICY, spec_key: str = "") -> Recorded:
+        """Resolve the spec under `policy` and append the outcome; a refusal is appended, then raised.
+        `spec_key` is canonical_json(spec), when the caller has it already."""
         policy = (policy or DEFAULT_POLICY).strip().lower()
 
         def entry(code: str, message: str, **extra: Any) -> AuditEntry:
@@ -99,7 +101,7 @@ class Plans:
                                       None, code, message, policy=policy, **resolution.audit_fields, **extra)
 
         try:
-            resolution = resolve_spec(spec, policy)
+            resolution = resolve_spec(spec, policy, spec_key)
         except ServiceError as err:
             await self.auditor.append(entry(err.code, err.message, rule_ids=(err.rule_id,) if err.rule_id else ()))
             raise

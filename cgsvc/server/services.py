@@ -8,6 +8,7 @@ cgsvc.domain.plans, committed before the answer leaves.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -86,9 +87,10 @@ class PlanService:
 
     async def ResolvePlan(self, request: plan_service_pb2.ResolvePlanRequest,  # noqa: N802 - gRPC name
                           rc: RequestContext) -> plan_pb2.Plan:
-        spec = codec.spec_dict_from_proto(request.spec)
+        spec_key = codec.spec_json_from_proto(request.spec)
+        spec = json.loads(spec_key)
         rec = await self.plans.resolve_and_record(spec, caller(rc), request.validate_only, request.request_id,
-                                                  policy=request.policy)
+                                                  policy=request.policy, spec_key=spec_key)
         plan = rec.resolution.plan
         metrics.PLANS_TOTAL.labels(plan.prefill_backend, plan.decode_backend).inc()
         if rec.replay is not None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from google.protobuf import json_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cgsvc import catalog
+from cgsvc import catalog, codec
 from cgsvc.errors import ServiceError
 from cgsvc.plan import canonical_json
 from cgsvc.resolve import resolve
@@ -23,6 +24,7 @@ from cgsvc.spec import (
     SPECULATIVE_ALGORITHMS,
     parse_spec,
 )
+from cgsvc.v1 import launch_spec_pb2
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -159,3 +161,17 @@ def test_unknown_fields_are_named(data: dict[str, Any], section: str, key: str) 
         assert f"{section}.{key}" in [v.field for v in exc.violations]
     else:
         raise AssertionError("unknown field accepted")
+
+
+@SETTINGS
+@given(spec_strategy)
+def test_the_memoised_wire_decoding_gives_what_message_to_dict_gives(data: dict[str, Any]) -> None:
+    """ResolvePlan reads a spec through codec.spec_json_from_proto (memoised by wire bytes): the
+    same dict as MessageToDict, and a fresh one per call, so a caller may change its own."""
+    msg = json_format.ParseDict(data, launch_spec_pb2.LaunchSpec())
+    direct = codec.spec_dict_from_proto(msg)
+    assert codec.spec_json_from_proto(msg) == canonical_json(direct)
+    first = json.loads(codec.spec_json_from_proto(launch_spec_pb2.LaunchSpec.FromString(msg.SerializeToString())))
+    assert first == direct
+    first["model"]["name"] = "changed"
+    assert json.loads(codec.spec_json_from_proto(msg)) == direct
