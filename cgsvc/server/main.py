@@ -18,12 +18,13 @@ import sys
 from collections.abc import Sequence
 
 import structlog
-from prometheus_client import start_http_server
 
 from cgsvc import __version__
-from cgsvc.server import app, metrics
 from cgsvc.server.auth import hash_token
 from cgsvc.server.config import ServerConfig, load_config
+
+# The server itself (gRPC, the stores, the services) is imported where it is served, not here:
+# the audit writer's child process is started with spawn, which imports this module again first.
 
 
 def configure_logging(level: str) -> None:
@@ -38,12 +39,18 @@ def configure_logging(level: str) -> None:
 def start_metrics(address: str) -> str:
     if not address:
         return ""
+    from prometheus_client import start_http_server
+
+    from cgsvc.server import metrics
+
     host, _, port = address.rpartition(":")
     server, _thread = start_http_server(int(port), addr=host, registry=metrics.REGISTRY)
     return f"http://{host}:{server.server_port}/metrics"
 
 
 async def serve(cfg: ServerConfig) -> int:
+    from cgsvc.server import app
+
     log = structlog.get_logger("cgsvc")
     running = await app.start(cfg)
     metrics_url = start_metrics(cfg.metrics_address)
@@ -114,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cgsvc: configuration error: {exc}", file=sys.stderr)
         return 2
     configure_logging(cfg.log_level)
+    from cgsvc.server import app
+
     try:
         return asyncio.run(serve(cfg))
     except app.ConfigError as exc:
