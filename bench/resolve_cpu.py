@@ -4,9 +4,13 @@ server variants, rounds alternating so that a noisy machine affects every varian
 
     .venv/bin/python bench/resolve_cpu.py [--seconds 4] [--rounds 2]
         [--levels echo@8,resolve@8,echo@32,resolve@32] [--variant NAME=FLAG,FLAG ...] [--postgresql]
+        [--baseline REV]
 
 A variant is a name and `cgsvc serve` flags, e.g. `--variant nowait=--audit-cohort-wait-ms=0`;
-without one, the defaults run. CPU is read from /proc (user + system) over the measured
+without one, the defaults run. `--baseline REV` runs every variant a second time on the server
+of another commit (a temporary `git worktree`; the client is this checkout's for both), so a
+change is measured against its parent in one run: `--baseline HEAD` for uncommitted work. Each
+round runs the variants in turn, in reverse order every other round. CPU is read from /proc (user + system) over the measured
 seconds plus the one-second warm-up, so it is an upper bound per request; batch figures come
 from the server's Prometheus metrics (cgsvc_audit_batch_records, cgsvc_audit_append_seconds).
 """
@@ -15,17 +19,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from resolve_load import drive, pg_schema_url, start_server, stop_server  # noqa: E402
+from resolve_load import ROOT, drive, pg_schema_url, start_server, stop_server  # noqa: E402
 
 METRIC = re.compile(r'^(cgsvc_audit_\w+?)(_sum|_count|_bucket)(?:\{le="([^"]+)"\})? ([0-9.e+-]+)$')
 
@@ -44,12 +51,28 @@ def scrape(url: str) -> dict[tuple[str, str | None], float]:
     return out
 
 
-def run_variant(flags: list[str], levels: list[tuple[str, int]], seconds: float, postgresql: bool) -> list[str]:
+@contextlib.contextmanager
+def worktree(rev: str) -> Iterator[tuple[Path, str]]:
+    """A detached checkout of `rev` in a temporary directory: (path, its short commit id)."""
+    commit = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True)
+    if commit.returncode != 0:
+        raise SystemExit(f"--baseline: git cannot find {rev!r}: {commit.stderr.strip()}")
+    path = Path(tempfile.mkdtemp(prefix="cgsvc-baseline-")) / "checkout"
+    subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(path), rev], cwd=ROOT, check=True)
+    try:
+        yield path, commit.stdout.strip()
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
+        shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def run_variant(flags: list[str], levels: list[tuple[str, int]], seconds: float, postgresql: bool,
+                root: Path = ROOT) -> list[str]:
     data_dir = tempfile.mkdtemp(prefix="cgsvc-cpu-")
     url = (pg_schema_url() or "") if postgresql else ""
     if postgresql and not url:
         raise SystemExit("no PostgreSQL server answers (CGSVC_BENCH_PG)")
-    proc, address, metrics = start_server(data_dir, url, *flags, metrics=True)
+    proc, address, metrics = start_server(data_dir, url, *flags, metrics=True, root=root)
     rows = []
     try:
         time.sleep(0.5)
@@ -93,6 +116,8 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME=FLAG,FLAG: a server variant and its `cgsvc serve` flags (repeatable)")
     ap.add_argument("--postgresql", action="store_true", help="log to a fresh schema on the PostgreSQL server")
+    ap.add_argument("--baseline", default="", metavar="REV",
+                    help="also run every variant on the server of this git revision (e.g. HEAD, main~1)")
     ns = ap.parse_args()
     levels = []
     for item in ns.levels.split(","):
@@ -104,15 +129,21 @@ def main() -> None:
     for spec in ns.variant:
         name, _, flags = spec.partition("=")
         variants[name] = [f for f in flags.split(",") if f]
-    print(f"# {os.cpu_count()} CPUs; CPU ms per request (server process, its writer process, the client); "
-          f"{ns.seconds:.0f} s per row; {'postgresql' if ns.postgresql else 'sqlite'}")
-    print("| round | variant | op | callers | req/s | p50 ms | p99 ms | server | writer | client | records/commit "
-          "| ms/commit | commits > 2 ms | errors |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for rnd in range(ns.rounds):
-        for name, flags in variants.items():
-            for row in run_variant(flags, levels, ns.seconds, ns.postgresql):
-                print(f"| {rnd + 1} | {name} {row}", flush=True)
+    with contextlib.ExitStack() as stack:
+        runs = [(name, flags, ROOT) for name, flags in variants.items()]
+        if ns.baseline:
+            base, commit = stack.enter_context(worktree(ns.baseline))
+            runs += [(f"{name} @{commit}", flags, base) for name, flags in variants.items()]
+            print(f"# baseline: {ns.baseline} ({commit}); the other rows run this checkout's server", flush=True)
+        print(f"# {os.cpu_count()} CPUs; CPU ms per request (server process, its writer process, the client); "
+              f"{ns.seconds:.0f} s per row; {'postgresql' if ns.postgresql else 'sqlite'}")
+        print("| round | variant | op | callers | req/s | p50 ms | p99 ms | server | writer | client | "
+              "records/commit | ms/commit | commits > 2 ms | errors |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for rnd in range(ns.rounds):
+            for name, flags, root in (runs if rnd % 2 == 0 else runs[::-1]):
+                for row in run_variant(flags, levels, ns.seconds, ns.postgresql, root):
+                    print(f"| {rnd + 1} | {name} {row}", flush=True)
 
 
 if __name__ == "__main__":

@@ -36,14 +36,15 @@ KIMI = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300"
         "parallelism": {"tp": 4}}
 
 
-def start_server(data_dir: str, database_url: str, *flags: str,
-                 metrics: bool = False) -> tuple[subprocess.Popen[str], str, str]:
-    """`cgsvc serve` on a free port: (process, address, metrics URL or "")."""
+def start_server(data_dir: str, database_url: str, *flags: str, metrics: bool = False,
+                 root: Path = ROOT) -> tuple[subprocess.Popen[str], str, str]:
+    """`cgsvc serve` on a free port: (process, address, metrics URL or ""). `root`: the checkout
+    whose cgsvc runs (`python -m` puts its working directory first on the path)."""
     args = [sys.executable, "-m", "cgsvc.server.main", "serve", "--address", "127.0.0.1:0", "--data-dir", data_dir,
             "--metrics-address", "127.0.0.1:0" if metrics else "", "--log-level", "warning", *flags]
     if database_url:
         args += ["--database-url", database_url]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=root)
     assert proc.stdout is not None
     address = ""
     for line in proc.stdout:
