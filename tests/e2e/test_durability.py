@@ -141,8 +141,11 @@ def test_sigterm_finishes_in_flight_calls(tmp_path: Path) -> None:
     run.stop()
     acked, errors = run.acked, run.errors
     # Calls that raced the shutdown are refused (UNAVAILABLE, or CANCELLED when the transport
-    # closed before dispatch); every call whose handler started finished OK.
-    assert set(errors) <= {"UNAVAILABLE", "CANCELLED"}
+    # closed before dispatch), or, rarely, one that reached gRPC's core just as it stopped taking
+    # calls is never handed to a handler and waits out its deadline (DEADLINE_EXCEEDED; the
+    # server's stop then waits for it too: seen once on a slow 2-core machine). None of these
+    # was acknowledged, and every call whose handler started finished OK.
+    assert set(errors) <= {"UNAVAILABLE", "CANCELLED", "DEADLINE_EXCEEDED"}
     import json
     rpc_lines = [json.loads(x) for x in srv.log_path.read_text().splitlines()
                  if x.startswith("{") and '"event": "rpc"' in x]
