@@ -800,6 +800,7 @@ class AuditStore:
             results.append(AppendResult(record, replay_of, conflict))
         frontier, made = merkle.append_leaves(size, frontier, [_leaf(r["record_hash"]) for r in records])
         node_rows = [{"pos": merkle.node_position(lv, i), "hash": h.hex()} for lv, i, h in made]
+        head = (seq, prev, _frontier_json(frontier))  # the new chain head, as its row holds it
         # PostgreSQL: the writes and the COMMIT in one pipeline (one round trip)
         with conn.pipeline() if self.dialect == "postgresql" else contextlib.nullcontext():
             if optimistic:  # lock the head; divide by zero unless it is the one this batch extends
@@ -816,13 +817,13 @@ class AuditStore:
                 cur.executemany(f"INSERT INTO rule_set_members (rule_id, set_id) VALUES ({mark}, {mark}) "
                                 "ON CONFLICT DO NOTHING", [(r, set_id) for r in members])
             cur.execute(f"UPDATE chain_head SET sequence = {mark}, record_hash = {mark}, frontier = {mark} "
-                        "WHERE id = 1", (seq, prev, _frontier_json(frontier)))
+                        "WHERE id = 1", head)
             conn.commit()
         self._known_bodies.update(new_bodies)  # committed
         if self.dialect == "postgresql":
             # the next batch may extend this head without reading it, unless optimism keeps
             # failing (replicas appending in turn): then it reads first for a while
-            self._pg_head = (seq, prev, _frontier_json(frontier)) if self._pg_stale < 8 else None
+            self._pg_head = head if self._pg_stale < 8 else None
             self._pg_batches += 1
             if self._pg_batches % 256 == 0:
                 self._pg_stale = 0
