@@ -10,9 +10,10 @@ A variant is a name and `cgsvc serve` flags, e.g. `--variant nowait=--audit-coho
 without one, the defaults run. `--baseline REV` runs every variant a second time on the server
 of another commit (a temporary `git worktree`; the client is this checkout's for both), so a
 change is measured against its parent in one run: `--baseline HEAD` for uncommitted work. Each
-round runs the variants in turn, in reverse order every other round. CPU is read from /proc (user + system) over the measured
-seconds plus the one-second warm-up, so it is an upper bound per request; batch figures come
-from the server's Prometheus metrics (cgsvc_audit_batch_records, cgsvc_audit_append_seconds).
+round runs the variants in turn, in reverse order every other round. CPU is read from /proc
+(user + system) over the measured seconds plus the one-second warm-up, so it is an upper bound
+per request; batch figures come from the server's Prometheus metrics
+(cgsvc_audit_batch_records, cgsvc_audit_append_seconds).
 """
 
 from __future__ import annotations
