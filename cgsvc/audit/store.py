@@ -432,6 +432,27 @@ _HEAD_SQL = "SELECT sequence, record_hash, frontier FROM chain_head WHERE id = 1
 _KEYS_SQL = "SELECT request_id, principal, method, sequence FROM idempotency_keys WHERE request_id"
 
 
+# A PostgreSQL batch on the head its store last committed, as one statement (run in autocommit:
+# it is the whole transaction, one message and one answer). `head` locks the chain head and
+# divides by zero unless it is still the head the batch extends; every insert joins it, so
+# none runs without that check. Rows arrive as JSON arrays of objects named like the columns.
+_PG_APPEND_SQL = """WITH head AS (SELECT 1 / (sequence = %s)::int AS ok FROM chain_head WHERE id = 1 FOR UPDATE),
+records AS (INSERT INTO audit_records SELECT r.* FROM json_populate_recordset(NULL::audit_records, %s::json) r, head),
+keys AS (INSERT INTO idempotency_keys SELECT k.* FROM json_populate_recordset(NULL::idempotency_keys, %s::json) k, head),
+nodes AS (INSERT INTO merkle_nodes SELECT n.* FROM json_populate_recordset(NULL::merkle_nodes, %s::json) n, head),
+bodies AS (INSERT INTO plan_bodies SELECT b.* FROM json_populate_recordset(NULL::plan_bodies, %s::json) b, head
+           ON CONFLICT DO NOTHING),
+sets AS (INSERT INTO rule_sets SELECT s.* FROM json_populate_recordset(NULL::rule_sets, %s::json) s, head
+         ON CONFLICT DO NOTHING),
+members AS (INSERT INTO rule_set_members SELECT m.* FROM json_populate_recordset(NULL::rule_set_members, %s::json) m,
+            head ON CONFLICT DO NOTHING)
+UPDATE chain_head SET sequence = %s, record_hash = %s, frontier = %s FROM head WHERE id = 1"""
+
+
+class _StaleHead(Exception):
+    """An optimistic PostgreSQL append found no head to extend."""
+
+
 def _record_values(rec: AuditRecord) -> dict[str, Any]:
     d = dict(rec.__dict__)  # shallow: asdict's deep copy dominated the append path
     d["rule_ids"] = _rule_ids_json(rec.rule_ids)
@@ -517,7 +538,7 @@ class AuditStore:
         self._stale: tuple[type[BaseException], ...] = ()
         if self.dialect == "postgresql":
             from psycopg import errors as pg_errors
-            self._stale = (pg_errors.DivisionByZero, pg_errors.UniqueViolation)
+            self._stale = (pg_errors.DivisionByZero, pg_errors.UniqueViolation, _StaleHead)
         # The append path runs on one DBAPI connection of its own, held while the store lives:
         # SQLAlchemy's per-statement execution and the pool's checkout (a ping on PostgreSQL)
         # cost more than the statements. Dropped after a failed batch, reopened by the next.
@@ -678,9 +699,10 @@ class AuditStore:
 
         Statements are batched (one query for idempotency keys, one multi-row insert per
         table), so a group commit costs little more than one record. On PostgreSQL a batch is
-        one round trip when it extends the head this store last committed (`_append_in`,
-        optimistic), otherwise two: its reads (BEGIN, the chain head FOR UPDATE, the idempotency
-        keys) in one pipeline, its writes and the COMMIT in another. SQLite runs in process.
+        one statement when it extends the head this store last committed (`_append_in`,
+        optimistic), otherwise two round trips: its reads (BEGIN, the chain head FOR UPDATE, the
+        idempotency keys) in one pipeline, its writes and the COMMIT in another. SQLite runs in
+        process.
         """
         with self._append_lock:
             if self._append_conn is None:
@@ -723,6 +745,7 @@ class AuditStore:
                 cur.execute(f"{_KEYS_SQL} IN ({', '.join(['?'] * len(ids))})", ids)
                 rows = cur.fetchall()
             return cur, head, keys, rows
+        conn.autocommit = False
         keys_cur = conn.cursor()
         with conn.pipeline():  # BEGIN and both reads in one round trip
             cur.execute(_HEAD_SQL + " FOR UPDATE")
@@ -734,13 +757,12 @@ class AuditStore:
                    optimistic: bool = False) -> tuple[list[AppendResult], dict[str, Any]]:
         """The batch's transaction, from BEGIN to COMMIT.
 
-        `optimistic` (PostgreSQL, with the head this store last committed): one round trip.
-        Nothing is read first: the batch is chained onto the remembered head and assumed to
-        hold no request id seen before; its pipeline opens with a check that locks the head
-        and fails unless it is still the one remembered, and a request id seen before fails
-        its key's insert. Either failure aborts the whole transaction (nothing is written) and
-        the batch is appended again the locked way, reads first."""
-        mark = self._mark
+        `optimistic` (PostgreSQL, with the head this store last committed): one statement in
+        autocommit, its own transaction (_PG_APPEND_SQL). Nothing is read first: the batch is
+        chained onto the remembered head and assumed to hold no request id seen before; the
+        statement locks the head and fails unless it is still the one remembered, and a
+        request id seen before fails its key's insert. Either failure aborts the statement
+        (nothing is written) and the batch is appended again the locked way, reads first."""
         results: list[AppendResult] = []
         records: list[dict[str, Any]] = []
         idem_rows: list[dict[str, Any]] = []
@@ -750,6 +772,7 @@ class AuditStore:
         key_rows: list[Any] = []
         if optimistic:
             assert self._pg_head is not None
+            conn.autocommit = True
             cur, (head_seq, head_hash, head_frontier) = conn.cursor(), self._pg_head
         else:
             cur, (head_seq, head_hash, head_frontier), keys, key_rows = self._read_head_and_keys(conn, items)
@@ -801,10 +824,34 @@ class AuditStore:
         frontier, made = merkle.append_leaves(size, frontier, [_leaf(r["record_hash"]) for r in records])
         node_rows = [{"pos": merkle.node_position(lv, i), "hash": h.hex()} for lv, i, h in made]
         head = (seq, prev, _frontier_json(frontier))  # the new chain head, as its row holds it
-        # PostgreSQL: the writes and the COMMIT in one pipeline (one round trip)
+        if optimistic:  # PostgreSQL: the whole batch is one statement, its own transaction
+            cur.execute(_PG_APPEND_SQL, (
+                head_seq, json.dumps(records), json.dumps(idem_rows), json.dumps(node_rows),
+                json.dumps([{"body_hash": ref[1:], "plan_json": body} for ref, body in new_bodies.items()]),
+                json.dumps([{"set_id": k, "rule_ids": json.dumps(sorted(set(v)))} for k, v in new_sets.items()]),
+                json.dumps([{"rule_id": r, "set_id": k} for k, v in new_sets.items() for r in sorted(set(v))]),
+                *head))
+            if cur.rowcount != 1:  # no chain head row: nothing was written; the locked path will say why
+                raise _StaleHead("the chain head row was not found")
+        else:
+            self._write_batch(conn, cur, records, idem_rows, node_rows, new_bodies, new_sets, head)
+        self._known_bodies.update(new_bodies)  # committed
+        if self.dialect == "postgresql":
+            # the next batch may extend this head without reading it, unless optimism keeps
+            # failing (replicas appending in turn): then it reads first for a while
+            self._pg_head = head if self._pg_stale < 8 else None
+            self._pg_batches += 1
+            if self._pg_batches % 256 == 0:
+                self._pg_stale = 0
+        return results, new_sets
+
+    def _write_batch(self, conn: Any, cur: Any, records: list[dict[str, Any]], idem_rows: list[dict[str, Any]],
+                     node_rows: list[dict[str, Any]], new_bodies: dict[str, str],
+                     new_sets: dict[str, tuple[str, ...]], head: tuple[int, str, str]) -> None:
+        """A batch's writes and its COMMIT, in the transaction its reads opened (on PostgreSQL
+        in one pipeline: one round trip)."""
+        mark = self._mark
         with conn.pipeline() if self.dialect == "postgresql" else contextlib.nullcontext():
-            if optimistic:  # lock the head; divide by zero unless it is the one this batch extends
-                cur.execute("SELECT 1 / (sequence = %s)::int FROM chain_head WHERE id = 1 FOR UPDATE", (head_seq,))
             for table, rows in ((audit_records, records), (idempotency, idem_rows), (merkle_nodes, node_rows)):
                 self._insert[table.name](cur, rows)
             if new_bodies:
@@ -819,15 +866,6 @@ class AuditStore:
             cur.execute(f"UPDATE chain_head SET sequence = {mark}, record_hash = {mark}, frontier = {mark} "
                         "WHERE id = 1", head)
             conn.commit()
-        self._known_bodies.update(new_bodies)  # committed
-        if self.dialect == "postgresql":
-            # the next batch may extend this head without reading it, unless optimism keeps
-            # failing (replicas appending in turn): then it reads first for a while
-            self._pg_head = head if self._pg_stale < 8 else None
-            self._pg_batches += 1
-            if self._pg_batches % 256 == 0:
-                self._pg_stale = 0
-        return results, new_sets
 
     def _first_requests(self, cur: Any, keys: set[tuple[str, str, str]],
                         key_rows: Sequence[Any]) -> dict[tuple[str, str, str], AuditRecord]:

@@ -402,3 +402,31 @@ def test_postgresql_appends_in_one_round_trip_and_falls_back_when_it_must() -> N
     finally:
         a.close()
         b.close()
+
+
+def test_postgresql_one_statement_append_writes_every_table() -> None:
+    """Regression for the one-statement append (the optimistic path): a batch that brings a new
+    plan body, a new rule set, a plan listing, an idempotency key and its replay in the same
+    batch writes them all, exactly as the locked path would, and nothing shows stale."""
+    url = pg_url_or_skip(f"store_{uuid.uuid4().hex[:10]}")
+    s = AuditStore(url)
+    try:
+        s.append(entry(1))  # the first batch reads the head; the rest extend it without reading
+        plan = '{"plan": "one"}'
+        first, replay, other = s.append_batch([
+            PendingAppend(entry(2, plan_id="p2", plan_json=plan, plan_hash="h2", rule_ids=("new.rule", "b.rule")),
+                          LISTING, request_id="r-2"),
+            PendingAppend(entry(2, plan_id="p3", plan_json=plan, plan_hash="h2", rule_ids=("new.rule", "b.rule")),
+                          LISTING, request_id="r-2"),
+            PendingAppend(entry(3), None, request_id="r-3")])
+        assert s._pg_stale == 0 and s._pg_head is not None and s._pg_head[0] == 4
+        assert replay.replay_of is not None and replay.replay_of.sequence == first.record.sequence == 2
+        stored = s.get_plan("p2")
+        assert stored is not None and stored.row.plan_json == plan and stored.row.prefill_backend == LISTING.prefill_backend
+        assert s.get_plan("p3") is None
+        assert [r.sequence for r in s.list_records('rule_id = "new.rule"')[0]] == [2, 3]
+        again = s.append(entry(3), request_id="r-3")  # the key of record 4 was stored: a replay
+        assert again.replay_of is not None and again.replay_of.sequence == other.record.sequence == 4
+        assert s.verify().ok and s.tree_head()[0] == 5
+    finally:
+        s.close()
