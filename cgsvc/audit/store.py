@@ -453,6 +453,24 @@ class _StaleHead(Exception):
     """An optimistic PostgreSQL append found no head to extend."""
 
 
+NUL_MARK = "\\u0000"  # what a NUL character in a caller's value is recorded as
+
+
+def _without_nul(item: PendingAppend) -> PendingAppend:
+    """The append with every NUL character (U+0000) in its text written as the six characters
+    `\\u0000`: PostgreSQL text cannot hold NUL, and one caller's NUL must not fail its batch (the
+    other callers' records with it) or go unrecorded. Both stores record the same text, so a
+    record's hash is the same on either."""
+    entry = item.entry
+    dirty: dict[str, Any] = {k: v.replace("\x00", NUL_MARK) for k, v in entry.__dict__.items()
+                             if isinstance(v, str) and "\x00" in v}
+    if any("\x00" in r for r in entry.rule_ids):
+        dirty["rule_ids"] = tuple(r.replace("\x00", NUL_MARK) for r in entry.rule_ids)
+    if not dirty and "\x00" not in item.request_id:
+        return item
+    return PendingAppend(dataclasses.replace(entry, **dirty), item.plan, item.request_id.replace("\x00", NUL_MARK))
+
+
 def _record_values(rec: AuditRecord) -> dict[str, Any]:
     d = dict(rec.__dict__)  # shallow: asdict's deep copy dominated the append path
     d["rule_ids"] = _rule_ids_json(rec.rule_ids)
@@ -704,6 +722,7 @@ class AuditStore:
         idempotency keys) in one pipeline, its writes and the COMMIT in another. SQLite runs in
         process.
         """
+        items = [_without_nul(i) for i in items]
         with self._append_lock:
             if self._append_conn is None:
                 pooled = self.write_engine.raw_connection()  # configured like every connection (pragmas)

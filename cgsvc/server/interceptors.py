@@ -54,6 +54,16 @@ REQUEST: contextvars.ContextVar[RequestContext] = contextvars.ContextVar("cgsvc_
 RejectedHook = Callable[[str, str, str, Any, str, str], Awaitable[None]]
 
 
+def _check_text(request: Any) -> None:
+    """Refuse a NUL character (U+0000) in a request's own text fields (ids, names, filters,
+    paths), naming the field: PostgreSQL text cannot hold one, a request id is an idempotency
+    key compared exactly, and a path or name with one names nothing. (A spec's text is checked
+    by the resolver against its closed sets; the audit log records any NUL as `\\u0000`.)"""
+    for field, value in request.ListFields():
+        if field.type == field.TYPE_STRING and any("\x00" in v for v in (value if isinstance(value, str) else list(value))):
+            raise invalid(field.name, "must not contain NUL characters (U+0000)")
+
+
 class _Malformed:
     def __init__(self, error: str) -> None:
         self.error = error
@@ -158,6 +168,7 @@ class Pipeline:
             try:
                 if isinstance(request, _Malformed):
                     await self._malformed(rc, request)
+                _check_text(request)
                 response = await fn(request, rc)
             except asyncio.CancelledError:
                 await self._cancelled(rc, t0, request)
@@ -185,6 +196,7 @@ class Pipeline:
             try:
                 if isinstance(request, _Malformed):
                     await self._malformed(rc, request)
+                _check_text(request)
                 async for item in fn(request, rc):
                     yield item
             except asyncio.CancelledError:

@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 
 from cgsvc.audit import merkle
 from cgsvc.audit.records import AuditRecord
+from cgsvc.errors import ServiceError
 from tests.conftest import ROOT
 from tests.e2e.certs import ThrowawayPKI
 from tests.e2e.server import ServerProcess
@@ -198,3 +199,56 @@ def test_closed_sets_are_case_insensitive_and_recorded_in_one_spelling(tmp_path:
         with pytest.raises(Exception, match="unknown value 'nGrAm2'; valid: EAGLE"):
             c.resolve({**spec, "features": {"speculative_algorithm": "nGrAm2"}})
     shutil.rmtree(tmp_path / "srv")
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_a_nul_character_is_refused_by_name_and_fails_no_one_else(tmp_path: Path, store: str) -> None:
+    """Regression: on PostgreSQL a NUL (U+0000) in a request — a request id, a model name, a
+    plan name, a filter — answered INTERNAL, went unaudited, and failed every other caller
+    whose record shared its commit. Now a request's own text fields refuse it by name, a spec's
+    values are refused by the resolver and recorded with the NUL written as \\u0000, and callers
+    committed alongside are answered as usual."""
+    import asyncio
+    import uuid
+
+    from cgsvc import codec
+    from cgsvc.spec import parse_spec
+    from cgsvc.v1 import plan_service_pb2, plan_service_pb2_grpc
+    from tests.integration.pg import pg_url_or_skip
+
+    args = ("--database-url", pg_url_or_skip(f"nul_{uuid.uuid4().hex[:10]}")) if store == "postgresql" else ()
+    spec = codec.spec_to_proto(parse_spec(KIMI))
+    bad_model = plan_service_pb2.ResolvePlanRequest(spec=spec)
+    bad_model.spec.model.name = "deep\x00seek"
+
+    async def burst(address: str) -> list[str]:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = plan_service_pb2_grpc.PlanServiceStub(channel)
+
+            async def call(request: Any) -> str:
+                try:
+                    await stub.ResolvePlan(request, timeout=30)
+                    return "OK"
+                except grpc.aio.AioRpcError as exc:
+                    return f"{exc.code().name} {exc.details()}"
+            requests = [plan_service_pb2.ResolvePlanRequest(spec=spec, request_id=uuid.uuid4().hex) for _ in range(24)]
+            requests[5::8] = [bad_model, plan_service_pb2.ResolvePlanRequest(spec=spec, request_id="r\x00x"), bad_model]
+            return list(await asyncio.gather(*(call(r) for r in requests)))
+
+    with ServerProcess(tmp_path / "srv", *args) as srv:
+        answers = asyncio.run(burst(srv.address))
+        assert answers.count("OK") == 21, answers
+        assert "INVALID_ARGUMENT request_id: must not contain NUL characters (U+0000)" in answers
+        assert sum(a.startswith("INVALID_ARGUMENT model.name: unknown model 'deep\\x00seek'") for a in answers) == 2
+        with Client(srv.address) as c:
+            for call, field in ((lambda: c.get_plan("plans/a\x00b"), "name"),
+                                (lambda: c.list_audit_records('model = "a\x00b"'), "filter"),
+                                (lambda: c.list_plans('model = "a\x00b"'), "filter")):
+                with pytest.raises(ServiceError) as err:
+                    call()
+                assert err.value.code == "INVALID_ARGUMENT" and field in str(err.value)
+            refused = c.list_audit_records('outcome = "INVALID_ARGUMENT"', page_size=100).records
+            assert sorted(r.model for r in refused if r.model.startswith("deep")) == ["deep\\u0000seek"] * 2
+            assert len(refused) == 3  # the burst's three, one record each (reads are not audited methods)
+            assert [r.request_id for r in refused if not r.model.startswith("deep")] == ["r\\u0000x"]
+            assert c.verify_audit_log().ok

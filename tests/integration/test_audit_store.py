@@ -430,3 +430,23 @@ def test_postgresql_one_statement_append_writes_every_table() -> None:
         assert s.verify().ok and s.tree_head()[0] == 5
     finally:
         s.close()
+
+
+def test_a_nul_character_is_recorded_escaped_and_fails_no_one_else(store: AuditStore) -> None:
+    """Regression: on PostgreSQL (text cannot hold U+0000) one caller's NUL failed the whole
+    batch — its own record and every other caller's with it. Both stores now record a NUL as
+    the six characters \\u0000, so the batch commits, the hash is the same on either store, and
+    the key still replays."""
+    from cgsvc.audit.store import NUL_MARK
+
+    clean, dirty = store.append_batch([
+        PendingAppend(entry(1)),
+        PendingAppend(entry(2, model="deep\x00seek", outcome_message="bad \x00", rule_ids=("r\x00",),
+                            request_id="id\x00x"), None, request_id="id\x00x")])
+    assert clean.record.sequence == 1 and dirty.record.sequence == 2
+    got = store.get_record(2)
+    assert got is not None and got.model == f"deep{NUL_MARK}seek" and got.outcome_message == f"bad {NUL_MARK}"
+    assert got.rule_ids == (f"r{NUL_MARK}",) and got.request_id == f"id{NUL_MARK}x"
+    assert got.record_hash == dirty.record.record_hash and store.verify().ok
+    again = store.append(entry(2, model="deep\x00seek"), request_id="id\x00x")
+    assert again.replay_of is not None and again.replay_of.sequence == 2
