@@ -24,6 +24,16 @@ from cgsvc.resolve.policies import POLICIES
 REQUEST_AUDITED: contextvars.ContextVar[bool] = contextvars.ContextVar("cgsvc_request_audited", default=False)
 
 
+# The longest model or GPU a record's indexed columns hold (characters; at most 2 KB of UTF-8,
+# under PostgreSQL's B-tree limit of about 2.7 KB a key). A caller's longer value — a refused
+# spec can carry anything — is cut, saying so; the record's spec_json keeps all of it.
+MAX_INDEXED = 512
+
+
+def _indexed(value: str) -> str:
+    return value if len(value) <= MAX_INDEXED else f"{value[:MAX_INDEXED]}... ({len(value)} characters)"
+
+
 class Auditor:
     """Builds audit entries for requests and appends them through the group-commit writer."""
 
@@ -44,8 +54,9 @@ class Auditor:
             return {}
         spec = mask_secrets(spec_dict)
         model = spec.get("model", {})
-        return {"spec_json": canonical_json(spec), "model": str(model.get("name") or model.get("path") or ""),
-                "gpu": str(spec.get("hardware", {}).get("gpu", ""))}
+        return {"spec_json": canonical_json(spec),
+                "model": _indexed(str(model.get("name") or model.get("path") or "")),
+                "gpu": _indexed(str(spec.get("hardware", {}).get("gpu", "")))}
 
     def entry(self, method: str, principal: str, peer: str, request_id: str, trace_id: str,
               spec_dict: dict[str, Any] | None, code: str, message: str, policy: str = DEFAULT_POLICY,

@@ -42,6 +42,11 @@ def _tokens(text: str) -> list[tuple[str, str]]:
     return out
 
 
+# A filter is a WHERE clause; SQLite refuses an expression over 1,000 deep (an INTERNAL error
+# after seconds of work, before this cap), and no real question needs more.
+MAX_TERMS = 64
+
+
 def parse_filter(text: str, fields: dict[str, str]) -> list[Term]:
     """Parse `text` against `fields` (name -> "str" | "int" | "time"); empty text is no filter."""
     if not text.strip():
@@ -66,6 +71,8 @@ def parse_filter(text: str, fields: dict[str, str]) -> list[Term]:
             except ValueError:
                 raise FilterError(f"{name} takes an integer, got {value!r}") from None
         terms.append(Term(name, op, value))
+        if len(terms) > MAX_TERMS:
+            raise FilterError(f"at most {MAX_TERMS} terms joined by AND")
         i += 3
         if i == len(toks):
             return terms

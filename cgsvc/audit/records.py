@@ -20,7 +20,9 @@ SCHEMA_VERSION = 2
 GENESIS = "0" * 64
 
 _SECRET_KEY = re.compile(r"token|secret|password|passwd|credential|api[_-]?key", re.I)
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
+# The scheme is bounded: unbounded, a long value without "://" (a 300,000-character model name)
+# made every start position scan to its end, and one request held the event loop for minutes.
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]{0,31}://)[^/@\s]+@", re.I)
 
 
 def mask_secrets(value: Any) -> Any:
@@ -30,7 +32,7 @@ def mask_secrets(value: Any) -> Any:
     if isinstance(value, list):
         return [mask_secrets(v) for v in value]
     if isinstance(value, str):
-        return _URL_CREDENTIALS.sub(r"\g<scheme>***@", value)
+        return _URL_CREDENTIALS.sub(r"\g<scheme>***@", value) if "://" in value else value
     return value
 
 

@@ -54,14 +54,20 @@ REQUEST: contextvars.ContextVar[RequestContext] = contextvars.ContextVar("cgsvc_
 RejectedHook = Callable[[str, str, str, Any, str, str], Awaitable[None]]
 
 
+MAX_REQUEST_ID = 128  # an idempotency key is stored and indexed with the caller and method
+
+
 def _check_text(request: Any) -> None:
-    """Refuse a NUL character (U+0000) in a request's own text fields (ids, names, filters,
-    paths), naming the field: PostgreSQL text cannot hold one, a request id is an idempotency
-    key compared exactly, and a path or name with one names nothing. (A spec's text is checked
-    by the resolver against its closed sets; the audit log records any NUL as `\\u0000`.)"""
+    """Refuse what a request's own text fields (ids, names, filters, paths) may not hold, naming
+    the field: a NUL character (U+0000) — PostgreSQL text cannot hold one, a request id is an
+    idempotency key compared exactly, and a name or path with one names nothing — and a request
+    id over MAX_REQUEST_ID characters (it is a key in an index). A spec's text is checked by the
+    resolver against its closed sets; the audit log records a NUL as `\\u0000`."""
     for field, value in request.ListFields():
         if field.type == field.TYPE_STRING and any("\x00" in v for v in (value if isinstance(value, str) else list(value))):
             raise invalid(field.name, "must not contain NUL characters (U+0000)")
+    if len(getattr(request, "request_id", "")) > MAX_REQUEST_ID:
+        raise invalid("request_id", f"at most {MAX_REQUEST_ID} characters (a UUID is 36), got {len(request.request_id)}")
 
 
 class _Malformed:

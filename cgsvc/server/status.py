@@ -12,13 +12,37 @@ from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
 DOMAIN = "cgsvc.v1"
 
 
+# What an error may put on the wire. A status travels in HTTP/2 trailers, which gRPC clients
+# cap (8 KiB soft, 16 KiB hard by default): an answer that echoed a caller's 5,000-character value
+# reached the client as RESOURCE_EXHAUSTED instead of the refusal. Longer text is cut, saying so;
+# the audit record keeps the whole message.
+MAX_MESSAGE = 300
+MAX_DESCRIPTION = 200
+MAX_VIOLATION_BYTES = 3000
+
+
+def clip(text: str, limit: int) -> str:
+    """`text`, or its first `limit` characters and how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}... (cut at {limit} of {len(text)} characters)"
+
+
 def to_status(err: ServiceError) -> grpc.Status:
-    st = status_pb2.Status(code=CODE_NUMBERS[err.code], message=err.message)
+    st = status_pb2.Status(code=CODE_NUMBERS[err.code], message=clip(err.message, MAX_MESSAGE))
     if err.violations:
+        shown: list[error_details_pb2.BadRequest.FieldViolation] = []
+        size = 0
+        for v in err.violations:
+            fv = error_details_pb2.BadRequest.FieldViolation(field=clip(v.field, MAX_DESCRIPTION),
+                                                             description=clip(v.description, MAX_DESCRIPTION))
+            size += fv.ByteSize()
+            if size > MAX_VIOLATION_BYTES:
+                fv = error_details_pb2.BadRequest.FieldViolation(
+                    field="", description=f"{len(err.violations) - len(shown)} more violations not shown")
+                shown.append(fv)
+                break
+            shown.append(fv)
         detail = any_pb2.Any()
-        detail.Pack(error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
-            for v in err.violations]))
+        detail.Pack(error_details_pb2.BadRequest(field_violations=shown))
         st.details.append(detail)
     info = error_details_pb2.ErrorInfo(domain=DOMAIN, reason="RULE_REFUSED" if err.rule_id else err.code)
     if err.rule_id:

@@ -252,3 +252,39 @@ def test_a_nul_character_is_refused_by_name_and_fails_no_one_else(tmp_path: Path
             assert len(refused) == 3  # the burst's three, one record each (reads are not audited methods)
             assert [r.request_id for r in refused if not r.model.startswith("deep")] == ["r\\u0000x"]
             assert c.verify_audit_log().ok
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_long_values_are_refused_or_recorded_and_the_server_keeps_answering(tmp_path: Path, store: str) -> None:
+    """Regressions, found by sending what an attacker would: a 300,000-character model name held
+    the event loop for minutes (a backtracking regex masking URL credentials); a refusal that
+    echoed a 5,000-character value reached the client as RESOURCE_EXHAUSTED (the status outgrew
+    the trailers clients accept); on PostgreSQL a long random model name failed its commit (a
+    B-tree key holds about 2.7 KB) and with it everyone's in that commit; a filter of 40,000
+    terms was an INTERNAL error after seconds of work."""
+    import secrets
+    import uuid
+
+    from tests.integration.pg import pg_url_or_skip
+
+    args = ("--database-url", pg_url_or_skip(f"long_{uuid.uuid4().hex[:10]}")) if store == "postgresql" else ()
+    with ServerProcess(tmp_path / "srv", *args) as srv, Client(srv.address) as c:
+        c.timeout = 60  # liveness: before the fix the first call ran for minutes
+        for name in ("m" * 300_000, "m" * 5_000, secrets.token_urlsafe(20_000)):
+            with pytest.raises(ServiceError) as err:
+                c.resolve({**KIMI, "model": {"name": name}})
+            assert err.value.code == "INVALID_ARGUMENT" and err.value.violations[0].field == "model.name"
+            assert "characters)" in err.value.message and len(err.value.message) < 400
+        with pytest.raises(ServiceError) as err:
+            c.resolve(KIMI, request_id="r" * 129)
+        assert err.value.violations[0].field == "request_id" and "at most 128" in err.value.message
+        with pytest.raises(ServiceError) as err:
+            c.list_audit_records(" AND ".join(['model = "a"'] * 65))
+        assert err.value.violations[0].field == "filter" and "at most 64 terms" in err.value.message
+        assert c.resolve(KIMI).prefill_backend == "disabled"  # still answering, still appending
+        refused = c.list_audit_records('outcome = "INVALID_ARGUMENT"', page_size=10).records
+        assert len(refused) == 4
+        longest = next(r for r in refused if len(r.spec_json) > 300_000)
+        assert longest.model == "m" * 512 + "... (300000 characters)"  # the indexed column cut, saying so
+        assert len(longest.outcome_message) > 300_000  # the whole refusal, as the resolver said it
+        assert c.verify_audit_log().ok
