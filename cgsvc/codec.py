@@ -52,11 +52,19 @@ def _spec_json_of_bytes(raw: bytes) -> str:
     return canonical_json(spec_dict_from_proto(launch_spec_pb2.LaunchSpec.FromString(raw)))
 
 
+# Specs memoised by their wire bytes are at most this long (a real one is under 300 bytes): a
+# caller sending thousands of distinct 4 MB specs must not fill the memo with gigabytes.
+MEMO_SPEC_BYTES = 8192
+
+
 def spec_json_from_proto(msg: launch_spec_pb2.LaunchSpec) -> str:
     """The spec's JSON form as canonical JSON, memoised by its wire bytes: an orchestrator sends
     the same few specs again and again, and MessageToDict cost more than resolving a memoised
     spec. Parse it (json.loads) for a dict of the caller's own."""
-    return _spec_json_of_bytes(msg.SerializeToString(deterministic=True))
+    raw = msg.SerializeToString(deterministic=True)
+    if len(raw) > MEMO_SPEC_BYTES:
+        return _spec_json_of_bytes.__wrapped__(raw)
+    return _spec_json_of_bytes(raw)
 
 
 def spec_from_proto(msg: launch_spec_pb2.LaunchSpec) -> LaunchSpec:

@@ -60,10 +60,10 @@ def _resolve_canonical(spec_key: str, policy: str = DEFAULT_POLICY) -> Resolutio
 def resolve_spec(spec: dict[str, Any], policy: str = DEFAULT_POLICY, spec_key: str = "") -> Resolution:
     """Resolve under a policy, memoised by the canonical spec (`spec_key`: canonical_json(spec)
     when the caller has it already). Specs naming a model.path are not memoised (the file may
-    change)."""
+    change), nor specs over 16 KB of JSON (a memo of a caller's giant specs is a memory leak)."""
     key = spec_key or canonical_json(spec)
     policy = (policy or DEFAULT_POLICY).strip().lower()
-    if isinstance(spec.get("model"), dict) and "path" in spec["model"]:
+    if (isinstance(spec.get("model"), dict) and "path" in spec["model"]) or len(key) > 16384:
         return _resolve_canonical.__wrapped__(key, policy)
     return _resolve_canonical(key, policy)
 

@@ -127,3 +127,24 @@ def test_plan_dict_round_trip() -> None:
 
     from cgsvc.v1 import plan_pb2
     assert codec.plan_to_proto(plan) == json_format.ParseDict(plan.to_dict(), plan_pb2.Plan())
+
+
+def test_giant_specs_are_refused_cheaply_and_never_memoised() -> None:
+    """Regressions: a list of 500,000 graph sizes was checked entry by entry (seconds of the
+    event loop, a violation per entry), and every distinct spec, however large, went into the
+    memo keyed by its wire bytes (thousands of 4 MB specs: gigabytes)."""
+    from cgsvc.codec import MEMO_SPEC_BYTES, _spec_json_of_bytes, spec_json_from_proto
+    from cgsvc.spec import MAX_LIST
+
+    big = {"model": {"name": "Qwen/Qwen3-8B"}, "hardware": {"gpu": "H100"},
+           "overrides": {"cuda_graph": {"decode": {"bs": list(range(1, 500_001))}}}}
+    with pytest.raises(ServiceError) as err:
+        parse_spec(big)
+    assert [(v.field, v.description) for v in err.value.violations] == [
+        ("overrides.cuda_graph.decode.bs", f"at most {MAX_LIST} entries, got 500000")]
+    proto = codec.spec_to_proto(parse_spec({**big, "overrides": {"cuda_graph": {"decode": {"bs": [1, 2]}}}}))
+    proto.overrides.cuda_graph.decode.bs.extend(range(3, 5000))  # past the memo's size, under the cap
+    assert proto.ByteSize() > MEMO_SPEC_BYTES
+    before = _spec_json_of_bytes.cache_info().currsize
+    assert json.loads(spec_json_from_proto(proto))["overrides"]["cuda_graph"]["decode"]["bs"][-1] == 4999
+    assert _spec_json_of_bytes.cache_info().currsize == before
