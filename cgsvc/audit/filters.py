@@ -10,6 +10,7 @@ unknown field is a `FilterError` naming what would be valid.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 
@@ -66,10 +67,12 @@ def parse_filter(text: str, fields: dict[str, str]) -> list[Term]:
             raise FilterError(f"expected a value after {name} {op}")
         value: str | int = raw[1:-1].replace('\\"', '"') if k3 == "str" else raw
         if fields[name] == "int":
-            try:
-                value = int(value)
-            except ValueError:
-                raise FilterError(f"{name} takes an integer, got {value!r}") from None
+            number: int | None = None
+            with contextlib.suppress(ValueError):
+                number = int(value) if len(str(value)) <= 20 else None
+            if number is None or not -(1 << 63) <= number < 1 << 63:
+                raise FilterError(f"{name} takes an integer from -2^63 to 2^63-1, got {str(value)[:40]!r}")
+            value = number
         terms.append(Term(name, op, value))
         if len(terms) > MAX_TERMS:
             raise FilterError(f"at most {MAX_TERMS} terms joined by AND")

@@ -25,7 +25,7 @@ from cgsvc.resolve import DEFAULT_POLICY
 from cgsvc.resolve.policies import POLICIES
 from cgsvc.server import metrics
 from cgsvc.server.interceptors import RequestContext
-from cgsvc.server.status import invalid
+from cgsvc.server.status import clip, invalid
 from cgsvc.v1 import audit_pb2, diagnostics_pb2, launch_pb2, plan_pb2, plan_service_pb2
 
 # Methods whose every call is audited, malformed ones included.
@@ -42,6 +42,14 @@ def parse_name(name: str, collection: str, field: str = "name") -> str:
     if not name.startswith(prefix) or len(name) == len(prefix) or "/" in name[len(prefix):]:
         raise invalid(field, f"must look like {collection}/ID, got {name!r}")
     return name[len(prefix):]
+
+
+def record_sequence(name: str) -> int:
+    """N of "auditRecords/N": a sequence number from 1 to 2**63 - 1 (the store's integer)."""
+    raw = parse_name(name, "auditRecords")
+    if not raw.isdigit() or len(raw) > 19 or not 1 <= int(raw) < 1 << 63:
+        raise invalid("name", f"the ID of auditRecords/ID is a sequence number from 1 to 2^63-1, got {clip(raw, 40)!r}")
+    return int(raw)
 
 
 async def list_page(lister: Callable[[str, int, str], tuple[list[Any], str]], request: Any) -> tuple[list[Any], str]:
@@ -136,10 +144,7 @@ class AuditService:
 
     async def GetAuditRecord(self, request: audit_pb2.GetAuditRecordRequest,  # noqa: N802
                              rc: RequestContext) -> audit_pb2.AuditRecord:
-        raw = parse_name(request.name, "auditRecords")
-        if not raw.isdigit():
-            raise invalid("name", f"the ID of auditRecords/ID is a sequence number, got {raw!r}")
-        rec = await asyncio.to_thread(self.store.get_record, int(raw))
+        rec = await asyncio.to_thread(self.store.get_record, record_sequence(request.name))
         if rec is None:
             raise ServiceError("NOT_FOUND", f"{request.name} does not exist")
         return codec.record_proto(rec)
@@ -165,16 +170,14 @@ class AuditService:
 
     async def GetInclusionProof(self, request: audit_pb2.GetInclusionProofRequest,  # noqa: N802
                                 rc: RequestContext) -> audit_pb2.InclusionProof:
-        raw = parse_name(request.name, "auditRecords")
-        if not raw.isdigit() or int(raw) < 1:
-            raise invalid("name", f"the ID of auditRecords/ID is a sequence number from 1, got {raw!r}")
+        sequence = record_sequence(request.name)
         if request.tree_size < 0:
             raise invalid("tree_size", "must be 0 (the current tree) or a checkpoint's tree_size")
         try:
-            size, path, rec = await asyncio.to_thread(self.store.inclusion_proof, int(raw), request.tree_size)
+            size, path, rec = await asyncio.to_thread(self.store.inclusion_proof, sequence, request.tree_size)
         except TreeSizeError as exc:
             raise ServiceError("NOT_FOUND", str(exc)) from None
-        return audit_pb2.InclusionProof(leaf_index=int(raw) - 1, tree_size=size, hashes=[h.hex() for h in path],
+        return audit_pb2.InclusionProof(leaf_index=sequence - 1, tree_size=size, hashes=[h.hex() for h in path],
                                         record=codec.record_proto(rec))
 
     async def GetConsistencyProof(self, request: audit_pb2.GetConsistencyProofRequest,  # noqa: N802

@@ -261,7 +261,8 @@ def test_long_values_are_refused_or_recorded_and_the_server_keeps_answering(tmp_
     echoed a 5,000-character value reached the client as RESOURCE_EXHAUSTED (the status outgrew
     the trailers clients accept); on PostgreSQL a long random model name failed its commit (a
     B-tree key holds about 2.7 KB) and with it everyone's in that commit; a filter of 40,000
-    terms was an INTERNAL error after seconds of work."""
+    terms was an INTERNAL error after seconds of work; a record number past int64 was an
+    INTERNAL OverflowError (past 4,300 digits a ValueError)."""
     import secrets
     import uuid
 
@@ -281,6 +282,11 @@ def test_long_values_are_refused_or_recorded_and_the_server_keeps_answering(tmp_
         with pytest.raises(ServiceError) as err:
             c.list_audit_records(" AND ".join(['model = "a"'] * 65))
         assert err.value.violations[0].field == "filter" and "at most 64 terms" in err.value.message
+        for name in ("auditRecords/99999999999999999999", "auditRecords/" + "9" * 5000):  # past int64
+            for call in (c.get_audit_record, c.inclusion_proof):
+                with pytest.raises(ServiceError) as err:
+                    call(name)
+                assert err.value.code == "INVALID_ARGUMENT" and "1 to 2^63-1" in err.value.message
         assert c.resolve(KIMI).prefill_backend == "disabled"  # still answering, still appending
         refused = c.list_audit_records('outcome = "INVALID_ARGUMENT"', page_size=10).records
         assert len(refused) == 4

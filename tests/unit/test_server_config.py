@@ -55,3 +55,19 @@ def test_filter_parser() -> None:
     for bad in ("model", "model = ", 'model = "x" AND', "sequence = x", "colour = 1", 'model = "x" OR model = "y"', "model ~ 1"):
         with pytest.raises(FilterError):
             parse_filter(bad, fields)
+
+
+def test_filter_parser_bounds_what_reaches_sql() -> None:
+    """Regressions: an integer past int64 (`sequence > 99999999999999999999999`) was an INTERNAL
+    OverflowError in the driver; 40,000 terms were an INTERNAL error from SQLite's expression depth
+    after seconds of work."""
+    from cgsvc.audit.filters import MAX_TERMS
+
+    fields = {"model": "str", "sequence": "int"}
+    assert parse_filter(f"sequence >= {(1 << 63) - 1} AND sequence > -{1 << 63}", fields)[0].value == (1 << 63) - 1
+    for big in (str(1 << 63), "9" * 23, "9" * 5000):
+        with pytest.raises(FilterError, match=r"integer from -2\^63 to 2\^63-1"):
+            parse_filter(f"sequence > {big}", fields)
+    assert len(parse_filter(" AND ".join(['model = "a"'] * MAX_TERMS), fields)) == MAX_TERMS
+    with pytest.raises(FilterError, match=f"at most {MAX_TERMS} terms"):
+        parse_filter(" AND ".join(['model = "a"'] * (MAX_TERMS + 1)), fields)
