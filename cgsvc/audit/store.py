@@ -501,8 +501,10 @@ def _decode_token(token: str, filter_text: str) -> int:
         return 0
     try:
         data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-        after = int(data["after"])
+        after = data["after"]
         digest = str(data["f"])
+        if type(after) is not int or not 0 <= after < 1 << 63:  # a token this server made holds a sequence
+            raise ValueError(after)
     except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError):
         raise PageTokenError("page_token is not one this server issued") from None
     if digest != hashlib.sha256(filter_text.encode()).hexdigest()[:12]:

@@ -115,6 +115,15 @@ def test_filters_and_pagination(store: AuditStore) -> None:
     _, tok = store.list_records("", page_size=1)
     with pytest.raises(PageTokenError, match="different filter"):
         store.list_records('gpu = "H100"', page_token=tok)
+    # Regression: a crafted token with the right filter digest and an "after" past int64 (or not
+    # an integer) reached the driver: an INTERNAL OverflowError.
+    import base64
+    import json
+    digest = json.loads(base64.urlsafe_b64decode(tok + "=" * (-len(tok) % 4)))["f"]
+    for after in (1 << 63, 10 ** 30, -1, 2.5, "3", True):
+        forged = base64.urlsafe_b64encode(json.dumps({"after": after, "f": digest}).encode()).decode()
+        with pytest.raises(PageTokenError, match="not one this server issued"):
+            store.list_records("", page_token=forged)
 
 
 # The listing fields of a plan the appended record creates (its id is the entry's plan_id).
