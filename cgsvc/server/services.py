@@ -47,7 +47,8 @@ def parse_name(name: str, collection: str, field: str = "name") -> str:
 def record_sequence(name: str) -> int:
     """N of "auditRecords/N": a sequence number from 1 to 2**63 - 1 (the store's integer)."""
     raw = parse_name(name, "auditRecords")
-    if not raw.isdigit() or len(raw) > 19 or not 1 <= int(raw) < 1 << 63:
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses (an INTERNAL error)
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or not 1 <= int(raw) < 1 << 63:
         raise invalid("name", f"the ID of auditRecords/ID is a sequence number from 1 to 2^63-1, got {clip(raw, 40)!r}")
     return int(raw)
 

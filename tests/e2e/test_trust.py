@@ -282,7 +282,8 @@ def test_long_values_are_refused_or_recorded_and_the_server_keeps_answering(tmp_
         with pytest.raises(ServiceError) as err:
             c.list_audit_records(" AND ".join(['model = "a"'] * 65))
         assert err.value.violations[0].field == "filter" and "at most 64 terms" in err.value.message
-        for name in ("auditRecords/99999999999999999999", "auditRecords/" + "9" * 5000):  # past int64
+        for name in ("auditRecords/99999999999999999999", "auditRecords/" + "9" * 5000,  # past int64
+                     "auditRecords/\u00b2"):  # a digit to str.isdigit(), not to int()
             for call in (c.get_audit_record, c.inclusion_proof):
                 with pytest.raises(ServiceError) as err:
                     call(name)
