@@ -46,6 +46,10 @@ class Resolution:
     listing: PlanListing  # what the record that creates a plan of it adds to itself
 
 
+# The longest canonical spec JSON the resolution memo keeps (a real one is a few hundred bytes).
+MEMO_SPEC_JSON = 16384
+
+
 @functools.lru_cache(maxsize=4096)
 def _resolve_canonical(spec_key: str, policy: str = DEFAULT_POLICY) -> Resolution:
     parsed = parse_spec(json.loads(spec_key))
@@ -60,10 +64,10 @@ def _resolve_canonical(spec_key: str, policy: str = DEFAULT_POLICY) -> Resolutio
 def resolve_spec(spec: dict[str, Any], policy: str = DEFAULT_POLICY, spec_key: str = "") -> Resolution:
     """Resolve under a policy, memoised by the canonical spec (`spec_key`: canonical_json(spec)
     when the caller has it already). Specs naming a model.path are not memoised (the file may
-    change), nor specs over 16 KB of JSON (a memo of a caller's giant specs is a memory leak)."""
+    change), nor specs over MEMO_SPEC_JSON characters (a memo of a caller's giant specs is a memory leak)."""
     key = spec_key or canonical_json(spec)
     policy = (policy or DEFAULT_POLICY).strip().lower()
-    if (isinstance(spec.get("model"), dict) and "path" in spec["model"]) or len(key) > 16384:
+    if (isinstance(spec.get("model"), dict) and "path" in spec["model"]) or len(key) > MEMO_SPEC_JSON:
         return _resolve_canonical.__wrapped__(key, policy)
     return _resolve_canonical(key, policy)
 
