@@ -36,7 +36,7 @@ class Caller:
     trace_id: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: answers are cached per resolution
 class Resolution:
     plan: Plan
     plan_json: str

@@ -225,18 +225,23 @@ class Pipeline:
         handlers: dict[str, grpc.RpcMethodHandler] = {}
         for m in descriptor.methods:
             req_cls = message_factory.GetMessageClass(m.input_type)
-            resp_cls = message_factory.GetMessageClass(m.output_type)
             full = f"/{descriptor.full_name}/{m.name}"
             fn = getattr(servicer, m.name)
             if m.server_streaming:
                 handlers[m.name] = grpc.unary_stream_rpc_method_handler(
                     self.stream(full, fn), request_deserializer=_safe_deserializer(req_cls),
-                    response_serializer=resp_cls.SerializeToString)
+                    response_serializer=_serialize)
             else:
                 handlers[m.name] = grpc.unary_unary_rpc_method_handler(
                     self.unary(full, fn), request_deserializer=_safe_deserializer(req_cls),
-                    response_serializer=resp_cls.SerializeToString)
+                    response_serializer=_serialize)
         return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
+
+
+def _serialize(response: Message | bytes) -> bytes:
+    """A response message's encoding; a handler may answer with the encoding itself (a hot
+    path that caches most of its answer's bytes)."""
+    return response if isinstance(response, bytes) else response.SerializeToString()
 
 
 def _bind(rc: RequestContext) -> Mapping[str, Any]:

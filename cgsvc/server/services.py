@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from google.protobuf import timestamp_pb2
 
 from cgsvc import codec
 from cgsvc.audit import checkpoint, filters
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.store import AuditStore, PageTokenError, TreeSizeError, utc_now
 from cgsvc.domain.impact import policy_impact
-from cgsvc.domain.plans import RESOLVE_METHOD, Caller, Plans
+from cgsvc.domain.plans import RESOLVE_METHOD, Caller, Plans, Resolution
 from cgsvc.errors import ServiceError
 from cgsvc.resolve import DEFAULT_POLICY
 from cgsvc.resolve.policies import POLICIES
@@ -84,34 +86,49 @@ def rejection_auditor(auditor: Auditor) -> Callable[..., Any]:
 class PlanService:
     def __init__(self, plans: Plans) -> None:
         self.plans = plans
-        self._plan_bytes: dict[str, bytes] = {}  # plan_hash -> the Plan message, built once per plan
+        # A resolution's answer but for its per-request fields: the plan and the spec as recorded
+        # (closed sets in their one spelling), encoded once. Keyed by the resolution itself,
+        # which the resolution memo keeps alive; a resolution that is not memoised (a model.path
+        # spec) leaves with its request.
+        self._answers: weakref.WeakKeyDictionary[Resolution, bytes] = weakref.WeakKeyDictionary()
+        self._counters: dict[tuple[str, str], Any] = {}  # (prefill, decode backend) -> PLANS_TOTAL's child
+        self._last_time: tuple[str, timestamp_pb2.Timestamp] = ("", timestamp_pb2.Timestamp())
 
-    def _plan_message(self, plan: Any) -> plan_pb2.Plan:
-        raw = self._plan_bytes.get(plan.plan_hash)
+    def _answer(self, resolution: Resolution) -> bytes:
+        raw = self._answers.get(resolution)
         if raw is None:
-            if len(self._plan_bytes) > 4096:
-                self._plan_bytes.clear()
-            raw = self._plan_bytes[plan.plan_hash] = codec.plan_to_proto(plan).SerializeToString()
-        return plan_pb2.Plan.FromString(raw)
+            msg = codec.plan_to_proto(resolution.plan)
+            msg.spec.CopyFrom(codec.spec_proto_from_canonical(resolution.spec))
+            raw = self._answers[resolution] = msg.SerializeToString()
+        return raw
+
+    def _timestamp(self, text: str) -> timestamp_pb2.Timestamp:
+        """codec.timestamp, remembering the last: the records of one commit share their time."""
+        if self._last_time[0] != text:
+            self._last_time = (text, codec.timestamp(text))
+        return self._last_time[1]
 
     async def ResolvePlan(self, request: plan_service_pb2.ResolvePlanRequest,  # noqa: N802 - gRPC name
-                          rc: RequestContext) -> plan_pb2.Plan:
+                          rc: RequestContext) -> plan_pb2.Plan | bytes:
+        """The plan, as a message or (the common case) already encoded: the resolution's cached
+        encoding followed by this request's fields, which a protobuf parser merges into one
+        message (the pipeline sends bytes as they are)."""
         spec_key = codec.spec_json_from_proto(request.spec)
-        spec = json.loads(spec_key)
-        rec = await self.plans.resolve_and_record(spec, caller(rc), request.validate_only, request.request_id,
-                                                  policy=request.policy, spec_key=spec_key)
+        rec = await self.plans.resolve_and_record(json.loads(spec_key), caller(rc), request.validate_only,
+                                                  request.request_id, policy=request.policy, spec_key=spec_key)
         plan = rec.resolution.plan
-        metrics.PLANS_TOTAL.labels(plan.prefill_backend, plan.decode_backend).inc()
+        counter = self._counters.get((plan.prefill_backend, plan.decode_backend))
+        if counter is None:
+            counter = self._counters.setdefault((plan.prefill_backend, plan.decode_backend),
+                                                metrics.PLANS_TOTAL.labels(plan.prefill_backend, plan.decode_backend))
+        counter.inc()
         if rec.replay is not None:
             return codec.stored_plan_proto(rec.replay)
-        msg = self._plan_message(plan)
-        canonical = rec.resolution.spec  # the spec as recorded: closed sets in their one spelling
-        msg.spec.CopyFrom(request.spec if canonical == spec else codec.spec_proto_from_canonical(canonical))
-        msg.audit_record = rec.audit_record
+        tail = plan_pb2.Plan(audit_record=rec.audit_record)
         if rec.plan_id:
-            msg.name = f"plans/{rec.plan_id}"
-            msg.create_time.CopyFrom(codec.timestamp(rec.time))
-        return msg
+            tail.name = f"plans/{rec.plan_id}"
+            tail.create_time.CopyFrom(self._timestamp(rec.time))
+        return self._answer(rec.resolution) + tail.SerializeToString()
 
     async def GetPlan(self, request: plan_service_pb2.GetPlanRequest,  # noqa: N802
                       rc: RequestContext) -> plan_pb2.Plan:

@@ -89,6 +89,23 @@ def test_validate_only_stores_no_plan_but_is_audited(client: Client) -> None:
     assert client.get_audit_record(plan.audit_record).outcome_message == "validate_only"
 
 
+def test_each_answer_is_its_own_plan_whole(client: Client) -> None:
+    """Regression guard for the answer built from cached bytes (the resolution's plan and spec,
+    encoded once) followed by the request's own fields: each answer carries its own name,
+    record and time, and parses to the same message as the plan read back (GetPlan), the spec in
+    its recorded spelling included."""
+    spelled = {**KIMI, "hardware": {"gpu": "gb300", "gpu_count": 4}}
+    a, b = client.resolve_proto(spelled), client.resolve_proto(KIMI)
+    assert a.name != b.name and a.audit_record != b.audit_record and a.plan_hash == b.plan_hash
+    for answer in (a, b):
+        stored = client.get_plan(answer.name)
+        assert answer == stored, answer.name
+        assert answer.spec.hardware.gpu == "GB300" and answer.create_time.seconds > 0
+    checked = client.resolve_proto(KIMI, validate_only=True)
+    assert checked.name == "" and not checked.HasField("create_time") and checked.audit_record
+    assert checked.decisions == a.decisions and checked.spec == a.spec
+
+
 def test_request_id_is_idempotent(client: Client) -> None:
     rid = uuid.uuid4().hex
     a = client.resolve_proto(KIMI, request_id=rid)
