@@ -134,16 +134,46 @@ def model_facts_from_config(config: dict[str, Any], name: str) -> ModelFacts:
     )
 
 
+# The directories checkpoint paths must lie under, resolved (symlinks and '..' followed); empty:
+# any directory this process can read. A server sets them from --model-roots.
+_model_roots: tuple[str, ...] = ()
+
+
+def set_model_roots(roots: list[str]) -> tuple[str, ...]:
+    """Confine read_model_dir to these directories and what lies under them (ValueError naming
+    a root that is not a directory). An empty list lifts the confinement."""
+    global _model_roots
+    resolved = []
+    for root in roots:
+        real = os.path.realpath(root)
+        if not os.path.isdir(real):
+            raise ValueError(f"{root!r} is not a directory")
+        resolved.append(real)
+    _model_roots = tuple(resolved)
+    return _model_roots
+
+
+def _under_roots(path: str) -> bool:
+    real = os.path.realpath(path)
+    return not _model_roots or any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in _model_roots)
+
+
 def read_model_dir(path: str, label: str | None = None) -> ModelFacts:
     """Read `path/config.json` (and `hf_quant_config.json` if present) into model facts.
 
-    Raises ServiceError(INVALID_ARGUMENT) on `model.path` when it cannot be read.
+    Raises ServiceError(INVALID_ARGUMENT) on `model.path` when it cannot be read, or when it
+    (or a file read in it) lies outside the model roots: that answer says nothing of what is
+    there.
     """
     cfg_path = os.path.join(path, "config.json")
+    hq = os.path.join(path, "hf_quant_config.json")
+    if not all(_under_roots(p) for p in (path, cfg_path, hq)):
+        raise ServiceError.invalid([FieldViolation(
+            "model.path", f"must lie under {', '.join(_model_roots)} (the server's model roots, symlinks "
+                          "followed); give a checkpoint directory there")])
     try:
         with open(cfg_path, encoding="utf-8") as fh:
             config = json.load(fh)
-        hq = os.path.join(path, "hf_quant_config.json")
         if os.path.exists(hq):
             with open(hq, encoding="utf-8") as fh:
                 config = {**config, "hf_quant_config": json.load(fh)}

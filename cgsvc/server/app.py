@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from cgsvc import catalog
 from cgsvc.audit import checkpoint
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.store import AuditStore
@@ -118,6 +119,10 @@ async def start(cfg: ServerConfig) -> Running:
         signing_key = checkpoint.load_or_create_key(cfg.signing_key or Path(cfg.data_dir) / "signing_key.pem")
     except (DeviceListError, checkpoint.CheckpointError, OSError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
+    try:
+        model_roots = catalog.set_model_roots([r.strip() for r in cfg.model_roots.split(",") if r.strip()])
+    except ValueError as exc:
+        raise ConfigError(f"model_roots: {exc}; give existing directories, comma-separated") from None
     store = AuditStore(cfg.effective_database_url)
     if cfg.audit_writer not in ("process", "thread"):
         raise ConfigError(f"audit_writer must be process or thread, got {cfg.audit_writer!r}")
@@ -165,5 +170,5 @@ async def start(cfg: ServerConfig) -> Running:
     recovered = await launches.recover() + await experiments.recover()
     return Running(server, port, store, writer, health_servicer,
                    {"servicers": servicers, "auditor": auditor, "launches": launches, "experiments": experiments,
-                    "recovered": recovered, "devices": inventory,
+                    "recovered": recovered, "devices": inventory, "model_roots": model_roots,
                     "key_id": checkpoint.key_id(signing_key.public_key().public_bytes_raw())})

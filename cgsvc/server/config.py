@@ -41,6 +41,9 @@ class ServerConfig:
                                             "previous commit answered to come back (0: commit what is there at once)")
     signing_key: str = _opt("", "Ed25519 private key (PEM) that signs audit-log checkpoints; default: "
                                 "data_dir/signing_key.pem, created at first start")
+    model_roots: str = _opt("", "comma-separated directories that callers' checkpoint paths (a spec's model.path, a "
+                                "launch's or experiment's model_path) must lie under, symlinks followed; empty: "
+                                "any directory the server can read")
     local_devices: str = _opt("", "devices the local dispatcher gives ranks, e.g. 0,1,2,3 or 0-7 (GPU ids); "
                                   "default: this machine's GPUs, or --local-slots CPU slots without one")
     local_slots: int = _opt(4, "CPU slots (ranks at once) when the machine has no GPU and --local-devices is unset")

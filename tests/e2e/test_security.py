@@ -113,3 +113,38 @@ def test_tls_and_mutual_tls(tmp_path: Path) -> None:
         assert e.value.code == "UNAUTHENTICATED"  # a valid certificate, but no roles for it
         with Client(srv.address, tls_ca=pki.ca_path, tls_cert=scert, tls_key=skey, token=TOKENS["admin"]) as c:
             assert c.get_audit_record(plan.audit_record).principal == "orchestrator"
+
+
+def _config_dir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(
+        '{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}')
+    return path
+
+
+def test_model_roots_confine_checkpoint_paths(tmp_path: Path) -> None:
+    """With --model-roots, a caller's model.path / model_path must lie under a root (after
+    symlinks and '..'); otherwise INVALID_ARGUMENT naming the field and the roots, without saying
+    whether the path exists, and nothing is read or launched."""
+    root = tmp_path / "models"
+    inside = _config_dir(root / "llama")
+    outside = _config_dir(tmp_path / "outside")
+    (root / "escape").symlink_to(outside)
+    spec = {"hardware": {"gpu": "B200"}}
+    with ServerProcess(tmp_path / "srv", "--model-roots", str(root)) as srv, Client(srv.address) as c:
+        assert c.resolve({**spec, "model": {"path": str(inside)}}).attention_prefill == "trtllm_mha"
+        for path in (outside, root / "escape", root / ".." / "outside", Path("/etc"), tmp_path / "missing"):
+            with pytest.raises(ServiceError) as e:
+                c.resolve({**spec, "model": {"path": str(path)}})
+            assert e.value.code == "INVALID_ARGUMENT", path
+            (v,) = e.value.violations
+            assert v.field == "model.path" and str(root) in v.description, v
+            assert "config.json" not in v.description and "exist" not in v.description  # nothing learned
+        with pytest.raises(ServiceError) as e:
+            c.create_launch(str(outside), {"input_len": 4, "output_len": 2, "requests": 1}, spec=KIMI)
+        assert e.value.code == "INVALID_ARGUMENT" and [v.field for v in e.value.violations] == ["model_path"]
+        assert not c.list_launches().launches
+        assert c.verify_audit_log().ok
+    with pytest.raises(RuntimeError) as err:
+        ServerProcess(tmp_path / "srv2", "--model-roots", str(tmp_path / "nowhere")).start()
+    assert "model_roots" in str(err.value) and "nowhere" in str(err.value)
