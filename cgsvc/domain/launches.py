@@ -73,11 +73,20 @@ class LaunchOrder:
     request_hash: str = ""
 
 
+# The most requests one launch runs (a bigger benchmark is several launches, or an experiment).
+MAX_REQUESTS = 100_000
+# The longest request (input_len + output_len) when the checkpoint states no context length.
+MAX_SEQUENCE_TOKENS = 1_048_576
+
+
 def workload_problems(workload: Workload, model_path: str) -> list[FieldViolation]:
     """What is wrong with a launch's workload and checkpoint path, field by field."""
     problems = [FieldViolation(f"workload.{k}", f"must be at least 1, got {v}") for k, v in
                 (("input_len", workload.input_len), ("output_len", workload.output_len),
                  ("requests", workload.requests)) if v < 1]
+    if workload.requests > MAX_REQUESTS:
+        problems.append(FieldViolation("workload.requests", f"at most {MAX_REQUESTS} per launch, got "
+                                                            f"{workload.requests}; split it into several launches"))
     if workload.concurrency < 0:
         problems.append(FieldViolation("workload.concurrency", "must be 0 (all at once) or positive"))
     if not model_path:
@@ -93,10 +102,12 @@ def read_checkpoint(model_path: str, workload: Workload) -> catalog.ModelFacts:
     except ServiceError as err:
         raise ServiceError.invalid([FieldViolation("model_path", v.description) for v in err.violations]) from None
     max_pos = ckpt.max_position_embeddings or 0
-    if max_pos and workload.input_len + workload.output_len > max_pos:
+    if workload.input_len + workload.output_len > (max_pos or MAX_SEQUENCE_TOKENS):
+        limit = (f"the checkpoint's context of {max_pos} tokens" if max_pos else
+                 f"{MAX_SEQUENCE_TOKENS} tokens (the checkpoint states no max_position_embeddings)")
         raise ServiceError.invalid([FieldViolation(
             "workload.input_len", f"input_len + output_len = {workload.input_len + workload.output_len} exceeds "
-                                  f"the checkpoint's context of {max_pos} tokens")])
+                                  f"{limit}")])
     return ckpt
 
 

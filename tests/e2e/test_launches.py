@@ -202,6 +202,9 @@ def test_bad_launches_start_nothing_and_are_audited(srv: ServerProcess, ckpt: st
         ({"plan": "plans/doesnotexist"}, "NOT_FOUND", ""),
         ({"spec": KIMI, "workload": {**SHORT, "output_len": 0}}, "INVALID_ARGUMENT", "workload.output_len"),
         ({"spec": KIMI, "workload": {**SHORT, "input_len": 200_000}}, "INVALID_ARGUMENT", "workload.input_len"),
+        ({"spec": KIMI, "workload": {**SHORT, "requests": 2**31 - 1}}, "INVALID_ARGUMENT", "workload.requests"),
+        ({"spec": KIMI, "model_path": str(llama_ckpt), "workload": {**SHORT, "output_len": 2**31 - 100}},
+         "INVALID_ARGUMENT", "workload.input_len"),  # no context stated: a fixed bound, before any family check
         ({"spec": KIMI, "model_path": str(llama_ckpt)}, "FAILED_PRECONDITION", "model_path"),
         ({"spec": KIMI, "model_path": str(tmp_path / "nothing")}, "INVALID_ARGUMENT", "model_path"),
         ({"spec": KIMI, "dispatcher": "ray"}, "FAILED_PRECONDITION", "dispatcher"),
