@@ -47,9 +47,13 @@ def test_the_authentication_matrix(tmp_path: Path) -> None:
     assert "bearer tokens beyond loopback need TLS" in serve_refused(tmp_path, *remote, "--token-file", tokens)
     assert "does not lift this" in serve_refused(tmp_path, *remote, "--token-file", tokens, "--allow-insecure-remote")
     # Served: tokens over TLS, client certificates, and the explicit escape (warned, anonymous).
-    for name, args in (("tokens", (*tls, "--token-file", tokens)), ("mtls", (*tls, "--tls-client-ca", pki.ca_path))):
+    # (Beyond loopback, unconfined checkpoint paths are warned of until --model-roots is set.)
+    for name, args in (("tokens", (*tls, "--token-file", tokens)),
+                       ("mtls", (*tls, "--tls-client-ca", pki.ca_path, "--model-roots", str(tmp_path)))):
         with ServerProcess(tmp_path / name, *remote, *args) as srv:
-            assert "WARNING" not in "".join(srv.output)
+            warnings = [line for line in srv.output if "WARNING" in line]
+            expected = [] if name == "mtls" else ["WARNING: checkpoint paths unconfined"]
+            assert [w[:36] for w in warnings] == expected, warnings
     with ServerProcess(tmp_path / "escape", *remote, "--allow-insecure-remote") as srv, Client(srv.address) as c:
         assert any("--allow-insecure-remote" in line and "'anonymous'" in line for line in srv.output)
         plan = c.resolve_proto(KIMI)

@@ -27,17 +27,28 @@ def ours(path: str, dtype: str = "float32", page_size: int = 16, plan: PlanView 
 
 
 def check(logits: torch.Tensor, path: str, dtype: torch.dtype, tol: float) -> None:
-    """Greedy tokens identical; relative L2 error of every step's logits under tol (fp32 runs
-    also hold the stricter max-abs form)."""
+    """Greedy tokens identical and the relative L2 error of every step's logits under tol (fp32
+    runs also hold the stricter max-abs form). Greedy paths may part only where the reference
+    cannot choose: where its logit for our token is within tol (relative to its largest logit)
+    of its best — in bf16 an exact tie happens (transformers 5.24 on this CPU ties two tokens at
+    1.2891 in the last step of a prompt, and picks the lower id). After that step the two
+    continue from different tokens, so that prompt is compared no further."""
     ref = hf_model(path, dtype)
     for b, prompt in enumerate(PROMPTS):
         tokens, ref_logits = hf_greedy(ref, prompt, STEPS)
-        assert logits[:, b].argmax(-1).tolist() == tokens, f"prompt {b}: greedy tokens differ"
+        our_tokens = logits[:, b].argmax(-1).tolist()
         for step in range(STEPS):
             err = rel_err(logits[step, b], ref_logits[step])
             assert err < tol, f"prompt {b} step {step}: relative error {err:.2e} >= {tol}"
             if dtype == torch.float32:
                 assert max_rel_err(logits[step, b], ref_logits[step]) < tol
+            if our_tokens[step] != tokens[step]:
+                best = ref_logits[step].float()
+                gap = float(best.max() - best[our_tokens[step]])
+                assert gap <= tol * float(best.abs().max()), (
+                    f"prompt {b} step {step}: greedy tokens differ ({our_tokens} vs {tokens}); the reference "
+                    f"scores ours {gap:.3g} below its best, not a tie")
+                break
 
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-qproj"])
