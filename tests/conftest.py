@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 CASES = ROOT / "tests" / "cases"
+# The smallest config.json the catalog reads as a (non-MLA) Llama.
+LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+                "num_attention_heads": 4}
+
+
+def llama_dir(path: Path) -> Path:
+    """`path` (made if missing) holding LLAMA_CONFIG as its config.json."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    return path
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -155,7 +155,7 @@ def set_model_roots(roots: list[str]) -> tuple[str, ...]:
 
 def _under_roots(path: str) -> bool:
     real = os.path.realpath(path)
-    return not _model_roots or any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in _model_roots)
+    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in _model_roots)
 
 
 def read_model_dir(path: str, label: str | None = None) -> ModelFacts:
@@ -167,7 +167,7 @@ def read_model_dir(path: str, label: str | None = None) -> ModelFacts:
     """
     cfg_path = os.path.join(path, "config.json")
     hq = os.path.join(path, "hf_quant_config.json")
-    if not all(_under_roots(p) for p in (path, cfg_path, hq)):
+    if _model_roots and not all(_under_roots(p) for p in (path, cfg_path, hq)):
         raise ServiceError.invalid([FieldViolation(
             "model.path", f"must lie under {', '.join(_model_roots)} (the server's model roots, symlinks "
                           "followed); give a checkpoint directory there")])

@@ -117,10 +117,9 @@ class PlanService:
         rec = await self.plans.resolve_and_record(json.loads(spec_key), caller(rc), request.validate_only,
                                                   request.request_id, policy=request.policy, spec_key=spec_key)
         plan = rec.resolution.plan
-        counter = self._counters.get((plan.prefill_backend, plan.decode_backend))
-        if counter is None:
-            counter = self._counters.setdefault((plan.prefill_backend, plan.decode_backend),
-                                                metrics.PLANS_TOTAL.labels(plan.prefill_backend, plan.decode_backend))
+        key = (plan.prefill_backend, plan.decode_backend)
+        if (counter := self._counters.get(key)) is None:
+            counter = self._counters[key] = metrics.PLANS_TOTAL.labels(*key)
         counter.inc()
         if rec.replay is not None:
             return codec.stored_plan_proto(rec.replay)

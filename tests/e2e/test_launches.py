@@ -20,7 +20,7 @@ from cgsvc_worker.checkpoint import make_checkpoint
 
 from cgsvc.errors import ServiceError
 from cgsvc.launch.dispatch import session_members
-from tests.conftest import ROOT
+from tests.conftest import ROOT, llama_dir
 from tests.e2e.server import ServerProcess
 
 KIMI = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300", "gpu_count": 4},
@@ -192,10 +192,7 @@ def test_admission_refuses_or_queues(srv: ServerProcess, ckpt: str) -> None:
 
 
 def test_bad_launches_start_nothing_and_are_audited(srv: ServerProcess, ckpt: str, tmp_path: Path) -> None:
-    llama_ckpt = tmp_path / "llama"
-    llama_ckpt.mkdir()
-    (llama_ckpt / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
-                                                        "num_attention_heads": 4, "num_hidden_layers": 2}))
+    llama_ckpt = llama_dir(tmp_path / "llama")
     cases: list[tuple[dict[str, Any], str, str]] = [
         ({"spec": {**KIMI, "overrides": {"attention_backend": "fa3"}, "hardware": {"gpu": "cpu"}}},
          "FAILED_PRECONDITION", ""),

@@ -10,6 +10,7 @@ from cgsvc_client.client import Client
 
 from cgsvc.errors import ServiceError
 from cgsvc.server.auth import hash_token
+from tests.conftest import llama_dir
 from tests.e2e.certs import ThrowawayPKI
 from tests.e2e.server import ServerProcess
 
@@ -115,20 +116,13 @@ def test_tls_and_mutual_tls(tmp_path: Path) -> None:
             assert c.get_audit_record(plan.audit_record).principal == "orchestrator"
 
 
-def _config_dir(path: Path) -> Path:
-    path.mkdir(parents=True)
-    (path / "config.json").write_text(
-        '{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}')
-    return path
-
-
 def test_model_roots_confine_checkpoint_paths(tmp_path: Path) -> None:
     """With --model-roots, a caller's model.path / model_path must lie under a root (after
     symlinks and '..'); otherwise INVALID_ARGUMENT naming the field and the roots, without saying
     whether the path exists, and nothing is read or launched."""
     root = tmp_path / "models"
-    inside = _config_dir(root / "llama")
-    outside = _config_dir(tmp_path / "outside")
+    inside = llama_dir(root / "llama")
+    outside = llama_dir(tmp_path / "outside")
     (root / "escape").symlink_to(outside)
     spec = {"hardware": {"gpu": "B200"}}
     with ServerProcess(tmp_path / "srv", "--model-roots", str(root)) as srv, Client(srv.address) as c:

@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 
 from cgsvc.errors import ServiceError
 from cgsvc.v1 import plan_service_pb2
-from tests.conftest import ROOT
+from tests.conftest import ROOT, llama_dir
 from tests.e2e.server import ServerProcess
 
 KIMI: dict[str, Any] = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300", "gpu_count": 4},
@@ -216,9 +216,7 @@ def test_logs_are_json_with_request_fields(server: ServerProcess, client: Client
 def test_model_path_specs_are_resolved_fresh(client: Client, tmp_path: Path) -> None:
     """Regression guard for memoised resolution: a spec naming model.path reads config.json each
     time, so an edited checkpoint config changes the plan."""
-    cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
-                               "num_attention_heads": 4}))
+    cfg = llama_dir(tmp_path) / "config.json"
     spec = {"model": {"path": str(tmp_path)}, "hardware": {"gpu": "B200"}}
     assert client.resolve(spec).attention_prefill == "trtllm_mha"
     cfg.write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,

@@ -13,6 +13,7 @@ from cgsvc.resolve import engine, policy_version, resolve, validate_and_lock
 from cgsvc.resolve.engine import Rule, Stage
 from cgsvc.resolve.policy import RULES
 from cgsvc.spec import parse_spec
+from tests.conftest import llama_dir
 
 KIMI = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300", "gpu_count": 4},
         "parallelism": {"tp": 4}}
@@ -113,8 +114,7 @@ def test_reader_derives_the_same_facts_from_a_local_config(tmp_path: Path) -> No
 
 
 def test_path_is_authoritative_over_name(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}))
+    llama_dir(tmp_path)
     plan = resolve(parse_spec({"model": {"name": "nvidia/Kimi-K2.6-NVFP4", "path": str(tmp_path)},
                                "hardware": {"gpu": "H100"}}))
     assert plan.attention_prefill == "fa3" and plan.prefill_backend == "breakable"  # a Llama, not Kimi
