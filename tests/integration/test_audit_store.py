@@ -6,6 +6,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -459,3 +460,59 @@ def test_a_nul_character_is_recorded_escaped_and_fails_no_one_else(store: AuditS
     assert got.record_hash == dirty.record.record_hash and store.verify().ok
     again = store.append(entry(2, model="deep\x00seek"), request_id="id\x00x")
     assert again.replay_of is not None and again.replay_of.sequence == 2
+
+
+def _largest_wal(tmp_path: Path, name: str, restart_frames: int, records: int = 800) -> tuple[int, Any]:
+    """Append `records` records four to a commit with no pause: the largest the write-ahead log
+    file grew (bytes), and the store's checkpointer."""
+    import os
+    url = f"sqlite:///{tmp_path / name}"
+    store = AuditStore(url, wal_checkpoint_every=16, wal_restart_frames=restart_frames)
+    largest = 0
+    try:
+        for i in range(1, records + 1, 4):
+            store.append_batch([PendingAppend(entry(j)) for j in range(i, i + 4)])
+            largest = max(largest, os.path.getsize(tmp_path / f"{name}-wal"))
+        v = store.verify()
+        assert v.ok and v.records_checked == records
+        checkpointer = store._checkpointer
+    finally:
+        store.close()
+    return largest, checkpointer
+
+
+def test_sqlite_checkpoints_run_beside_the_commits_and_keep_the_log_bounded(tmp_path: Path) -> None:
+    """The append connection never checkpoints inside a commit (wal_autocheckpoint=0: a commit
+    that crossed SQLite's threshold waited 5-20 ms for it, and every caller of its batch with
+    it); a thread of the store's copies the log into the database beside the commits. Under
+    appends that never pause, a passive checkpoint never finds the log wholly copied between two
+    commits, so the log only grows; past `wal_restart_frames` the thread restarts it, and it
+    stays bounded."""
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    store = AuditStore(url)
+    try:
+        store.append(entry(1))
+        assert store._append_conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        checkpointer = store._checkpointer
+        assert checkpointer is not None
+    finally:
+        store.close()
+    assert not checkpointer._thread.is_alive()
+
+    unbounded, passive_only = _largest_wal(tmp_path, "passive.db", restart_frames=1 << 40)
+    bounded, restarting = _largest_wal(tmp_path, "restart.db", restart_frames=64)
+    assert passive_only.checkpoints >= 1 and passive_only.restarts == 0
+    assert restarting.restarts >= 1
+    assert bounded < unbounded * 0.6, f"the log grew to {bounded} bytes with restarts, {unbounded} without"
+
+
+def test_sqlite_checkpoints_can_stay_inside_the_commits(tmp_path: Path) -> None:
+    """wal_checkpoint_every=0: no thread; SQLite checkpoints inside the commits, as it does by
+    default (bench/commit_tail.py measures one against the other)."""
+    store = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}", wal_checkpoint_every=0)
+    try:
+        store.append(entry(1))
+        assert store._checkpointer is None
+        assert store._append_conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
+    finally:
+        store.close()
