@@ -5,8 +5,7 @@
     cgsvc-cli rules [--policy NAME] [--output table|json]
     cgsvc-cli policies [--server HOST:PORT]
 
-Exit codes: 0 success; 2 the spec was refused (INVALID_ARGUMENT / FAILED_PRECONDITION);
-1 any other failure (server unreachable, ...). JSON output is `{"plan": ...}` or
+Exit codes: EXIT_CODES below (also in `cgsvc-cli --help`). JSON output is `{"plan": ...}` or
 `{"error": {"code", "message", "field_violations"}}`.
 """
 
@@ -75,8 +74,20 @@ def cmd_rules(ns: argparse.Namespace) -> int:
     return 0
 
 
+EXIT_CODES = """exit codes (every command):
+  0  success
+  1  any other failure: NOT_FOUND, PERMISSION_DENIED, the server unreachable, ...
+     (plans diff --exit-code: the plans differ)
+  2  refused as bad input: INVALID_ARGUMENT or FAILED_PRECONDITION, a malformed file
+  3  a check failed: audit verify (the chain, or the log against a checkpoint), audit prove
+     (plans diff --exit-code: the comparison itself failed)
+  4  launch --wait, experiment (unless --detach): it ended in a state other than SUCCEEDED
+with -o json the failure is {"error": {"code", "message", "field_violations"}} on stdout"""
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="cgsvc-cli", description="Resolve, explain and audit CUDA-graph plans.")
+    ap = argparse.ArgumentParser(prog="cgsvc-cli", description="Resolve, explain and audit CUDA-graph plans.",
+                                 epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("resolve", help="resolve a launch spec into a plan")

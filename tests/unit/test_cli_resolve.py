@@ -90,3 +90,15 @@ def test_rules_lists_the_table() -> None:
     ids = [r["id"] for r in out["rules"]]
     assert "prefill.upgrade.multimodal_piecewise" in ids and "breakable.mla" in ids
     assert ids.index("attention.deepseek_v3.blackwell") < ids.index("prefill.upgrade.multimodal_piecewise")
+
+
+def test_help_lists_every_exit_code_and_a_refusal_exits_with_the_listed_one(tmp_path: Path) -> None:
+    """A script reads the exit codes off `--help`; the one for a refusal is what it gets."""
+    help_text = cli("--help").stdout
+    codes = {line.split()[0]: line for line in help_text.split("exit codes", 1)[1].splitlines()[1:]
+             if line.strip()[:1].isdigit()}
+    assert sorted(codes) == ["0", "1", "2", "3", "4"]
+    assert "INVALID_ARGUMENT" in codes["2"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"model": {"name": "deepseek-ai/DeepSeek-V3"}, "hardware": {"gpu": "NoSuchGPU"}}))
+    assert cli("resolve", "--spec", str(bad), "-o", "json").returncode == 2
