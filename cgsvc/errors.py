@@ -23,6 +23,12 @@ CODE_NUMBERS = {
 CODE_NAMES = {v: k for k, v in CODE_NUMBERS.items()}
 
 
+def clip(text: str, limit: int) -> str:
+    """`text`, or its first `limit` characters and how long it was (for a caller's value that
+    must fit somewhere: a status on the wire, an indexed column)."""
+    return text if len(text) <= limit else f"{text[:limit]}... (cut at {limit} of {len(text)} characters)"
+
+
 @dataclass(frozen=True)
 class FieldViolation:
     """One problem with one field: its dotted path and a description of what would be valid."""

@@ -13,7 +13,7 @@ from cgsvc import __version__
 from cgsvc.audit.records import AuditEntry, mask_secrets
 from cgsvc.audit.store import AppendResult, AuditStore, PendingAppend, PlanListing
 from cgsvc.audit.writer import Writer
-from cgsvc.errors import CODE_NUMBERS
+from cgsvc.errors import CODE_NUMBERS, clip
 from cgsvc.plan import canonical_json
 from cgsvc.resolve import DEFAULT_POLICY, policy_version
 from cgsvc.resolve.policies import POLICIES
@@ -28,10 +28,6 @@ REQUEST_AUDITED: contextvars.ContextVar[bool] = contextvars.ContextVar("cgsvc_re
 # under PostgreSQL's B-tree limit of about 2.7 KB a key). A caller's longer value — a refused
 # spec can carry anything — is cut, saying so; the record's spec_json keeps all of it.
 MAX_INDEXED = 512
-
-
-def _indexed(value: str) -> str:
-    return value if len(value) <= MAX_INDEXED else f"{value[:MAX_INDEXED]}... ({len(value)} characters)"
 
 
 class Auditor:
@@ -55,8 +51,8 @@ class Auditor:
         spec = mask_secrets(spec_dict)
         model = spec.get("model", {})
         return {"spec_json": canonical_json(spec),
-                "model": _indexed(str(model.get("name") or model.get("path") or "")),
-                "gpu": _indexed(str(spec.get("hardware", {}).get("gpu", "")))}
+                "model": clip(str(model.get("name") or model.get("path") or ""), MAX_INDEXED),
+                "gpu": clip(str(spec.get("hardware", {}).get("gpu", "")), MAX_INDEXED)}
 
     def entry(self, method: str, principal: str, peer: str, request_id: str, trace_id: str,
               spec_dict: dict[str, Any] | None, code: str, message: str, policy: str = DEFAULT_POLICY,

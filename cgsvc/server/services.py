@@ -22,12 +22,12 @@ from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.store import AuditStore, PageTokenError, TreeSizeError, utc_now
 from cgsvc.domain.impact import policy_impact
 from cgsvc.domain.plans import RESOLVE_METHOD, Caller, Plans, Resolution
-from cgsvc.errors import ServiceError
+from cgsvc.errors import ServiceError, clip
 from cgsvc.resolve import DEFAULT_POLICY
 from cgsvc.resolve.policies import POLICIES
 from cgsvc.server import metrics
 from cgsvc.server.interceptors import RequestContext
-from cgsvc.server.status import clip, invalid
+from cgsvc.server.status import invalid
 from cgsvc.v1 import audit_pb2, diagnostics_pb2, launch_pb2, plan_pb2, plan_service_pb2
 
 # Methods whose every call is audited, malformed ones included.

@@ -7,7 +7,7 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
+from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError, clip
 
 DOMAIN = "cgsvc.v1"
 
@@ -19,11 +19,6 @@ DOMAIN = "cgsvc.v1"
 MAX_MESSAGE = 300
 MAX_DESCRIPTION = 200
 MAX_VIOLATION_BYTES = 3000
-
-
-def clip(text: str, limit: int) -> str:
-    """`text`, or its first `limit` characters and how long it was."""
-    return text if len(text) <= limit else f"{text[:limit]}... (cut at {limit} of {len(text)} characters)"
 
 
 def to_status(err: ServiceError) -> grpc.Status:
