@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -388,13 +388,22 @@ def rule_set_id(rule_ids: Sequence[str]) -> str:
     return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:32] if ids else ""
 
 
+def _side_rows(bodies: Mapping[str, str], sets: Mapping[str, Sequence[str]]) -> dict[str, list[dict[str, str]]]:
+    """The rows stored beside records, by table (each inserted unless already there): plan
+    bodies by their reference, and rule sets by id with a row per member rule."""
+    members = {set_id: sorted(set(ids)) for set_id, ids in sets.items()}
+    return {"plan_bodies": [{"body_hash": ref[1:], "plan_json": body} for ref, body in bodies.items()],
+            "rule_sets": [{"set_id": k, "rule_ids": json.dumps(m)} for k, m in members.items()],
+            "rule_set_members": [{"rule_id": r, "set_id": k} for k, m in members.items() for r in m]}
+
+
 def _insert_rule_set(conn: Connection, set_id: str, rule_ids: Sequence[str]) -> None:
     """Store a rule set and its members unless another writer already did."""
-    ids = sorted(set(rule_ids))
     if conn.execute(sa.select(rule_sets.c.set_id).where(rule_sets.c.set_id == set_id)).first() is not None:
         return
-    conn.execute(rule_sets.insert().values(set_id=set_id, rule_ids=json.dumps(ids)))
-    conn.execute(rule_set_members.insert(), [{"rule_id": r, "set_id": set_id} for r in ids])
+    rows = _side_rows({}, {set_id: rule_ids})
+    conn.execute(rule_sets.insert(), rows["rule_sets"])
+    conn.execute(rule_set_members.insert(), rows["rule_set_members"])
 
 
 def _leaf(record_hash: str) -> bytes:
@@ -931,17 +940,14 @@ class AuditStore:
         frontier, made = merkle.append_leaves(size, frontier, [_leaf(r["record_hash"]) for r in records])
         node_rows = [{"pos": merkle.node_position(lv, i), "hash": h.hex()} for lv, i, h in made]
         head = (seq, prev, _frontier_json(frontier))  # the new chain head, as its row holds it
+        side = _side_rows(new_bodies, new_sets)
         if optimistic:  # PostgreSQL: the whole batch is one statement, its own transaction
-            cur.execute(_PG_APPEND_SQL, (
-                head_seq, json.dumps(records), json.dumps(idem_rows), json.dumps(node_rows),
-                json.dumps([{"body_hash": ref[1:], "plan_json": body} for ref, body in new_bodies.items()]),
-                json.dumps([{"set_id": k, "rule_ids": json.dumps(sorted(set(v)))} for k, v in new_sets.items()]),
-                json.dumps([{"rule_id": r, "set_id": k} for k, v in new_sets.items() for r in sorted(set(v))]),
-                *head))
+            cur.execute(_PG_APPEND_SQL, (head_seq, json.dumps(records), json.dumps(idem_rows), json.dumps(node_rows),
+                                         *(json.dumps(rows) for rows in side.values()), *head))
             if cur.rowcount != 1:  # no chain head row: nothing was written; the locked path will say why
                 raise _StaleHead("the chain head row was not found")
         else:
-            self._write_batch(conn, cur, records, idem_rows, node_rows, new_bodies, new_sets, head)
+            self._write_batch(conn, cur, records, idem_rows, node_rows, side, head)
         self._known_bodies.update(new_bodies)  # committed
         if self.dialect == "postgresql":
             # the next batch may extend this head without reading it, unless optimism keeps
@@ -953,23 +959,19 @@ class AuditStore:
         return results, new_sets
 
     def _write_batch(self, conn: Any, cur: Any, records: list[dict[str, Any]], idem_rows: list[dict[str, Any]],
-                     node_rows: list[dict[str, Any]], new_bodies: dict[str, str],
-                     new_sets: dict[str, tuple[str, ...]], head: tuple[int, str, str]) -> None:
+                     node_rows: list[dict[str, Any]], side: dict[str, list[dict[str, str]]],
+                     head: tuple[int, str, str]) -> None:
         """A batch's writes and its COMMIT, in the transaction its reads opened (on PostgreSQL
-        in one pipeline: one round trip)."""
+        in one pipeline: one round trip). `side`: _side_rows, each inserted unless there."""
         mark = self._mark
         with conn.pipeline() if self.dialect == "postgresql" else contextlib.nullcontext():
             for table, rows in ((audit_records, records), (idempotency, idem_rows), (merkle_nodes, node_rows)):
                 self._insert[table.name](cur, rows)
-            if new_bodies:
-                cur.executemany(f"INSERT INTO plan_bodies (body_hash, plan_json) VALUES ({mark}, {mark}) "
-                                "ON CONFLICT DO NOTHING", [(ref[1:], body) for ref, body in new_bodies.items()])
-            for set_id, ids in new_sets.items():
-                members = sorted(set(ids))
-                cur.execute(f"INSERT INTO rule_sets (set_id, rule_ids) VALUES ({mark}, {mark}) ON CONFLICT DO NOTHING",
-                            (set_id, json.dumps(members)))
-                cur.executemany(f"INSERT INTO rule_set_members (rule_id, set_id) VALUES ({mark}, {mark}) "
-                                "ON CONFLICT DO NOTHING", [(r, set_id) for r in members])
+            for name, rows in side.items():
+                if rows:
+                    cols = list(rows[0])
+                    cur.executemany(f"INSERT INTO {name} ({', '.join(cols)}) VALUES ({', '.join([mark] * len(cols))}) "
+                                    "ON CONFLICT DO NOTHING", [tuple(r.values()) for r in rows])
             cur.execute(f"UPDATE chain_head SET sequence = {mark}, record_hash = {mark}, frontier = {mark} "
                         "WHERE id = 1", head)
             conn.commit()
