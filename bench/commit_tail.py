@@ -19,13 +19,13 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from resolve_load import KIMI  # noqa: E402
+
 from cgsvc.audit.auditor import Auditor  # noqa: E402
 from cgsvc.audit.store import AuditStore, PendingAppend  # noqa: E402
 from cgsvc.domain.plans import RESOLVE_METHOD, resolve_spec  # noqa: E402
 
-KIMI = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300", "gpu_count": 4},
-        "parallelism": {"tp": 4}}
 VARIANTS = {"in the commit (SQLite's default)": 0, "beside the commits (thread)": 256}
 
 

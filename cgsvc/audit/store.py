@@ -406,6 +406,14 @@ def _insert_rule_set(conn: Connection, set_id: str, rule_ids: Sequence[str]) -> 
     conn.execute(rule_set_members.insert(), rows["rule_set_members"])
 
 
+def _own_connection(engine: Engine) -> Any:
+    """A DBAPI connection configured like the engine's (pragmas), outside its pool: for a
+    thread that holds one for the store's life."""
+    pooled = engine.raw_connection()
+    pooled.detach()
+    return pooled.dbapi_connection
+
+
 def _leaf(record_hash: str) -> bytes:
     """A record's Merkle leaf: H(0x00 || its 32-byte record_hash)."""
     return merkle.leaf_hash(bytes.fromhex(record_hash))
@@ -490,9 +498,11 @@ class _RawInsert:
     """INSERT of whole rows through the driver's executemany: the append path's rows skip
     SQLAlchemy's per-row parameter processing, which cost more than the database itself."""
 
-    def __init__(self, table: sa.Table, mark: str) -> None:
+    def __init__(self, table: sa.Table, mark: str, skip_existing: bool = False) -> None:
         self.columns = [c.name for c in table.columns]
         self.sql = f"INSERT INTO {table.name} ({', '.join(self.columns)}) VALUES ({', '.join([mark] * len(self.columns))})"
+        if skip_existing:
+            self.sql += " ON CONFLICT DO NOTHING"
 
     def __call__(self, cur: Any, rows: Sequence[dict[str, Any]]) -> None:
         if rows:
@@ -586,9 +596,7 @@ class _Checkpointer:
             self._wake.set()
 
     def _run(self) -> None:
-        pooled = self.engine.raw_connection()
-        pooled.detach()
-        conn: Any = pooled.dbapi_connection
+        conn = _own_connection(self.engine)
         try:
             while not self._stop:
                 self._wake.wait(self.idle)
@@ -629,6 +637,8 @@ class AuditStore:
         self.dialect = self.write_engine.dialect.name
         self._mark = "?" if self.write_engine.dialect.paramstyle == "qmark" else "%s"
         self._insert = {t.name: _RawInsert(t, self._mark) for t in (audit_records, idempotency, merkle_nodes)}
+        self._insert.update({t.name: _RawInsert(t, self._mark, skip_existing=True)
+                             for t in (plan_bodies, rule_sets, rule_set_members)})
         self._known_rule_sets: set[str] = set()  # sets this process has seen committed
         # plan bodies: the references this process has seen committed, and bodies read back
         self._known_bodies: dict[str, str] = {}
@@ -815,9 +825,7 @@ class AuditStore:
         items = [_without_nul(i) for i in items]
         with self._append_lock:
             if self._append_conn is None:
-                pooled = self.write_engine.raw_connection()  # configured like every connection (pragmas)
-                pooled.detach()
-                self._append_conn = pooled.dbapi_connection
+                self._append_conn = _own_connection(self.write_engine)
                 if self.dialect == "sqlite" and self.wal_checkpoint_every > 0:
                     if self._checkpointer is None:
                         self._checkpointer = _Checkpointer(self.write_engine, self.wal_checkpoint_every,
@@ -968,10 +976,7 @@ class AuditStore:
             for table, rows in ((audit_records, records), (idempotency, idem_rows), (merkle_nodes, node_rows)):
                 self._insert[table.name](cur, rows)
             for name, rows in side.items():
-                if rows:
-                    cols = list(rows[0])
-                    cur.executemany(f"INSERT INTO {name} ({', '.join(cols)}) VALUES ({', '.join([mark] * len(cols))}) "
-                                    "ON CONFLICT DO NOTHING", [tuple(r.values()) for r in rows])
+                self._insert[name](cur, rows)
             cur.execute(f"UPDATE chain_head SET sequence = {mark}, record_hash = {mark}, frontier = {mark} "
                         "WHERE id = 1", head)
             conn.commit()
