@@ -813,17 +813,16 @@ class AuditStore:
 
     # ------------------------------------------------------------------ append
     def append_batch(self, items: Sequence[PendingAppend]) -> list[AppendResult]:
-        """Append all items in one transaction, in order; durable when this returns.
+        """Append all items in one transaction, in order; durable when this returns."""
+        batch = self.open_batch()
+        batch.add(items)
+        return batch.commit()
 
-        Statements are batched (one query for idempotency keys, one multi-row insert per
-        table), so a group commit costs little more than one record. On PostgreSQL a batch is
-        one statement when it extends the head this store last committed (`_append_in`,
-        optimistic), otherwise two round trips: its reads (BEGIN, the chain head FOR UPDATE, the
-        idempotency keys) in one pipeline, its writes and the COMMIT in another. SQLite runs in
-        process.
-        """
-        items = [_without_nul(i) for i in items]
-        with self._append_lock:
+    def open_batch(self) -> AppendBatch:
+        """Start a group commit that appends are added to as they arrive (AppendBatch). It
+        holds the store's append lock until it commits or fails."""
+        self._append_lock.acquire()
+        try:
             if self._append_conn is None:
                 self._append_conn = _own_connection(self.write_engine)
                 if self.dialect == "sqlite" and self.wal_checkpoint_every > 0:
@@ -831,155 +830,49 @@ class AuditStore:
                         self._checkpointer = _Checkpointer(self.write_engine, self.wal_checkpoint_every,
                                                            self.wal_restart_frames)
                     self._append_conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer's job
-            conn = self._append_conn
-            try:
-                try:
-                    results, new_sets = self._append_in(conn, items, optimistic=self._pg_head is not None)
-                except self._stale as exc:  # the head moved (another replica) or a request id was seen before
-                    conn.rollback()
-                    self._pg_head = None
-                    self._pg_stale += 1
-                    log.debug("optimistic append fell back to the locked path: %s", type(exc).__name__)
-                    results, new_sets = self._append_in(conn, items)
-            except BaseException:
-                self._append_conn = None  # a connection in an unknown state is not reused
-                with contextlib.suppress(Exception):
-                    conn.rollback()
-                with contextlib.suppress(Exception):
-                    conn.close()
-                raise
-            self._known_rule_sets.update(new_sets)  # committed
-            if self._checkpointer is not None:
-                self._checkpointer.committed(len(items), conn)
-            return results
+            optimistic = self._pg_head is not None
+            return AppendBatch(self, self._append_conn, optimistic,
+                               deferred=self.dialect == "postgresql" and not optimistic)
+        except BaseException:
+            self._drop_append_conn()
+            self._append_lock.release()
+            raise
 
-    def _read_head_and_keys(self, conn: Any, items: Sequence[PendingAppend]) -> tuple[
-            Any, Any, set[tuple[str, str, str]], list[Any]]:
-        """Open the batch's transaction and read what it depends on: the chain head (locked)
-        and the stored keys among its request ids. (cursor, head row, the batch's keys, key rows)"""
-        keys = {(i.entry.principal, i.entry.method, i.request_id) for i in items if i.request_id}
-        ids = sorted({k[2] for k in keys})
+    def _drop_append_conn(self) -> None:
+        """After a failure: a connection in an unknown state is not reused."""
+        conn, self._append_conn = self._append_conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.rollback()
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _begin(self, conn: Any) -> tuple[Any, Any]:
+        """Open a locked append transaction and read the chain head: (cursor, head row)."""
         cur = conn.cursor()
         if self.dialect == "sqlite":
             cur.execute("BEGIN IMMEDIATE")
             cur.execute(_HEAD_SQL)
-            head = cur.fetchone()
-            rows: list[Any] = []
-            if ids:
-                cur.execute(f"{_KEYS_SQL} IN ({', '.join(['?'] * len(ids))})", ids)
-                rows = cur.fetchall()
-            return cur, head, keys, rows
+            return cur, cur.fetchone()
         conn.autocommit = False
-        keys_cur = conn.cursor()
-        with conn.pipeline():  # BEGIN and both reads in one round trip
-            cur.execute(_HEAD_SQL + " FOR UPDATE")
-            if ids:
-                keys_cur.execute(f"{_KEYS_SQL} = ANY(%s)", (ids,))
-        return cur, cur.fetchone(), keys, keys_cur.fetchall() if ids else []
+        cur.execute(_HEAD_SQL + " FOR UPDATE")
+        return cur, cur.fetchone()
 
-    def _append_in(self, conn: Any, items: Sequence[PendingAppend],
-                   optimistic: bool = False) -> tuple[list[AppendResult], dict[str, Any]]:
-        """The batch's transaction, from BEGIN to COMMIT.
-
-        `optimistic` (PostgreSQL, with the head this store last committed): one statement in
-        autocommit, its own transaction (_PG_APPEND_SQL). Nothing is read first: the batch is
-        chained onto the remembered head and assumed to hold no request id seen before; the
-        statement locks the head and fails unless it is still the one remembered, and a
-        request id seen before fails its key's insert. Either failure aborts the statement
-        (nothing is written) and the batch is appended again the locked way, reads first."""
-        results: list[AppendResult] = []
-        records: list[dict[str, Any]] = []
-        idem_rows: list[dict[str, Any]] = []
-        new_sets: dict[str, tuple[str, ...]] = {}
-        new_bodies: dict[str, str] = {}
-        keys: set[tuple[str, str, str]] = set()
-        key_rows: list[Any] = []
-        if optimistic:
-            assert self._pg_head is not None
-            conn.autocommit = True
-            cur, (head_seq, head_hash, head_frontier) = conn.cursor(), self._pg_head
+    def _stored_keys(self, cur: Any, ids: Sequence[str]) -> list[Any]:
+        """The idempotency keys stored for these request ids (read in the open transaction)."""
+        if self.dialect == "sqlite":
+            cur.execute(f"{_KEYS_SQL} IN ({', '.join(['?'] * len(ids))})", list(ids))
         else:
-            cur, (head_seq, head_hash, head_frontier), keys, key_rows = self._read_head_and_keys(conn, items)
-        seq, prev = int(head_seq), str(head_hash)
-        size, frontier = seq, _frontier_from_json(head_frontier)
-        firsts = self._first_requests(cur, keys, key_rows)
-        now = utc_now()  # the batch's time: its records are committed together
-        for item in items:
-            entry, listing, conflict = item.entry, item.plan, False
-            key = (entry.principal, entry.method, item.request_id)
-            replay_of = firsts.get(key) if item.request_id else None
-            if replay_of is not None:
-                listing = None
-                if replay_of.spec_hash != entry.spec_hash or (
-                        replay_of.schema_version >= 2 and replay_of.policy != entry.policy):
-                    conflict = True
-                    entry = dataclasses.replace(
-                        entry, plan_json="", plan_hash="", rule_ids=(), plan_id="",
-                        outcome_code=CODE_NUMBERS["INVALID_ARGUMENT"],
-                        outcome_message=f"request_id {item.request_id!r} was first used with a "
-                                        f"different spec or policy ({replay_of.name})")
-                else:
-                    entry = dataclasses.replace(
-                        entry, plan_id=replay_of.plan_id, plan_json=replay_of.plan_json,
-                        plan_hash=replay_of.plan_hash, rule_ids=replay_of.rule_ids,
-                        outcome_message=f"replay of {replay_of.name}")
-            seq += 1
-            record = chain(entry, seq, now, prev)
-            prev = record.record_hash
-            values = _record_values(record)
-            if record.plan_json:  # the plan's JSON once per distinct plan, the record a reference
-                values["plan_json"] = ref = _body_ref(record.plan_json)
-                if ref not in self._known_bodies:
-                    new_bodies[ref] = record.plan_json
-            values["rule_set"] = set_id = rule_set_id(record.rule_ids)
-            if set_id and set_id not in self._known_rule_sets:
-                new_sets[set_id] = record.rule_ids
-            if listing is None:
-                values.update(_NOT_A_PLAN)
-            else:  # this record creates the plan: its listing fields ride on the record
-                values["plan_created"] = 1
-                values.update(listing.__dict__)
-            records.append(values)
-            if item.request_id and replay_of is None and record.outcome_code == 0:
-                idem_rows.append({"principal": entry.principal, "method": entry.method,
-                                  "request_id": item.request_id, "sequence": seq})
-                firsts[key] = record  # a duplicate later in this batch is a replay
-            results.append(AppendResult(record, replay_of, conflict))
-        frontier, made = merkle.append_leaves(size, frontier, [_leaf(r["record_hash"]) for r in records])
-        node_rows = [{"pos": merkle.node_position(lv, i), "hash": h.hex()} for lv, i, h in made]
-        head = (seq, prev, _frontier_json(frontier))  # the new chain head, as its row holds it
-        side = _side_rows(new_bodies, new_sets)
-        if optimistic:  # PostgreSQL: the whole batch is one statement, its own transaction
-            cur.execute(_PG_APPEND_SQL, (head_seq, json.dumps(records), json.dumps(idem_rows), json.dumps(node_rows),
-                                         *(json.dumps(rows) for rows in side.values()), *head))
-            if cur.rowcount != 1:  # no chain head row: nothing was written; the locked path will say why
-                raise _StaleHead("the chain head row was not found")
-        else:
-            self._write_batch(conn, cur, records, idem_rows, node_rows, side, head)
-        self._known_bodies.update(new_bodies)  # committed
-        if self.dialect == "postgresql":
-            # the next batch may extend this head without reading it, unless optimism keeps
-            # failing (replicas appending in turn): then it reads first for a while
-            self._pg_head = head if self._pg_stale < 8 else None
-            self._pg_batches += 1
-            if self._pg_batches % 256 == 0:
-                self._pg_stale = 0
-        return results, new_sets
+            cur.execute(f"{_KEYS_SQL} = ANY(%s)", (list(ids),))
+        return cur.fetchall()
 
-    def _write_batch(self, conn: Any, cur: Any, records: list[dict[str, Any]], idem_rows: list[dict[str, Any]],
-                     node_rows: list[dict[str, Any]], side: dict[str, list[dict[str, str]]],
-                     head: tuple[int, str, str]) -> None:
-        """A batch's writes and its COMMIT, in the transaction its reads opened (on PostgreSQL
-        in one pipeline: one round trip). `side`: _side_rows, each inserted unless there."""
-        mark = self._mark
-        with conn.pipeline() if self.dialect == "postgresql" else contextlib.nullcontext():
-            for table, rows in ((audit_records, records), (idempotency, idem_rows), (merkle_nodes, node_rows)):
-                self._insert[table.name](cur, rows)
-            for name, rows in side.items():
-                self._insert[name](cur, rows)
-            cur.execute(f"UPDATE chain_head SET sequence = {mark}, record_hash = {mark}, frontier = {mark} "
-                        "WHERE id = 1", head)
-            conn.commit()
+    def _write_rows(self, cur: Any, records: list[dict[str, Any]], idem_rows: list[dict[str, Any]],
+                    node_rows: list[dict[str, Any]], side: dict[str, list[dict[str, str]]]) -> None:
+        """Rows into the open transaction. `side`: _side_rows, each inserted unless there."""
+        for table, rows in ((audit_records, records), (idempotency, idem_rows), (merkle_nodes, node_rows)):
+            self._insert[table.name](cur, rows)
+        for name, rows in side.items():
+            self._insert[name](cur, rows)
 
     def _first_requests(self, cur: Any, keys: set[tuple[str, str, str]],
                         key_rows: Sequence[Any]) -> dict[tuple[str, str, str], AuditRecord]:
@@ -1213,3 +1106,198 @@ class AuditStore:
             return Verification(False, checked, 0, "the stored Merkle tree does not match the records (its nodes or "
                                                    "the head's right edge were altered)", prev)
         return Verification(True, checked, 0, "", prev)
+
+
+class AppendBatch:
+    """One group commit, filled as appends arrive: `add` chains them onto the log at once,
+    `commit` makes them durable together; nobody may be answered before it returns.
+
+    `add` does each append's work when it arrives — its hash, Merkle nodes and rows, and on
+    SQLite the inserts themselves — so a writer that holds a commit open for the rest of a
+    cohort (audit/writer.py) does that work while it waits, and the commit has only the chain
+    head and the COMMIT left. SQLite's transaction (its write lock) is therefore open from the
+    first append to the commit. On PostgreSQL the rows go at commit: one statement in
+    autocommit when the batch extends the head this store last committed (optimistic: nothing
+    is read first, the records are chained as they arrive; the statement fails unless that head
+    is still the head and every request id is new, and the batch is then appended again the
+    locked way); without such a head the locked transaction runs whole at commit (`deferred`),
+    so that no other replica waits on the chain head while this one waits for appends. Made
+    by AuditStore.open_batch; any failure rolls the whole batch back and raises."""
+
+    def __init__(self, store: AuditStore, conn: Any, optimistic: bool, deferred: bool = False) -> None:
+        self.store, self.conn, self.optimistic, self.deferred = store, conn, optimistic, deferred
+        self.items: list[PendingAppend] = []
+        self.results: list[AppendResult] = []
+        self.records: list[dict[str, Any]] = []  # rows not yet sent (PostgreSQL: all of them)
+        self.idem_rows: list[dict[str, Any]] = []
+        self.node_rows: list[dict[str, Any]] = []
+        self.new_sets: dict[str, tuple[str, ...]] = {}
+        self.new_bodies: dict[str, str] = {}
+        self._unsent_sets: dict[str, tuple[str, ...]] = {}
+        self._unsent_bodies: dict[str, str] = {}
+        self.firsts: dict[tuple[str, str, str], AuditRecord] = {}
+        self._open = True
+        if deferred:
+            return
+        if optimistic:
+            assert store._pg_head is not None
+            conn.autocommit = True
+            self.cur, head = conn.cursor(), store._pg_head
+        else:
+            self.cur, head = store._begin(conn)
+        self.head_seq = int(head[0])
+        self.seq, self.prev = self.head_seq, str(head[1])
+        self.frontier = _frontier_from_json(head[2])
+        self.now = utc_now()  # the batch's time: its records are committed together
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, items: Sequence[PendingAppend]) -> None:
+        """Chain these appends onto the batch (in order)."""
+        if self.deferred:
+            self.items += items
+            return
+        try:
+            self._add([_without_nul(i) for i in items])
+        except BaseException:
+            self.abort()
+            raise
+
+    def _add(self, items: list[PendingAppend]) -> None:
+        store = self.store
+        self.items += items
+        keys = {(i.entry.principal, i.entry.method, i.request_id) for i in items if i.request_id}
+        if keys and not self.optimistic:
+            stored = store._stored_keys(self.cur, sorted({k[2] for k in keys}))
+            self.firsts.update(store._first_requests(self.cur, keys - self.firsts.keys(), stored))
+        size = self.seq
+        leaves = []
+        for item in items:
+            entry, listing, conflict = item.entry, item.plan, False
+            key = (entry.principal, entry.method, item.request_id)
+            replay_of = self.firsts.get(key) if item.request_id else None
+            if replay_of is not None:
+                listing = None
+                if replay_of.spec_hash != entry.spec_hash or (
+                        replay_of.schema_version >= 2 and replay_of.policy != entry.policy):
+                    conflict = True
+                    entry = dataclasses.replace(
+                        entry, plan_json="", plan_hash="", rule_ids=(), plan_id="",
+                        outcome_code=CODE_NUMBERS["INVALID_ARGUMENT"],
+                        outcome_message=f"request_id {item.request_id!r} was first used with a "
+                                        f"different spec or policy ({replay_of.name})")
+                else:
+                    entry = dataclasses.replace(
+                        entry, plan_id=replay_of.plan_id, plan_json=replay_of.plan_json,
+                        plan_hash=replay_of.plan_hash, rule_ids=replay_of.rule_ids,
+                        outcome_message=f"replay of {replay_of.name}")
+            self.seq += 1
+            record = chain(entry, self.seq, self.now, self.prev)
+            self.prev = record.record_hash
+            leaves.append(_leaf(record.record_hash))
+            values = _record_values(record)
+            if record.plan_json:  # the plan's JSON once per distinct plan, the record a reference
+                values["plan_json"] = ref = _body_ref(record.plan_json)
+                if ref not in store._known_bodies and ref not in self.new_bodies:
+                    self.new_bodies[ref] = self._unsent_bodies[ref] = record.plan_json
+            values["rule_set"] = set_id = rule_set_id(record.rule_ids)
+            if set_id and set_id not in store._known_rule_sets and set_id not in self.new_sets:
+                self.new_sets[set_id] = self._unsent_sets[set_id] = record.rule_ids
+            if listing is None:
+                values.update(_NOT_A_PLAN)
+            else:  # this record creates the plan: its listing fields ride on the record
+                values["plan_created"] = 1
+                values.update(listing.__dict__)
+            self.records.append(values)
+            if item.request_id and replay_of is None and record.outcome_code == 0:
+                self.idem_rows.append({"principal": entry.principal, "method": entry.method,
+                                       "request_id": item.request_id, "sequence": self.seq})
+                self.firsts[key] = record  # a duplicate later in this batch is a replay
+            self.results.append(AppendResult(record, replay_of, conflict))
+        self.frontier, made = merkle.append_leaves(size, self.frontier, leaves)
+        self.node_rows += [{"pos": merkle.node_position(lv, i), "hash": h.hex()} for lv, i, h in made]
+        if store.dialect == "sqlite":  # in the open transaction now, while the writer waits for more
+            self._send_rows()
+
+    def _send_rows(self) -> None:
+        side = _side_rows(self._unsent_bodies, self._unsent_sets)
+        self.store._write_rows(self.cur, self.records, self.idem_rows, self.node_rows, side)
+        self.records, self.idem_rows, self.node_rows = [], [], []
+        self._unsent_bodies, self._unsent_sets = {}, {}
+
+    def commit(self) -> list[AppendResult]:
+        """Make the batch durable; returns one result per append, in order."""
+        store = self.store
+        try:
+            locked = self.deferred
+            if self.optimistic:  # PostgreSQL: the whole batch is one statement, its own transaction
+                head = self._head()
+                side = _side_rows(self._unsent_bodies, self._unsent_sets)
+                try:
+                    self.cur.execute(_PG_APPEND_SQL, (
+                        self.head_seq, json.dumps(self.records), json.dumps(self.idem_rows),
+                        json.dumps(self.node_rows), *(json.dumps(rows) for rows in side.values()), *head))
+                    if self.cur.rowcount != 1:  # no chain head row: nothing was written; the locked path says why
+                        raise _StaleHead("the chain head row was not found")
+                except store._stale as exc:  # the head moved (another replica) or a request id was seen before
+                    self.conn.rollback()
+                    store._pg_head = None
+                    store._pg_stale += 1
+                    log.debug("optimistic append fell back to the locked path: %s", type(exc).__name__)
+                    locked = True
+                else:
+                    self._committed(head)
+            elif not locked:  # SQLite: its transaction is open and holds every row but the head
+                self._commit_locked()
+            if locked:  # PostgreSQL, the locked way: the whole transaction now
+                whole = AppendBatch(store, self.conn, optimistic=False)
+                whole._add([_without_nul(i) for i in self.items])
+                self.results = whole._commit_locked()
+        except BaseException:
+            self.abort()
+            raise
+        self._release()
+        return self.results
+
+    def _head(self) -> tuple[int, str, str]:
+        """The chain head after this batch, as its row holds it."""
+        return self.seq, self.prev, _frontier_json(self.frontier)
+
+    def _commit_locked(self) -> list[AppendResult]:
+        """The locked transaction's remaining rows, the chain head and the COMMIT (on
+        PostgreSQL in one pipeline: one round trip)."""
+        head = self._head()
+        mark = self.store._mark
+        with self.conn.pipeline() if self.store.dialect == "postgresql" else contextlib.nullcontext():
+            self._send_rows()
+            self.cur.execute(f"UPDATE chain_head SET sequence = {mark}, record_hash = {mark}, frontier = {mark} "
+                             "WHERE id = 1", head)
+            self.conn.commit()
+        self._committed(head)
+        return self.results
+
+    def _committed(self, head: tuple[int, str, str]) -> None:
+        store = self.store
+        store._known_bodies.update(self.new_bodies)
+        store._known_rule_sets.update(self.new_sets)
+        if store.dialect == "postgresql":
+            # the next batch may extend this head without reading it, unless optimism keeps
+            # failing (replicas appending in turn): then it reads first for a while
+            store._pg_head = head if store._pg_stale < 8 else None
+            store._pg_batches += 1
+            if store._pg_batches % 256 == 0:
+                store._pg_stale = 0
+        elif store._checkpointer is not None:
+            store._checkpointer.committed(len(self.items), self.conn)
+
+    def abort(self) -> None:
+        """Roll the batch back (nothing of it is written) and give the store back."""
+        if self._open:
+            self.store._drop_append_conn()
+            self._release()
+
+    def _release(self) -> None:
+        if self._open:
+            self._open = False
+            self.store._append_lock.release()

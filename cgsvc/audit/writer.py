@@ -151,19 +151,23 @@ class ProcessAuditWriter:
     records may or may not be committed) and is started again, off the loop, for the next ones.
 
     Callers of one commit are answered together and come back together: under load they move
-    as cohorts. The child holds a commit open (up to `cohort_wait` seconds) until as many
-    records have arrived as the previous commit answered, so a cohort stays in one commit
-    instead of splitting into many small ones; every stage (the child's per-commit work, the
-    event loop's and the clients' per-wake-up work) then costs less per request. A lone
-    caller's cohort is one: it never waits.
+    as cohorts. The child holds a commit open (up to `cohort_wait` seconds, and no longer
+    than `cohort_gap` after the last append) until as many records have arrived as the previous
+    commit answered, so a cohort stays in one commit instead of splitting into many small ones;
+    every stage (the child's per-commit work, the event loop's and the clients' per-wake-up
+    work) then costs less per request, and the child chains each append into the open commit
+    as it arrives, so the wait is not idle (AuditStore.open_batch). A lone caller's cohort is
+    one: it never waits.
     """
 
     def __init__(self, store: AuditStore, max_batch: int = 256,
-                 observe: Callable[[int, float], None] | None = None, cohort_wait: float = 0.002) -> None:
+                 observe: Callable[[int, float], None] | None = None, cohort_wait: float = 0.005,
+                 cohort_gap: float = 0.001) -> None:
         self.store = store
         self.max_batch = max_batch
         self.observe = observe
         self.cohort_wait = cohort_wait
+        self.cohort_gap = cohort_gap
         self._loop = asyncio.get_running_loop()
         self._ctx = mp.get_context("spawn")  # never fork a process that runs gRPC
         self._unsent: list[tuple[PendingAppend, asyncio.Future[AppendResult]]] = []
@@ -181,7 +185,8 @@ class ProcessAuditWriter:
     def _spawn(self) -> tuple[Any, socket.socket]:
         """Start a child and wait until it has opened the database (blocking)."""
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_writer_process, args=(self.store.url, child, self.max_batch, self.cohort_wait),
+        proc = self._ctx.Process(target=_writer_process, args=(self.store.url, child, self.max_batch, self.cohort_wait,
+                                                                     self.cohort_gap),
                                  name="cgsvc-audit-writer", daemon=True)
         proc.start()
         child.close()
@@ -360,13 +365,14 @@ class ProcessAuditWriter:
 Writer = AuditWriter | ProcessAuditWriter
 
 
-def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float) -> None:
+def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float, cohort_gap: float) -> None:
     """The child: append what it is sent, answering each message after the commit that holds
-    it. Messages that arrive during a commit are merged into the next transaction, and while a
-    transaction holds fewer records than the previous commit answered it waits up to
-    `cohort_wait` seconds for the rest of that cohort (a lone caller never waits: its cohort is
-    one). Answers leave out the records' spec and plan JSON (the parent has them) to keep the
-    socket short."""
+    it. The first message opens a batch (AuditStore.open_batch) and each message that arrives
+    while it is open is chained into it at once, so the hashing and the rows are done while
+    the rest of the cohort arrives; while the batch holds fewer records than the previous
+    commit answered it stays open for them, up to `cohort_wait` seconds in all and `cohort_gap`
+    after the last one (a lone caller never waits: its cohort is one). Answers leave out the
+    records' spec and plan JSON (the parent has them) to keep the socket short."""
     store = AuditStore(url)
     conn.send("ready")
     cohort = 1  # records the last commit answered: their callers tend to come back together
@@ -378,34 +384,47 @@ def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float) -> 
             break
         if first is None:
             break
-        messages = [first]
-        count = len(first)
-        deadline = time.perf_counter() + cohort_wait
-        while count < max_batch:
-            if not conn.poll(0):
-                left = deadline - time.perf_counter()
-                if count >= cohort or left <= 0 or not conn.poll(left):
-                    break
-            nxt = conn.recv()
-            if nxt is None:
-                stopping = True
-                break
-            messages.append(nxt)
-            count += len(nxt)
-        cohort = count
-        items = [item for message in messages for item in message]
-        answers: list[tuple[str, Any, Any]] = []
+        sizes = [len(first)]
         t0 = time.perf_counter()
+        busy = 0.0  # seconds spent appending, not waiting
+        failure = ""
+        batch = None
         try:
-            results = [r.slim() for r in store.append_batch(items)]
+            batch = store.open_batch()
+            batch.add(first)
+            deadline = time.perf_counter() + cohort_wait
+            while len(batch) < max_batch:
+                if not conn.poll(0):
+                    left = deadline - time.perf_counter()
+                    if len(batch) >= cohort or left <= 0:
+                        break
+                    busy += time.perf_counter() - t0
+                    ready = conn.poll(min(left, cohort_gap))
+                    t0 = time.perf_counter()
+                    if not ready:
+                        break
+                nxt = conn.recv()
+                if nxt is None:
+                    stopping = True
+                    break
+                sizes.append(len(nxt))
+                batch.add(nxt)
+            results = [r.slim() for r in batch.commit()]
         except Exception as exc:  # noqa: BLE001 - the parent reports it to every caller of the batch
-            answers = [("error", f"{type(exc).__name__}: {exc}", None)] * len(messages)
+            failure = f"{type(exc).__name__}: {exc}"
+            if batch is not None:
+                batch.abort()  # rolled back (a no-op when the store already did)
+        busy += time.perf_counter() - t0
+        cohort = sum(sizes)
+        answers: list[tuple[str, Any, Any]] = []
+        if failure:
+            answers = [("error", failure, None)] * len(sizes)
         else:
-            stats = (len(items), time.perf_counter() - t0)
+            stats = (len(results), busy)
             k = 0
-            for j, message in enumerate(messages):
-                answers.append(("ok", results[k:k + len(message)], stats if j == 0 else None))
-                k += len(message)
+            for j, size in enumerate(sizes):
+                answers.append(("ok", results[k:k + size], stats if j == 0 else None))
+                k += size
         try:
             for answer in answers:
                 conn.send(answer)

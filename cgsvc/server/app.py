@@ -126,10 +126,12 @@ async def start(cfg: ServerConfig) -> Running:
     store = AuditStore(cfg.effective_database_url)
     if cfg.audit_writer not in ("process", "thread"):
         raise ConfigError(f"audit_writer must be process or thread, got {cfg.audit_writer!r}")
-    if cfg.audit_cohort_wait_ms < 0:
-        raise ConfigError(f"audit_cohort_wait_ms must be 0 or more, got {cfg.audit_cohort_wait_ms}")
+    for name in ("audit_cohort_wait_ms", "audit_cohort_gap_ms"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{name} must be 0 or more, got {getattr(cfg, name)}")
     writer: Writer = (
-        ProcessAuditWriter(store, cfg.audit_max_batch, metrics.observe_batch, cfg.audit_cohort_wait_ms / 1000)
+        ProcessAuditWriter(store, cfg.audit_max_batch, metrics.observe_batch, cfg.audit_cohort_wait_ms / 1000,
+                           cfg.audit_cohort_gap_ms / 1000)
         if cfg.audit_writer == "process" else AuditWriter(store, cfg.audit_max_batch, metrics.observe_batch))
     auditor = Auditor(store, writer)
     anonymous = "local" if is_loopback(cfg.address) else "anonymous"

@@ -344,15 +344,17 @@ def test_group_commit_writer_concurrent(store: AuditStore) -> None:
 
 def test_process_writer_keeps_a_cohort_in_one_commit(store: AuditStore) -> None:
     """The writer process holds a commit open for as many records as its previous commit
-    answered (up to cohort_wait), so callers answered together are committed together again;
-    a lone caller's cohort is one, so it never waits; with cohort_wait 0 nothing waits."""
+    answered (up to cohort_wait, and cohort_gap after the last append), so callers answered
+    together are committed together again; a lone caller's cohort is one, so it never waits;
+    with cohort_wait 0 nothing waits, and a straggler later than the gap is not waited for."""
     import asyncio
 
     from cgsvc.audit.writer import ProcessAuditWriter
 
-    async def run(cohort_wait: float) -> list[int]:
+    async def run(cohort_wait: float, cohort_gap: float) -> list[int]:
         batches: list[int] = []
-        writer = ProcessAuditWriter(store, observe=lambda n, _s: batches.append(n), cohort_wait=cohort_wait)
+        writer = ProcessAuditWriter(store, observe=lambda n, _s: batches.append(n), cohort_wait=cohort_wait,
+                                    cohort_gap=cohort_gap)
         try:
             # A lone caller (the first commit's cohort is one) is answered without waiting.
             await asyncio.wait_for(writer.submit_async(PendingAppend(entry(1))), timeout=20)
@@ -367,10 +369,41 @@ def test_process_writer_keeps_a_cohort_in_one_commit(store: AuditStore) -> None:
             await writer.aclose()
         return batches
 
-    assert asyncio.run(run(cohort_wait=30.0)) == [1, 3, 3]
-    assert asyncio.run(run(cohort_wait=0.0)) == [1, 3, 1, 2]
+    assert asyncio.run(run(cohort_wait=30.0, cohort_gap=30.0)) == [1, 3, 3]
+    assert asyncio.run(run(cohort_wait=0.0, cohort_gap=30.0)) == [1, 3, 1, 2]
+    assert asyncio.run(run(cohort_wait=30.0, cohort_gap=0.05)) == [1, 3, 1, 2]
     v = store.verify()
-    assert v.ok and v.records_checked == 14
+    assert v.ok and v.records_checked == 21
+
+
+def test_an_open_batch_chains_appends_as_they_arrive_and_commits_them_together(store: AuditStore) -> None:
+    """AuditStore.open_batch: appends added one message at a time form one commit with one
+    time, contiguous sequences and replays honoured across messages; nothing is visible
+    before the commit, and a batch that fails is rolled back whole and the store goes on."""
+    store.append(entry(1, plan_id="p1"), LISTING, request_id="r-old")
+    batch = store.open_batch()
+    batch.add([PendingAppend(entry(2, plan_id="p2"), LISTING, "r-a")])
+    batch.add([PendingAppend(entry(3, plan_id="p3"), LISTING, "r-b"),
+               PendingAppend(entry(2, plan_id="p9"), LISTING, "r-a")])  # the same request as the first
+    batch.add([PendingAppend(entry(1, plan_id="p8"), LISTING, "r-old")])  # a request committed before
+    assert store.tree_head()[0] == 1  # nothing committed yet
+    results = batch.commit()
+    assert [r.record.sequence for r in results] == [2, 3, 4, 5]
+    assert len({r.record.time for r in results}) == 1
+    assert results[2].replay_of is not None and results[2].replay_of.sequence == 2
+    assert results[2].record.plan_id == "p2"
+    assert results[3].replay_of is not None and results[3].replay_of.sequence == 1
+    assert store.get_plan("p9") is None and store.get_plan("p3") is not None
+
+    failing = store.open_batch()
+    failing.add([PendingAppend(entry(4))])
+    with pytest.raises(TypeError):
+        failing.add([PendingAppend(entry(5, rule_ids=(object(),)))])  # type: ignore[arg-type]
+        failing.commit()
+    assert store.tree_head()[0] == 5  # the failed batch left nothing
+    assert store.append(entry(6)).record.sequence == 6
+    v = store.verify()
+    assert v.ok and v.records_checked == 6
 
 
 def test_secrets_are_masked() -> None:
