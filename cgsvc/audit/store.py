@@ -563,8 +563,8 @@ class _Checkpointer:
     A log wholly copied starts over at the next commit; under appends that never pause, the
     thread's checkpoint never finds it wholly copied (commits land while it copies), and the
     log would only grow. So once it holds `restart_frames` pages, the writer itself copies what
-    the thread has not yet (a few commits' pages) right after a commit, and its next commit
-    starts the log over. Durability is unchanged: a commit is durable in the fsynced log; a
+    the thread has not yet (a few commits' pages) after a commit has been answered
+    (AuditStore.after_commit), and its next commit starts the log over. Durability is unchanged: a commit is durable in the fsynced log; a
     checkpoint only moves pages."""
 
     def __init__(self, engine: Engine, every: int, restart_frames: int, idle: float = 1.0) -> None:
@@ -581,19 +581,25 @@ class _Checkpointer:
         self._thread = threading.Thread(target=self._run, name="sqlite-checkpoint", daemon=True)
         self._thread.start()
 
-    def committed(self, records: int, conn: Any) -> None:
-        """After the writer's commit on `conn` (it holds the append lock)."""
+    def committed(self, records: int) -> None:
+        """After the writer's commit (it holds the append lock)."""
         self.pending += records
-        if self.frames >= self.restart_frames:
-            try:
-                busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-            except Exception:  # noqa: BLE001 - the thread is copying: try after the next commit
-                return
-            if not busy and frames == copied:
-                self.frames = 0
-                self.restarts += 1
-        elif self.pending >= self.every:
+        if self.frames < self.restart_frames and self.pending >= self.every:
             self._wake.set()
+
+    def restart_due(self) -> bool:
+        return self.frames >= self.restart_frames
+
+    def copy_tail(self, conn: Any) -> None:
+        """The writer's own copy of what the thread has not copied yet, so that the log
+        starts over at the next commit (it holds the append lock; no commit is waiting on it)."""
+        try:
+            busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except Exception:  # noqa: BLE001 - the thread is copying: try after the next commit
+            return
+        if not busy and frames == copied:
+            self.frames = 0
+            self.restarts += 1
 
     def _run(self) -> None:
         conn = _own_connection(self.engine)
@@ -816,7 +822,20 @@ class AuditStore:
         """Append all items in one transaction, in order; durable when this returns."""
         batch = self.open_batch()
         batch.add(items)
-        return batch.commit()
+        results = batch.commit()
+        self.after_commit()
+        return results
+
+    def after_commit(self) -> None:
+        """What a commit leaves that nobody need wait for: on SQLite, when the log has grown
+        past `wal_restart_frames`, the copy that lets it start over. A writer calls this once
+        it has answered the commit's callers (append_batch calls it itself)."""
+        checkpointer = self._checkpointer
+        if checkpointer is None or not checkpointer.restart_due():
+            return
+        with self._append_lock:
+            if self._append_conn is not None:
+                checkpointer.copy_tail(self._append_conn)
 
     def open_batch(self) -> AppendBatch:
         """Start a group commit that appends are added to as they arrive (AppendBatch). It
@@ -1289,7 +1308,7 @@ class AppendBatch:
             if store._pg_batches % 256 == 0:
                 store._pg_stale = 0
         elif store._checkpointer is not None:
-            store._checkpointer.committed(len(self.items), self.conn)
+            store._checkpointer.committed(len(self.items))
 
     def abort(self) -> None:
         """Roll the batch back (nothing of it is written) and give the store back."""

@@ -162,7 +162,7 @@ class ProcessAuditWriter:
 
     def __init__(self, store: AuditStore, max_batch: int = 256,
                  observe: Callable[[int, float], None] | None = None, cohort_wait: float = 0.005,
-                 cohort_gap: float = 0.001) -> None:
+                 cohort_gap: float = 0.002) -> None:
         self.store = store
         self.max_batch = max_batch
         self.observe = observe
@@ -430,4 +430,5 @@ def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float, coh
                 conn.send(answer)
         except OSError:  # the parent died after the commit: the records are durable regardless
             break
+        store.after_commit()  # off the answered callers' path
     store.close()

@@ -39,7 +39,7 @@ class ServerConfig:
                                         "GIL) or thread")
     audit_cohort_wait_ms: float = _opt(5.0, "how long the writer process holds a commit open for the callers its "
                                             "previous commit answered to come back (0: commit what is there at once)")
-    audit_cohort_gap_ms: float = _opt(1.0, "within that wait, how long the writer waits for the next append before "
+    audit_cohort_gap_ms: float = _opt(2.0, "within that wait, how long the writer waits for the next append before "
                                            "it commits what it has")
     signing_key: str = _opt("", "Ed25519 private key (PEM) that signs audit-log checkpoints; default: "
                                 "data_dir/signing_key.pem, created at first start")

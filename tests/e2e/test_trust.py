@@ -299,3 +299,9 @@ def test_long_values_are_refused_or_recorded_and_the_server_keeps_answering(tmp_
         assert longest.model == "m" * 512 + "... (cut at 512 of 300000 characters)"  # the indexed column cut, saying so
         assert len(longest.outcome_message) > 300_000  # the whole refusal, as the resolver said it
         assert c.verify_audit_log().ok
+
+
+def test_negative_audit_waits_are_refused_by_name(tmp_path: Path) -> None:
+    """A writer cannot wait a negative time: the server refuses to start and names the option."""
+    for flag, name in (("--audit-cohort-wait-ms", "audit_cohort_wait_ms"), ("--audit-cohort-gap-ms", "audit_cohort_gap_ms")):
+        assert f"{name} must be 0 or more, got -1.0" in serve_refused(tmp_path, flag, "-1")
