@@ -564,8 +564,8 @@ class _Checkpointer:
     thread's checkpoint never finds it wholly copied (commits land while it copies), and the
     log would only grow. So once it holds `restart_frames` pages, the writer itself copies what
     the thread has not yet (a few commits' pages) after a commit has been answered
-    (AuditStore.after_commit), and its next commit starts the log over. Durability is unchanged: a commit is durable in the fsynced log; a
-    checkpoint only moves pages."""
+    (AuditStore.after_commit), and its next commit starts the log over. Durability is
+    unchanged: a commit is durable in the fsynced log; a checkpoint only moves pages."""
 
     def __init__(self, engine: Engine, every: int, restart_frames: int, idle: float = 1.0) -> None:
         self.engine = engine
@@ -866,23 +866,32 @@ class AuditStore:
             with contextlib.suppress(Exception):
                 conn.close()
 
-    def _begin(self, conn: Any) -> tuple[Any, Any]:
-        """Open a locked append transaction and read the chain head: (cursor, head row)."""
+    def _begin(self, conn: Any, ids: Sequence[str]) -> tuple[Any, Any, list[Any]]:
+        """Open a locked append transaction and read the chain head and the idempotency keys
+        stored for `ids` (on PostgreSQL BEGIN and both reads in one round trip): (cursor, head
+        row, key rows)."""
         cur = conn.cursor()
         if self.dialect == "sqlite":
             cur.execute("BEGIN IMMEDIATE")
             cur.execute(_HEAD_SQL)
-            return cur, cur.fetchone()
+            head = cur.fetchone()
+            return cur, head, self._stored_keys(cur, ids) if ids else []
         conn.autocommit = False
-        cur.execute(_HEAD_SQL + " FOR UPDATE")
-        return cur, cur.fetchone()
+        keys_cur = conn.cursor()
+        with conn.pipeline():
+            cur.execute(_HEAD_SQL + " FOR UPDATE")
+            if ids:
+                keys_cur.execute(*self._keys_query(ids))
+        return cur, cur.fetchone(), keys_cur.fetchall() if ids else []
+
+    def _keys_query(self, ids: Sequence[str]) -> tuple[str, Sequence[Any]]:
+        if self.dialect == "sqlite":
+            return f"{_KEYS_SQL} IN ({', '.join(['?'] * len(ids))})", list(ids)
+        return f"{_KEYS_SQL} = ANY(%s)", (list(ids),)
 
     def _stored_keys(self, cur: Any, ids: Sequence[str]) -> list[Any]:
         """The idempotency keys stored for these request ids (read in the open transaction)."""
-        if self.dialect == "sqlite":
-            cur.execute(f"{_KEYS_SQL} IN ({', '.join(['?'] * len(ids))})", list(ids))
-        else:
-            cur.execute(f"{_KEYS_SQL} = ANY(%s)", (list(ids),))
+        cur.execute(*self._keys_query(ids))
         return cur.fetchall()
 
     def _write_rows(self, cur: Any, records: list[dict[str, Any]], idem_rows: list[dict[str, Any]],
@@ -1127,6 +1136,10 @@ class AuditStore:
         return Verification(True, checked, 0, "", prev)
 
 
+def _request_ids(items: Sequence[PendingAppend]) -> list[str]:
+    return sorted({i.request_id for i in items if i.request_id})
+
+
 class AppendBatch:
     """One group commit, filled as appends arrive: `add` chains them onto the log at once,
     `commit` makes them durable together; nobody may be answered before it returns.
@@ -1143,7 +1156,10 @@ class AppendBatch:
     so that no other replica waits on the chain head while this one waits for appends. Made
     by AuditStore.open_batch; any failure rolls the whole batch back and raises."""
 
-    def __init__(self, store: AuditStore, conn: Any, optimistic: bool, deferred: bool = False) -> None:
+    def __init__(self, store: AuditStore, conn: Any, optimistic: bool, deferred: bool = False,
+                 first: Sequence[PendingAppend] = ()) -> None:
+        """`first`: appends known when the batch opens (the locked PostgreSQL transaction, run
+        whole), added at once; their stored idempotency keys are read with the head."""
         self.store, self.conn, self.optimistic, self.deferred = store, conn, optimistic, deferred
         self.items: list[PendingAppend] = []
         self.results: list[AppendResult] = []
@@ -1163,32 +1179,37 @@ class AppendBatch:
             conn.autocommit = True
             self.cur, head = conn.cursor(), store._pg_head
         else:
-            self.cur, head = store._begin(conn)
+            self.cur, head, key_rows = store._begin(conn, _request_ids(first))
         self.head_seq = int(head[0])
         self.seq, self.prev = self.head_seq, str(head[1])
         self.frontier = _frontier_from_json(head[2])
         self.now = utc_now()  # the batch's time: its records are committed together
+        if first:
+            self._add(list(first), key_rows)
 
     def __len__(self) -> int:
         return len(self.items)
 
     def add(self, items: Sequence[PendingAppend]) -> None:
         """Chain these appends onto the batch (in order)."""
-        if self.deferred:
-            self.items += items
-            return
         try:
-            self._add([_without_nul(i) for i in items])
+            clean = [_without_nul(i) for i in items]
+            if self.deferred:
+                self.items += clean
+            else:
+                self._add(clean)
         except BaseException:
             self.abort()
             raise
 
-    def _add(self, items: list[PendingAppend]) -> None:
+    def _add(self, items: list[PendingAppend], stored: list[Any] | None = None) -> None:
+        """`stored`: the key rows for these items' request ids, when already read."""
         store = self.store
         self.items += items
         keys = {(i.entry.principal, i.entry.method, i.request_id) for i in items if i.request_id}
         if keys and not self.optimistic:
-            stored = store._stored_keys(self.cur, sorted({k[2] for k in keys}))
+            if stored is None:
+                stored = store._stored_keys(self.cur, _request_ids(items))
             self.firsts.update(store._first_requests(self.cur, keys - self.firsts.keys(), stored))
         size = self.seq
         leaves = []
@@ -1270,8 +1291,7 @@ class AppendBatch:
             elif not locked:  # SQLite: its transaction is open and holds every row but the head
                 self._commit_locked()
             if locked:  # PostgreSQL, the locked way: the whole transaction now
-                whole = AppendBatch(store, self.conn, optimistic=False)
-                whole._add([_without_nul(i) for i in self.items])
+                whole = AppendBatch(store, self.conn, optimistic=False, first=self.items)
                 self.results = whole._commit_locked()
         except BaseException:
             self.abort()
