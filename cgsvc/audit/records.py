@@ -158,9 +158,8 @@ def canonical_record_json(fields: dict[str, Any]) -> str:
     return "{" + ",".join(parts) + "}"
 
 
-def chain(entry: AuditEntry, sequence: int, time: str, prev_hash: str) -> AuditRecord:
-    """The record for an entry appended after prev_hash, with its hash filled in."""
-    fields: dict[str, Any] = dict(
+def _record_fields(entry: AuditEntry, sequence: int, time: str, prev_hash: str) -> dict[str, Any]:
+    return dict(
         sequence=sequence, schema_version=SCHEMA_VERSION, time=time, principal=entry.principal,
         peer=entry.peer, method=entry.method, request_id=entry.request_id, trace_id=entry.trace_id,
         model=entry.model, gpu=entry.gpu, spec_json=entry.spec_json, spec_hash=entry.spec_hash,
@@ -168,6 +167,17 @@ def chain(entry: AuditEntry, sequence: int, time: str, prev_hash: str) -> AuditR
         policy_version=entry.policy_version, service_version=entry.service_version,
         outcome_code=entry.outcome_code, outcome_message=entry.outcome_message,
         launch_id=entry.launch_id, plan_id=entry.plan_id, prev_hash=prev_hash, policy=entry.policy)
+
+
+def chain(entry: AuditEntry, sequence: int, time: str, prev_hash: str) -> AuditRecord:
+    """The record for an entry appended after prev_hash, with its hash filled in."""
+    fields = _record_fields(entry, sequence, time, prev_hash)
     # What AuditRecord.hashed_fields() gives, without building the record twice.
     hashed = fields if SCHEMA_VERSION >= 2 else {k: v for k, v in fields.items() if k != "policy"}
     return AuditRecord(**fields, record_hash=sha256_hex(canonical_record_json(hashed)))
+
+
+def chained(entry: AuditEntry, sequence: int, time: str, prev_hash: str, record_hash: str) -> AuditRecord:
+    """The record chain() made of this entry, from the parts the chain gave it (the hash is
+    taken as given): how a process that sent an entry away gets its record back cheaply."""
+    return AuditRecord(**_record_fields(entry, sequence, time, prev_hash), record_hash=record_hash)

@@ -337,11 +337,6 @@ class AppendResult:
     replay_of: AuditRecord | None = None  # the first record for this request_id, when replayed
     conflict: bool = False  # request_id reused with a different spec
 
-    def slim(self) -> AppendResult:
-        """Without the spec and plan JSON its caller already has (for crossing a process pipe)."""
-        return AppendResult(AuditRecord(**{**self.record.__dict__, "spec_json": "", "plan_json": ""}),
-                            self.replay_of, self.conflict)
-
 
 @dataclass(frozen=True)
 class Verification:

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import multiprocessing as mp
+import operator
 import os
 import pickle
 import queue
+import select
 import socket
 import struct
 import threading
@@ -33,7 +36,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from cgsvc.audit.store import AppendResult, AuditStore, PendingAppend
+from cgsvc.audit.records import AuditEntry, chained
+from cgsvc.audit.store import AppendResult, AuditStore, PendingAppend, PlanListing
 
 _STOP = object()
 
@@ -171,7 +175,8 @@ class ProcessAuditWriter:
         self._loop = asyncio.get_running_loop()
         self._ctx = mp.get_context("spawn")  # never fork a process that runs gRPC
         self._unsent: list[tuple[PendingAppend, asyncio.Future[AppendResult]]] = []
-        self._inflight: deque[list[asyncio.Future[AppendResult]]] = deque()  # one entry per message sent
+        # one entry per message sent: its appends and their callers
+        self._inflight: deque[list[tuple[PendingAppend, asyncio.Future[AppendResult]]]] = deque()
         self._out = bytearray()  # framed messages the socket has not taken yet
         self._in = bytearray()  # answer bytes not yet a whole frame
         self._flush_scheduled = False
@@ -220,7 +225,7 @@ class ProcessAuditWriter:
         self._in.clear()
         error = WriterProcessError(f"the audit writer process died ({why}); the batch may not be committed")
         while self._inflight:
-            for fut in self._inflight.popleft():
+            for _item, fut in self._inflight.popleft():
                 if not fut.done():
                     fut.set_exception(error)
         self._check_drained()
@@ -263,8 +268,8 @@ class ProcessAuditWriter:
         unsent, self._unsent = self._unsent, []
         for i in range(0, len(unsent), self.max_batch):
             part = unsent[i:i + self.max_batch]
-            data = pickle.dumps([item for item, _ in part], protocol=pickle.HIGHEST_PROTOCOL)
-            self._inflight.append([fut for _, fut in part])
+            data = pickle.dumps([_to_wire(item) for item, _ in part], protocol=pickle.HIGHEST_PROTOCOL)
+            self._inflight.append(part)
             self._write(_FRAME.pack(len(data)) + data)
 
     def _write(self, data: bytes) -> None:
@@ -321,17 +326,18 @@ class ProcessAuditWriter:
         del self._in[:pos]
         self._check_drained()
 
-    def _settle(self, futures: list[asyncio.Future[AppendResult]], answer: tuple[str, Any, Any]) -> None:
+    def _settle(self, part: list[tuple[PendingAppend, asyncio.Future[AppendResult]]],
+                answer: tuple[str, Any, Any]) -> None:
         status, payload, stats = answer
         if stats is not None and self.observe is not None:
             self.observe(*stats)
         if status != "ok":
             error = WriterProcessError(payload)
-        for i, fut in enumerate(futures):
+        for i, (item, fut) in enumerate(part):
             if fut.done():  # its caller was cancelled (it is audited all the same)
                 continue
             if status == "ok":
-                fut.set_result(payload[i])
+                fut.set_result(_result_from_wire(item, payload[i]))
             else:
                 fut.set_exception(error)
 
@@ -365,25 +371,129 @@ class ProcessAuditWriter:
 Writer = AuditWriter | ProcessAuditWriter
 
 
+# What crosses the socket: appends as tuples of their fields' values, and results as the four
+# values the chain gave a record — its sequence, time, previous hash and hash — from which the
+# parent rebuilds the record of the entry it sent (records.chained). Pickled dataclasses carry
+# every field's name and cost several times as much to encode and decode, on both sides. A
+# result whose record is not that entry's (a replay, a reused request id, a NUL recorded as
+# `\u0000`) crosses whole: those are rare, and the parent could not rebuild them.
+_entry_values = operator.attrgetter(*(f.name for f in dataclasses.fields(AuditEntry)))
+_listing_values = operator.attrgetter(*(f.name for f in dataclasses.fields(PlanListing)))
+WireAppend = tuple[tuple[Any, ...], tuple[str, ...] | None, str]
+WireResult = tuple[int, str, str, str] | AppendResult
+
+
+def _to_wire(item: PendingAppend) -> WireAppend:
+    return _entry_values(item.entry), None if item.plan is None else _listing_values(item.plan), item.request_id
+
+
+def _from_wire(values: WireAppend) -> PendingAppend:
+    entry, listing, request_id = values
+    return PendingAppend(AuditEntry(*entry), None if listing is None else PlanListing(*listing), request_id)
+
+
+def _result_to_wire(sent: PendingAppend, appended: PendingAppend, result: AppendResult) -> WireResult:
+    """`appended`: the append as the batch chained it (the one sent, unless it was rewritten)."""
+    record = result.record
+    if appended is sent and result.replay_of is None and not result.conflict:
+        return record.sequence, record.time, record.prev_hash, record.record_hash
+    return result
+
+
+def _result_from_wire(item: PendingAppend, result: WireResult) -> AppendResult:
+    if isinstance(result, AppendResult):
+        return result
+    return AppendResult(chained(item.entry, *result))
+
+
+class _Channel:
+    """The child's end of the socket, in the parent's framing (a 4-byte length, then the pickle),
+    with few system calls: whatever has arrived is taken in one read and parsed from a buffer, and
+    every answer of a commit leaves in one write, so the parent wakes once per commit, not once per
+    message (multiprocessing.Connection reads a frame in two calls after a poll, and writes each
+    frame on its own)."""
+
+    def __init__(self, fileno: int) -> None:
+        self.sock = socket.socket(fileno=os.dup(fileno))
+        self.sock.setblocking(True)
+        self._poller = select.poll()
+        self._poller.register(self.sock.fileno(), select.POLLIN)
+        self._buf = bytearray()
+        self._eof = False
+
+    def _whole(self) -> int:
+        """The end of the first whole frame in the buffer, or 0."""
+        if len(self._buf) < 4:
+            return 0
+        end = 4 + _FRAME.unpack_from(self._buf)[0]
+        return end if len(self._buf) >= end else 0
+
+    def _fill(self, timeout: float | None) -> bool:
+        """Read what has arrived, waiting up to `timeout` seconds (None: until something does);
+        False when nothing came in time. End of file counts as something."""
+        if timeout is not None and not self._poller.poll(max(0.0, timeout) * 1000):
+            return False
+        chunk = self.sock.recv(1 << 20)
+        if not chunk:
+            self._eof = True
+        self._buf += chunk
+        return True
+
+    def poll(self, timeout: float) -> bool:
+        """Whether a whole message (or end of file) is there to take within `timeout` seconds."""
+        deadline = time.perf_counter() + timeout
+        while not self._whole() and not self._eof:
+            if not self._fill(deadline - time.perf_counter()):
+                return False
+        return True
+
+    def recv(self) -> Any:
+        """The next message, waiting for it; EOFError when the parent has gone."""
+        while not (end := self._whole()):
+            if self._eof:
+                raise EOFError("the parent closed the socket")
+            self._fill(None)
+        message = pickle.loads(self._buf[4:end])
+        del self._buf[:end]
+        return message
+
+    def send_all(self, messages: list[Any]) -> None:
+        """Frame every message and write them all at once."""
+        out = bytearray()
+        for message in messages:
+            data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+            out += _FRAME.pack(len(data))
+            out += data
+        self.sock.sendall(out)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float, cohort_gap: float) -> None:
     """The child: append what it is sent, answering each message after the commit that holds
     it. The first message opens a batch (AuditStore.open_batch) and each message that arrives
     while it is open is chained into it at once, so the hashing and the rows are done while
     the rest of the cohort arrives; while the batch holds fewer records than the previous
     commit answered it stays open for them, up to `cohort_wait` seconds in all and `cohort_gap`
-    after the last one (a lone caller never waits: its cohort is one). Answers leave out the
-    records' spec and plan JSON (the parent has them) to keep the socket short."""
+    after the last one (a lone caller never waits: its cohort is one). Appends arrive and
+    results leave in the wire form (_to_wire, _result_to_wire), every answer of a commit in
+    one write."""
     store = AuditStore(url)
     conn.send("ready")
+    chan = _Channel(conn.fileno())
+    conn.close()
     cohort = 1  # records the last commit answered: their callers tend to come back together
     stopping = False
     while not stopping:
         try:
-            first = conn.recv()
+            message = chan.recv()
         except EOFError:  # the parent is gone (stopped, or killed): nothing more will come
             break
-        if first is None:
+        if message is None:
             break
+        first = [_from_wire(values) for values in message]
+        sent = list(first)
         sizes = [len(first)]
         t0 = time.perf_counter()
         busy = 0.0  # seconds spent appending, not waiting
@@ -394,22 +504,25 @@ def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float, coh
             batch.add(first)
             deadline = time.perf_counter() + cohort_wait
             while len(batch) < max_batch:
-                if not conn.poll(0):
+                if not chan.poll(0):
                     left = deadline - time.perf_counter()
                     if len(batch) >= cohort or left <= 0:
                         break
                     busy += time.perf_counter() - t0
-                    ready = conn.poll(min(left, cohort_gap))
+                    ready = chan.poll(min(left, cohort_gap))
                     t0 = time.perf_counter()
                     if not ready:
                         break
-                nxt = conn.recv()
-                if nxt is None:
+                message = chan.recv()
+                if message is None:
                     stopping = True
                     break
+                nxt = [_from_wire(values) for values in message]
+                sent += nxt
                 sizes.append(len(nxt))
                 batch.add(nxt)
-            results = [r.slim() for r in batch.commit()]
+            committed = batch.commit()
+            results = [_result_to_wire(*r) for r in zip(sent, batch.items, committed, strict=True)]
         except Exception as exc:  # noqa: BLE001 - the parent reports it to every caller of the batch
             failure = f"{type(exc).__name__}: {exc}"
             if batch is not None:
@@ -426,9 +539,9 @@ def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float, coh
                 answers.append(("ok", results[k:k + size], stats if j == 0 else None))
                 k += size
         try:
-            for answer in answers:
-                conn.send(answer)
+            chan.send_all(answers)
         except OSError:  # the parent died after the commit: the records are durable regardless
             break
         store.after_commit()  # off the answered callers' path
+    chan.close()
     store.close()

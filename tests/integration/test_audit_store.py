@@ -376,6 +376,72 @@ def test_process_writer_keeps_a_cohort_in_one_commit(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 21
 
 
+def test_process_writer_answers_each_record_as_the_store_holds_it(store: AuditStore) -> None:
+    """Results cross the writer's socket as the chain's four values for an append recorded as
+    sent, and whole otherwise; either way the caller's record is the stored one (spec and plan
+    JSON included): a plain append, a replay, a reused request id and a NUL written `\\u0000`."""
+    import asyncio
+
+    from cgsvc.audit.writer import ProcessAuditWriter
+
+    plan = dict(plan_id="p1", plan_json='{"p":1}', plan_hash="ab12")
+    items = [PendingAppend(entry(1, **plan), LISTING, "r-1"),
+             PendingAppend(entry(1, **plan), LISTING, "r-1"),  # the same request again: a replay
+             PendingAppend(entry(3, plan_id="p3"), None, "r-1"),  # same id, other spec: a conflict
+             PendingAppend(entry(5, outcome_message="bad\x00byte"), None, "")]
+
+    async def run() -> list[Any]:
+        writer = ProcessAuditWriter(store)
+        try:
+            return list(await asyncio.gather(*(writer.submit_async(i) for i in items)))
+        finally:
+            await writer.aclose()
+
+    results = asyncio.run(run())
+    for result in results:
+        assert result.record == store.get_record(result.record.sequence)
+    assert results[0].record.plan_json == '{"p":1}' and results[0].replay_of is None
+    assert results[1].replay_of is not None and results[1].replay_of.sequence == results[0].record.sequence
+    assert results[2].conflict and results[2].record.outcome_code == 3
+    assert results[3].record.outcome_message == "bad\\u0000byte"
+    assert store.verify().ok
+
+
+def test_writer_channel_reads_frames_however_the_socket_cuts_them() -> None:
+    """The writer process's end of the socket parses the parent's framing from a buffer: a
+    frame split across reads, several frames in one read, and end of file (EOFError, also
+    after half a frame); every answer of a commit leaves in one write."""
+    import pickle
+    import socket
+    import struct
+
+    from cgsvc.audit.writer import _Channel
+
+    parent, child = socket.socketpair()
+    chan = _Channel(child.fileno())
+    child.close()
+    frames = [struct.pack("!i", len(d)) + d for d in (pickle.dumps(m) for m in ("one", ["two"], None))]
+    data = b"".join(frames)
+    parent.sendall(data[:3])  # not even a whole length yet
+    assert not chan.poll(0.01)
+    parent.sendall(data[3:len(frames[0]) + 2])
+    assert chan.poll(1.0) and chan.recv() == "one"
+    parent.sendall(data[len(frames[0]) + 2:])  # the rest of the second and all of the third
+    assert chan.recv() == ["two"] and chan.poll(0) and chan.recv() is None
+    assert not chan.poll(0)
+    chan.send_all([("ok", [1], None), ("ok", [2], None)])
+    got = parent.recv(1 << 16)
+    first = struct.unpack_from("!i", got)[0]
+    assert pickle.loads(got[4:4 + first]) == ("ok", [1], None)
+    assert pickle.loads(got[8 + first:]) == ("ok", [2], None)
+    parent.sendall(frames[0][:5])
+    parent.close()
+    assert chan.poll(1.0)  # end of file is something to take
+    with pytest.raises(EOFError):
+        chan.recv()
+    chan.close()
+
+
 def test_an_open_batch_chains_appends_as_they_arrive_and_commits_them_together(store: AuditStore) -> None:
     """AuditStore.open_batch: appends added one message at a time form one commit with one
     time, contiguous sequences and replays honoured across messages; nothing is visible
