@@ -1,5 +1,6 @@
 """How long a SQLite group commit takes, with the log's checkpoints inside the commits (SQLite's
-default) and beside them (the store's checkpointer thread), side by side.
+default) and beside them (the store's checkpointer thread, at its old and its current cadence),
+side by side.
 
     .venv/bin/python bench/commit_tail.py [--batches 1500] [--batch 5] [--rounds 2]
 
@@ -26,7 +27,10 @@ from cgsvc.audit.auditor import Auditor  # noqa: E402
 from cgsvc.audit.store import AuditStore, PendingAppend  # noqa: E402
 from cgsvc.domain.plans import RESOLVE_METHOD, resolve_spec  # noqa: E402
 
-VARIANTS = {"in the commit (SQLite's default)": 0, "beside the commits (thread)": 256}
+# name -> (records between the thread's checkpoints, 0 for none; log pages at which it starts over)
+VARIANTS = {"in the commit (SQLite's default)": (0, 0),
+            "thread, every 256 records, restart at 4,096 pages": (256, 4096),
+            "thread, every 2,048 records, restart at 8,192 pages (default)": (2048, 8192)}
 
 
 def records(count: int) -> list[PendingAppend]:
@@ -41,11 +45,13 @@ def records(count: int) -> list[PendingAppend]:
     return out
 
 
-def run(every: int, batches: int, batch: int) -> list[float]:
+def run(cadence: tuple[int, int], batches: int, batch: int) -> list[float]:
     """Commit times (ms) of `batches` batches of `batch` records."""
+    every, restart_frames = cadence
     tmp = tempfile.mkdtemp(prefix="cgsvc-commit-")
     try:
-        store = AuditStore(f"sqlite:///{tmp}/audit.db", wal_checkpoint_every=every)
+        store = AuditStore(f"sqlite:///{tmp}/audit.db", wal_checkpoint_every=every,
+                           wal_restart_frames=restart_frames or 8192)
         items = records(batches * batch)
         times = []
         for i in range(0, len(items), batch):

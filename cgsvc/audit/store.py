@@ -622,7 +622,7 @@ class _Checkpointer:
 class AuditStore:
     """The durable audit log and plan resources, on SQLite or PostgreSQL."""
 
-    def __init__(self, url: str, wal_checkpoint_every: int = 256, wal_restart_frames: int = 4096) -> None:
+    def __init__(self, url: str, wal_checkpoint_every: int = 2048, wal_restart_frames: int = 8192) -> None:
         """`wal_checkpoint_every` (SQLite): records between the checkpointer thread's checkpoints
         (0: none; SQLite checkpoints inside the commits, as it does by default);
         `wal_restart_frames`: the log's size, in pages, at which the writer copies the rest
