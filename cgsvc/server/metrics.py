@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+import gc
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.gc_collector import GCCollector
 
 REGISTRY = CollectorRegistry()
+GCCollector(registry=REGISTRY)  # python_gc_*: collections and objects collected, per generation
+GC_FROZEN = Gauge("cgsvc_gc_frozen_objects", "Objects alive after start-up that the garbage collector never walks "
+                  "(gc.freeze; docs/decisions.md)", registry=REGISTRY)
+GC_FROZEN.set_function(gc.get_freeze_count)
 RPC_TOTAL = Counter("cgsvc_rpc_total", "RPCs answered", ["method", "code"], registry=REGISTRY)
 RPC_SECONDS = Histogram("cgsvc_rpc_seconds", "RPC latency", ["method"], registry=REGISTRY,
                         buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1, 5))
