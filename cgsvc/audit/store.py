@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import logging
+import operator
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -474,6 +475,9 @@ def _without_nul(item: PendingAppend) -> PendingAppend:
     other callers' records with it) or go unrecorded. Both stores record the same text, so a
     record's hash is the same on either."""
     entry = item.entry
+    text = [v for v in entry.__dict__.values() if isinstance(v, str)]
+    if "\x00" not in "".join(text) and not any("\x00" in r for r in entry.rule_ids) and "\x00" not in item.request_id:
+        return item  # the common case, in one scan
     dirty: dict[str, Any] = {k: v.replace("\x00", NUL_MARK) for k, v in entry.__dict__.items()
                              if isinstance(v, str) and "\x00" in v}
     if any("\x00" in r for r in entry.rule_ids):
@@ -495,14 +499,15 @@ class _RawInsert:
 
     def __init__(self, table: sa.Table, mark: str, skip_existing: bool = False) -> None:
         self.columns = [c.name for c in table.columns]
+        # a row's values in column order, as a tuple (every table here has two columns or more)
+        self._values = operator.itemgetter(*self.columns)
         self.sql = f"INSERT INTO {table.name} ({', '.join(self.columns)}) VALUES ({', '.join([mark] * len(self.columns))})"
         if skip_existing:
             self.sql += " ON CONFLICT DO NOTHING"
 
     def __call__(self, cur: Any, rows: Sequence[dict[str, Any]]) -> None:
         if rows:
-            cols = self.columns
-            cur.executemany(self.sql, [tuple(r[c] for c in cols) for r in rows])
+            cur.executemany(self.sql, list(map(self._values, rows)))
 
 
 def _encode_token(after: int, filter_text: str) -> str:
