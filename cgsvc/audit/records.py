@@ -118,13 +118,20 @@ def _json_long_string(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+_SHORT: dict[str, str] = {}  # short strings' encodings: most fields repeat from record to record
+
+
 def _json_string(text: str) -> str:
     """json.dumps(text, ensure_ascii=False), without the call for the common plain string."""
     if len(text) > 128:
         return _json_long_string(text)
-    if _NEEDS_ESCAPE.search(text) is None:
-        return f'"{text}"'
-    return json.dumps(text, ensure_ascii=False)
+    enc = _SHORT.get(text)
+    if enc is None:
+        enc = f'"{text}"' if _NEEDS_ESCAPE.search(text) is None else json.dumps(text, ensure_ascii=False)
+        if len(_SHORT) >= 4096:  # ids that never repeat fill it: start again
+            _SHORT.clear()
+        _SHORT[text] = enc
+    return enc
 
 
 @functools.lru_cache(maxsize=64)
@@ -174,10 +181,21 @@ def chain(entry: AuditEntry, sequence: int, time: str, prev_hash: str) -> AuditR
     fields = _record_fields(entry, sequence, time, prev_hash)
     # What AuditRecord.hashed_fields() gives, without building the record twice.
     hashed = fields if SCHEMA_VERSION >= 2 else {k: v for k, v in fields.items() if k != "policy"}
-    return AuditRecord(**fields, record_hash=sha256_hex(canonical_record_json(hashed)))
+    fields["record_hash"] = sha256_hex(canonical_record_json(hashed))
+    return _record(fields)
+
+
+def _record(fields: dict[str, Any]) -> AuditRecord:
+    """AuditRecord(**fields) for fields that are every one of its own, without the frozen
+    dataclass's __init__ (a setattr call per field, a tenth of an append's hashing)."""
+    record = object.__new__(AuditRecord)
+    record.__dict__.update(fields)
+    return record
 
 
 def chained(entry: AuditEntry, sequence: int, time: str, prev_hash: str, record_hash: str) -> AuditRecord:
     """The record chain() made of this entry, from the parts the chain gave it (the hash is
     taken as given): how a process that sent an entry away gets its record back cheaply."""
-    return AuditRecord(**_record_fields(entry, sequence, time, prev_hash), record_hash=record_hash)
+    fields = _record_fields(entry, sequence, time, prev_hash)
+    fields["record_hash"] = record_hash
+    return _record(fields)
