@@ -50,7 +50,7 @@ def start_metrics(address: str) -> str:
 
 
 async def serve(cfg: ServerConfig) -> int:
-    from cgsvc.server import app
+    from cgsvc.server import app, metrics
 
     log = structlog.get_logger("cgsvc")
     running = await app.start(cfg)
@@ -61,6 +61,7 @@ async def serve(cfg: ServerConfig) -> int:
     # every call in flight with it, for 70-90 ms: that set p99 (docs/decisions.md).
     gc.collect()
     gc.freeze()
+    metrics.time_gc_pauses()
     host = cfg.address.rsplit(":", 1)[0]
     mode = ("TLS" + (" + client certificates" if cfg.tls_client_ca else "")) if cfg.secure else "insecure (no TLS)"
     auth = "bearer tokens" if cfg.token_file else ("client certificates" if cfg.tls_client_ca else "none")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.gc_collector import GCCollector
@@ -12,6 +13,9 @@ GCCollector(registry=REGISTRY)  # python_gc_*: collections and objects collected
 GC_FROZEN = Gauge("cgsvc_gc_frozen_objects", "Objects alive after start-up that the garbage collector never walks "
                   "(gc.freeze; docs/decisions.md)", registry=REGISTRY)
 GC_FROZEN.set_function(gc.get_freeze_count)
+GC_PAUSE = Histogram("cgsvc_gc_pause_seconds", "How long each garbage collection of generation 1 or 2 held the "
+                     "process (generation 0's, many a second, are not timed)", ["generation"], registry=REGISTRY,
+                     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5))
 RPC_TOTAL = Counter("cgsvc_rpc_total", "RPCs answered", ["method", "code"], registry=REGISTRY)
 RPC_SECONDS = Histogram("cgsvc_rpc_seconds", "RPC latency", ["method"], registry=REGISTRY,
                         buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1, 5))
@@ -27,3 +31,20 @@ PLANS_TOTAL = Counter("cgsvc_plans_total", "Plans resolved", ["prefill_backend",
 def observe_batch(records: int, seconds: float) -> None:
     AUDIT_APPEND_SECONDS.observe(seconds)
     AUDIT_BATCH_RECORDS.observe(records)
+
+
+def time_gc_pauses() -> None:
+    """Time the collections that can stall the event loop (generations 1 and 2) into GC_PAUSE."""
+    started = [0.0]
+    by_generation = {g: GC_PAUSE.labels(str(g)) for g in (1, 2)}
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if info["generation"] == 0:
+            return
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            by_generation[info["generation"]].observe(time.perf_counter() - started[0])
+
+    gc.callbacks.append(on_gc)
+

@@ -210,6 +210,7 @@ def test_metrics_endpoint(server: ServerProcess, client: Client) -> None:
     frozen = float(re.search(r"^cgsvc_gc_frozen_objects (\S+)$", text, re.M).group(1))  # type: ignore[union-attr]
     assert frozen > 50_000
     assert 'python_gc_collections_total{generation="0"}' in text
+    assert "cgsvc_gc_pause_seconds_bucket" in text or "# TYPE cgsvc_gc_pause_seconds histogram" in text
 
 
 def test_logs_are_json_with_request_fields(server: ServerProcess, client: Client) -> None:
