@@ -185,11 +185,13 @@ class ProcessAuditWriter:
         self._drained: asyncio.Future[None] | None = None
         self._proc: Any = None
         self._sock: socket.socket | None = None
+        self.child_frozen_objects = 0  # what the child froze out of its garbage collector at start
         self._attach(self._spawn())
 
     # ------------------------------------------------------------------ child
-    def _spawn(self) -> tuple[Any, socket.socket]:
-        """Start a child and wait until it has opened the database (blocking)."""
+    def _spawn(self) -> tuple[Any, socket.socket, int]:
+        """Start a child and wait until it has opened the database (blocking): (process, socket,
+        objects it froze out of its garbage collector)."""
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_writer_process, args=(self.store.url, child, self.max_batch, self.cohort_wait,
                                                                      self.cohort_gap),
@@ -200,16 +202,16 @@ class ProcessAuditWriter:
             ready = parent.recv()
         except EOFError:
             ready = None
-        if ready != "ready":
+        if not (isinstance(ready, tuple) and ready[0] == "ready"):
             parent.close()
             raise WriterProcessError("the audit writer process did not start")
         sock = socket.socket(fileno=os.dup(parent.fileno()))
         parent.close()
         sock.setblocking(False)
-        return proc, sock
+        return proc, sock, int(ready[1])
 
-    def _attach(self, spawned: tuple[Any, socket.socket]) -> None:
-        self._proc, self._sock = spawned
+    def _attach(self, spawned: tuple[Any, socket.socket, int]) -> None:
+        self._proc, self._sock, self.child_frozen_objects = spawned
         self._loop.add_reader(self._sock.fileno(), self._on_readable)
         self._flush()  # what was submitted while there was no child
 
@@ -235,10 +237,10 @@ class ProcessAuditWriter:
             self._respawn()
 
     def _respawn(self) -> None:
-        def done(task: asyncio.Future[tuple[Any, socket.socket]]) -> None:
+        def done(task: asyncio.Future[tuple[Any, socket.socket, int]]) -> None:
             exc = task.exception()
             if exc is None and self._closing:  # closed while it started: nothing more to write
-                _, sock = task.result()
+                _, sock, _ = task.result()
                 sock.close()  # the child sees end of file and exits
                 return
             if exc is None:
@@ -483,7 +485,7 @@ def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float, coh
     store = AuditStore(url)
     gc.collect()
     gc.freeze()  # as the server does after start-up: a full collection stalled a commit ~45 ms
-    conn.send("ready")
+    conn.send(("ready", gc.get_freeze_count()))
     chan = _Channel(conn.fileno())
     conn.close()
     cohort = 1  # records the last commit answered: their callers tend to come back together

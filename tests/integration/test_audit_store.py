@@ -390,14 +390,20 @@ def test_process_writer_answers_each_record_as_the_store_holds_it(store: AuditSt
              PendingAppend(entry(3, plan_id="p3"), None, "r-1"),  # same id, other spec: a conflict
              PendingAppend(entry(5, outcome_message="bad\x00byte"), None, "")]
 
-    async def run() -> list[Any]:
+    frozen: list[int] = []
+
+    async def run_and_look() -> list[Any]:
         writer = ProcessAuditWriter(store)
+        # The child froze what start-up made out of its collector (a full collection walking it
+        # stalled a commit 45 ms every few seconds); it says how much when it is ready.
+        frozen.append(writer.child_frozen_objects)
         try:
             return list(await asyncio.gather(*(writer.submit_async(i) for i in items)))
         finally:
             await writer.aclose()
 
-    results = asyncio.run(run())
+    results = asyncio.run(run_and_look())
+    assert frozen[0] > 10_000
     for result in results:
         assert result.record == store.get_record(result.record.sequence)
     assert results[0].record.plan_json == '{"p":1}' and results[0].replay_of is None
