@@ -476,14 +476,12 @@ def _without_nul(item: PendingAppend) -> PendingAppend:
     record's hash is the same on either."""
     entry = item.entry
     text = [v for v in entry.__dict__.values() if isinstance(v, str)]
-    if "\x00" not in "".join(text) and not any("\x00" in r for r in entry.rule_ids) and "\x00" not in item.request_id:
+    if "\x00" not in "".join([*text, *entry.rule_ids, item.request_id]):
         return item  # the common case, in one scan
     dirty: dict[str, Any] = {k: v.replace("\x00", NUL_MARK) for k, v in entry.__dict__.items()
                              if isinstance(v, str) and "\x00" in v}
     if any("\x00" in r for r in entry.rule_ids):
         dirty["rule_ids"] = tuple(r.replace("\x00", NUL_MARK) for r in entry.rule_ids)
-    if not dirty and "\x00" not in item.request_id:
-        return item
     return PendingAppend(dataclasses.replace(entry, **dirty), item.plan, item.request_id.replace("\x00", NUL_MARK))
 
 

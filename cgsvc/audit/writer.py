@@ -144,6 +144,20 @@ _FRAME = struct.Struct("!i")  # multiprocessing.Connection's framing: a 4-byte l
 log = logging.getLogger("cgsvc.audit.writer")
 
 
+def _frame(message: Any) -> bytes:
+    """A message as it crosses the writer's socket, either way."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _FRAME.pack(len(data)) + data
+
+
+def _frame_end(buf: bytearray, pos: int = 0) -> int:
+    """The end of the frame that starts at `pos` in `buf`, or 0 while only part of it is there."""
+    if len(buf) - pos < 4:
+        return 0
+    end = pos + 4 + _FRAME.unpack_from(buf, pos)[0]
+    return end if len(buf) >= end else 0
+
+
 class ProcessAuditWriter:
     """Group commit in a separate process, driven by the event loop that submits.
 
@@ -271,9 +285,8 @@ class ProcessAuditWriter:
         unsent, self._unsent = self._unsent, []
         for i in range(0, len(unsent), self.max_batch):
             part = unsent[i:i + self.max_batch]
-            data = pickle.dumps([_to_wire(item) for item, _ in part], protocol=pickle.HIGHEST_PROTOCOL)
             self._inflight.append(part)
-            self._write(_FRAME.pack(len(data)) + data)
+            self._write(_frame([_to_wire(item) for item, _ in part]))
 
     def _write(self, data: bytes) -> None:
         assert self._sock is not None
@@ -317,14 +330,10 @@ class ProcessAuditWriter:
             self._child_lost("end of file")
             return
         self._in += chunk
-        view = self._in
         pos = 0
-        while len(view) - pos >= 4:
-            (size,) = _FRAME.unpack_from(view, pos)
-            if len(view) - pos - 4 < size:
-                break
-            answer = pickle.loads(view[pos + 4:pos + 4 + size])
-            pos += 4 + size
+        while end := _frame_end(self._in, pos):
+            answer = pickle.loads(self._in[pos + 4:end])
+            pos = end
             self._settle(self._inflight.popleft(), answer)
         del self._in[:pos]
         self._check_drained()
@@ -363,8 +372,7 @@ class ProcessAuditWriter:
             self._loop.remove_writer(sock.fileno())
             with contextlib.suppress(OSError):
                 sock.setblocking(True)
-                data = pickle.dumps(None)
-                sock.sendall(_FRAME.pack(len(data)) + data)
+                sock.sendall(_frame(None))
             sock.close()
         if self._proc is not None:
             await asyncio.to_thread(self._proc.join, timeout)
@@ -424,13 +432,6 @@ class _Channel:
         self._buf = bytearray()
         self._eof = False
 
-    def _whole(self) -> int:
-        """The end of the first whole frame in the buffer, or 0."""
-        if len(self._buf) < 4:
-            return 0
-        end = 4 + _FRAME.unpack_from(self._buf)[0]
-        return end if len(self._buf) >= end else 0
-
     def _fill(self, timeout: float | None) -> bool:
         """Read what has arrived, waiting up to `timeout` seconds (None: until something does);
         False when nothing came in time. End of file counts as something."""
@@ -445,14 +446,14 @@ class _Channel:
     def poll(self, timeout: float) -> bool:
         """Whether a whole message (or end of file) is there to take within `timeout` seconds."""
         deadline = time.perf_counter() + timeout
-        while not self._whole() and not self._eof:
+        while not _frame_end(self._buf) and not self._eof:
             if not self._fill(deadline - time.perf_counter()):
                 return False
         return True
 
     def recv(self) -> Any:
         """The next message, waiting for it; EOFError when the parent has gone."""
-        while not (end := self._whole()):
+        while not (end := _frame_end(self._buf)):
             if self._eof:
                 raise EOFError("the parent closed the socket")
             self._fill(None)
@@ -462,12 +463,7 @@ class _Channel:
 
     def send_all(self, messages: list[Any]) -> None:
         """Frame every message and write them all at once."""
-        out = bytearray()
-        for message in messages:
-            data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-            out += _FRAME.pack(len(data))
-            out += data
-        self.sock.sendall(out)
+        self.sock.sendall(b"".join(map(_frame, messages)))
 
     def close(self) -> None:
         self.sock.close()
@@ -497,16 +493,15 @@ def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float, coh
             break
         if message is None:
             break
-        first = [_from_wire(values) for values in message]
-        sent = list(first)
-        sizes = [len(first)]
+        sent = [_from_wire(values) for values in message]  # every append of the batch, as received
+        sizes = [len(sent)]
         t0 = time.perf_counter()
         busy = 0.0  # seconds spent appending, not waiting
         failure = ""
         batch = None
         try:
             batch = store.open_batch()
-            batch.add(first)
+            batch.add(sent)
             deadline = time.perf_counter() + cohort_wait
             while len(batch) < max_batch:
                 if not chan.poll(0):
