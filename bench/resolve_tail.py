@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import contextlib
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from resolve_cpu import worktree  # noqa: E402
-from resolve_load import KIMI, ROOT, start_server  # noqa: E402
+from resolve_load import KIMI, ROOT, start_server, stop_server  # noqa: E402
 
 from cgsvc import codec  # noqa: E402
 from cgsvc.spec import parse_spec  # noqa: E402
@@ -77,9 +76,7 @@ def run(root: Path, callers: int, seconds: float) -> str:
         points = asyncio.run(timeline(address, callers, seconds))
         pauses = gc_pauses(metrics)
     finally:
-        proc.terminate()
-        proc.wait(30)
-        shutil.rmtree(data_dir, ignore_errors=True)
+        stop_server(proc, data_dir, "")
     lat = sorted(lat for _, lat in points)
 
     def pct(q: float) -> float:

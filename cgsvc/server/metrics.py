@@ -47,4 +47,3 @@ def time_gc_pauses() -> None:
             by_generation[info["generation"]].observe(time.perf_counter() - started[0])
 
     gc.callbacks.append(on_gc)
-
