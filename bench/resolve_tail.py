@@ -65,8 +65,10 @@ def gc_pauses(metrics_url: str) -> str:
     if "count" not in got:
         return "- | - | -"
     count, total = float(got["count"]), float(got["sum"])
+    if not count:
+        return "0 | - | -"
     slowest = next((le for le, n in GC2_BUCKET.findall(text) if float(n) == count), "+Inf")
-    return f"{count:.0f} | {total / count * 1000 if count else 0:.1f} | <= {slowest}"
+    return f"{count:.0f} | {total / count * 1000:.1f} | <= {slowest}"
 
 
 def run(root: Path, callers: int, seconds: float) -> str:
