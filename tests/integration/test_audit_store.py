@@ -415,8 +415,8 @@ def test_process_writer_answers_each_record_as_the_store_holds_it(store: AuditSt
 
 def test_writer_channel_reads_frames_however_the_socket_cuts_them() -> None:
     """The writer process's end of the socket parses the parent's framing from a buffer: a
-    frame split across reads, several frames in one read, and end of file (EOFError, also
-    after half a frame); every answer of a commit leaves in one write."""
+    frame split across reads, several frames in one read, a frame larger than a read, and end
+    of file (EOFError, also after half a frame); every answer of a commit leaves in one write."""
     import pickle
     import socket
     import struct
@@ -440,6 +440,11 @@ def test_writer_channel_reads_frames_however_the_socket_cuts_them() -> None:
     first = struct.unpack_from("!i", got)[0]
     assert pickle.loads(got[4:4 + first]) == ("ok", [1], None)
     assert pickle.loads(got[8 + first:]) == ("ok", [2], None)
+    big = pickle.dumps("x" * (3 << 20))  # three times the area a read goes through
+    sender = threading.Thread(target=parent.sendall, args=(struct.pack("!i", len(big)) + big,))
+    sender.start()
+    assert chan.recv() == "x" * (3 << 20)
+    sender.join()
     parent.sendall(frames[0][:5])
     parent.close()
     assert chan.poll(1.0)  # end of file is something to take
