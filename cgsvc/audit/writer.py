@@ -186,13 +186,14 @@ class ProcessAuditWriter:
     records may or may not be committed) and is started again, off the loop, for the next ones.
 
     Callers of one commit are answered together and come back together: under load they move
-    as cohorts. The child holds a commit open (up to `cohort_wait` seconds, and no longer
-    than `cohort_gap` after the last append) until as many records have arrived as the previous
-    commit answered, so a cohort stays in one commit instead of splitting into many small ones;
-    every stage (the child's per-commit work, the event loop's and the clients' per-wake-up
-    work) then costs less per request, and the child chains each append into the open commit
-    as it arrives, so the wait is not idle (AuditStore.open_batch). A lone caller's cohort is
-    one: it never waits.
+    as cohorts. Each message carries how many appends the parent has waiting for an answer,
+    its own included, and the child holds a commit open (up to `cohort_wait` seconds, and no
+    longer than `cohort_gap` after the last append) until it holds half of the most that were
+    waiting lately: two cohorts then take turns, one committing while the server works on the
+    other, so neither the disk nor the server waits for the other, and a commit is still several
+    records, not one or two (every stage's per-commit and per-wake-up work then costs less per
+    request). The child chains each append into the open commit as it arrives, so the wait is
+    not idle (AuditStore.open_batch). A lone caller never waits.
     """
 
     def __init__(self, store: AuditStore, max_batch: int = 256,
@@ -300,10 +301,12 @@ class ProcessAuditWriter:
         if self._sock is None or not self._unsent:
             return
         unsent, self._unsent = self._unsent, []
+        waiting = sum(map(len, self._inflight))  # appends sent before and not answered yet
         for i in range(0, len(unsent), self.max_batch):
             part = unsent[i:i + self.max_batch]
             self._inflight.append(part)
-            self._write(_frame([_to_wire(item) for item, _ in part]))
+            waiting += len(part)
+            self._write(_frame((waiting, [_to_wire(item) for item, _ in part])))
 
     def _write(self, data: bytes) -> None:
         assert self._sock is not None
@@ -488,18 +491,19 @@ def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float, coh
     """The child: append what it is sent, answering each message after the commit that holds
     it. The first message opens a batch (AuditStore.open_batch) and each message that arrives
     while it is open is chained into it at once, so the hashing and the rows are done while
-    the rest of the cohort arrives; while the batch holds fewer records than the previous
-    commit answered it stays open for them, up to `cohort_wait` seconds in all and `cohort_gap`
-    after the last one (a lone caller never waits: its cohort is one). Appends arrive and
-    results leave in the wire form (_to_wire, _result_to_wire), every answer of a commit in
-    one write."""
+    the rest of the cohort arrives; while the batch holds fewer than half of the most appends
+    the parent had waiting (in this batch's messages and the last eight batches') it stays
+    open, up to `cohort_wait` seconds in all and `cohort_gap` after the last append (a lone
+    caller never waits). A message is (appends waiting in the parent, appends) or None (stop);
+    appends arrive and results leave in the wire form (_to_wire, _result_to_wire), every answer
+    of a commit in one write."""
     store = AuditStore(url)
     gc.collect()
     gc.freeze()  # as the server does after start-up: a full collection stalled a commit ~45 ms
     conn.send(("ready", gc.get_freeze_count()))
     chan = _Channel(conn.fileno())
     conn.close()
-    cohort = 1  # records the last commit answered: their callers tend to come back together
+    recent: deque[int] = deque(maxlen=8)  # the most appends the parent had waiting, in each of the last batches
     stopping = False
     while not stopping:
         try:
@@ -508,7 +512,8 @@ def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float, coh
             break
         if message is None:
             break
-        sent = [_from_wire(values) for values in message]  # every append of the batch, as received
+        most, wires = message  # the parent's count of appends waiting for an answer, and these
+        sent = [_from_wire(values) for values in wires]  # every append of the batch, as received
         sizes = [len(sent)]
         t0 = time.perf_counter()
         busy = 0.0  # seconds spent appending, not waiting
@@ -521,7 +526,7 @@ def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float, coh
             while len(batch) < max_batch:
                 if not chan.poll(0):
                     left = deadline - time.perf_counter()
-                    if len(batch) >= cohort or left <= 0:
+                    if 2 * len(batch) >= max(most, max(recent, default=0)) or left <= 0:
                         break
                     busy += time.perf_counter() - t0
                     ready = chan.poll(min(left, cohort_gap))
@@ -532,7 +537,9 @@ def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float, coh
                 if message is None:
                     stopping = True
                     break
-                nxt = [_from_wire(values) for values in message]
+                waiting, wires = message
+                most = max(most, waiting)
+                nxt = [_from_wire(values) for values in wires]
                 sent += nxt
                 sizes.append(len(nxt))
                 batch.add(nxt)
@@ -543,7 +550,7 @@ def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float, coh
             if batch is not None:
                 batch.abort()  # rolled back (a no-op when the store already did)
         busy += time.perf_counter() - t0
-        cohort = sum(sizes)
+        recent.append(most)
         answers: list[tuple[str, Any, Any]] = []
         if failure:
             answers = [("error", failure, None)] * len(sizes)

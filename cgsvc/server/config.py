@@ -37,8 +37,8 @@ class ServerConfig:
     audit_max_batch: int = _opt(256, "most audit records committed in one group commit")
     audit_writer: str = _opt("process", "process (default: group commit in a writer process, off the event loop's "
                                         "GIL) or thread")
-    audit_cohort_wait_ms: float = _opt(5.0, "how long the writer process holds a commit open for the callers its "
-                                            "previous commit answered to come back (0: commit what is there at once)")
+    audit_cohort_wait_ms: float = _opt(5.0, "how long the writer process holds a commit open until half of the "
+                                            "appends waiting for an answer are in it (0: commit what is there at once)")
     audit_cohort_gap_ms: float = _opt(2.0, "within that wait, how long the writer waits for the next append before "
                                            "it commits what it has")
     signing_key: str = _opt("", "Ed25519 private key (PEM) that signs audit-log checkpoints; default: "

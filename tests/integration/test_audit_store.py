@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -411,6 +412,55 @@ def test_process_writer_answers_each_record_as_the_store_holds_it(store: AuditSt
     assert results[2].conflict and results[2].record.outcome_code == 3
     assert results[3].record.outcome_message == "bad\\u0000byte"
     assert store.verify().ok
+
+
+def test_writer_process_commits_once_half_the_waiting_appends_have_joined(tmp_path: Path) -> None:
+    """The child holds a commit open until half of the appends the parent has waiting for an
+    answer are in it (the other half fill the next commit meanwhile): a lone caller's append
+    is committed at once; with four waiting, the first is held (for the wait given, 30 s
+    here) until the second joins, and the two are one commit. With that many waiting lately,
+    a lone append is held again, until the gap after it ends."""
+    import multiprocessing as mp
+    import socket
+
+    from cgsvc.audit.writer import _Channel, _frame, _to_wire, _writer_process
+
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    AuditStore(url).close()
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_writer_process, args=(url, child, 256, 30.0, 3.0), daemon=True)
+    proc.start()
+    child.close()
+    assert parent.recv()[0] == "ready"
+    sock = socket.socket(fileno=os.dup(parent.fileno()))
+    chan = _Channel(sock.fileno())
+    sock.close()
+
+    def send(waiting: int, *seqs: int) -> None:
+        os.write(parent.fileno(), _frame((waiting, [_to_wire(PendingAppend(entry(i), None, "")) for i in seqs])))
+
+    try:
+        send(1, 1)
+        assert chan.poll(20.0)
+        status, results, stats = chan.recv()
+        assert status == "ok" and stats[0] == 1 and results[0][0] == 1
+        send(3, 2)  # three waiting lately: this one waits for a second
+        assert not chan.poll(0.3)
+        send(4, 3)
+        assert chan.poll(20.0)
+        first, second = chan.recv(), chan.recv()
+        assert first[2][0] == 2 and second[2] is None  # one commit answered both messages
+        assert [r[0] for r in first[1] + second[1]] == [2, 3]
+        send(1, 4)  # alone now, but four were waiting a moment ago: held until the 3 s gap ends
+        assert not chan.poll(0.3)
+        assert chan.poll(20.0) and chan.recv()[2][0] == 1
+    finally:
+        os.write(parent.fileno(), _frame(None))
+        proc.join(20)
+        chan.close()
+        parent.close()
+    assert AuditStore(url).verify().records_checked == 4
 
 
 def test_writer_channel_reads_frames_however_the_socket_cuts_them() -> None:
