@@ -12,8 +12,9 @@ of another commit (a temporary `git worktree`; the client is this checkout's for
 change is measured against its parent in one run: `--baseline HEAD` for uncommitted work. Each
 round runs the variants in turn, in reverse order every other round. CPU is read from /proc
 (user + system) over the measured seconds plus the one-second warm-up, so it is an upper bound
-per request; batch figures come from the server's Prometheus metrics
-(cgsvc_audit_batch_records, cgsvc_audit_append_seconds).
+per request (with --postgresql also every PostgreSQL process's, whatever else they serve);
+batch figures come from the server's Prometheus metrics (cgsvc_audit_batch_records,
+cgsvc_audit_append_seconds).
 """
 
 from __future__ import annotations
@@ -41,6 +42,26 @@ METRIC = re.compile(r'^(cgsvc_audit_\w+?)(_sum|_count|_bucket)(?:\{le="([^"]+)"\
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_pids() -> list[int]:
+    """Every PostgreSQL server process on this machine (its backends, WAL writer, checkpointer)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (entry / "comm").read_text().strip() == "postgres":
+                    pids.append(int(entry.name))
+    return pids
+
+
+def cpu_of(pids: list[int]) -> dict[int, float]:
+    """CPU seconds of each of these processes still running."""
+    out = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            out[pid] = cpu_seconds(pid)
+    return out
 
 
 def scrape(url: str) -> dict[tuple[str, str | None], float]:
@@ -81,9 +102,11 @@ def run_variant(flags: list[str], levels: list[tuple[str, int]], seconds: float,
                                                   text=True).stdout.split()]
         for op, callers in levels:
             before = {p: cpu_seconds(p) for p in [proc.pid, *children]}
+            db0 = cpu_of(postgres_pids()) if postgresql else {}
             m0, client0 = scrape(metrics), time.process_time()
             rate, p50, p99, errors = asyncio.run(drive(address, op, callers, seconds))
             after = {p: cpu_seconds(p) for p in before}
+            db1 = cpu_of(list(db0))
             m1, client = scrape(metrics), time.process_time() - client0
             requests = rate * (seconds + 1)  # measured window plus warm-up, which also used CPU
 
@@ -99,6 +122,7 @@ def run_variant(flags: list[str], levels: list[tuple[str, int]], seconds: float,
                 f"| {op} | {callers} | {rate:.0f} | {p50:.2f} | {p99:.2f} | "
                 f"{per_request(after[proc.pid] - before[proc.pid])} | "
                 f"{per_request(sum(after[p] - before[p] for p in children))} | {per_request(client)} | "
+                + (f"{per_request(sum(db1[p] - db0[p] for p in db1))} | " if postgresql else "")
                 + (f"{delta('cgsvc_audit_batch_records_sum') / batches:.1f} | "
                    f"{delta('cgsvc_audit_append_seconds_sum') / batches * 1000:.2f} | {over / batches:.0%} |"
                    if batches else "- | - | - |")
@@ -136,11 +160,13 @@ def main() -> None:
             base, commit = stack.enter_context(worktree(ns.baseline))
             runs += [(f"{name} @{commit}", flags, base) for name, flags in variants.items()]
             print(f"# baseline: {ns.baseline} ({commit}); the other rows run this checkout's server", flush=True)
-        print(f"# {os.cpu_count()} CPUs; CPU ms per request (server process, its writer process, the client); "
-              f"{ns.seconds:.0f} s per row; {'postgresql' if ns.postgresql else 'sqlite'}")
-        print("| round | variant | op | callers | req/s | p50 ms | p99 ms | server | writer | client | "
+        db = " | postgres" if ns.postgresql else ""
+        print(f"# {os.cpu_count()} CPUs; CPU ms per request (server process, its writer process, the client"
+              f"{', every PostgreSQL process' if ns.postgresql else ''}); {ns.seconds:.0f} s per row; "
+              f"{'postgresql' if ns.postgresql else 'sqlite'}")
+        print(f"| round | variant | op | callers | req/s | p50 ms | p99 ms | server | writer | client{db} | "
               "records/commit | ms/commit | commits > 2 ms | errors |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|" + "---|" * (4 + bool(db)))
         for rnd in range(ns.rounds):
             for name, flags, root in (runs if rnd % 2 == 0 else runs[::-1]):
                 for row in run_variant(flags, levels, ns.seconds, ns.postgresql, root):

@@ -1,11 +1,16 @@
 """ResolvePlan throughput and latency against a running server, next to an Echo ceiling.
 
-    .venv/bin/python bench/resolve_load.py [--seconds 5] [--backends sqlite,postgresql]
+    .venv/bin/python bench/resolve_load.py [--seconds 5] [--backends sqlite,postgresql] [--slices 4]
 
 Starts `cgsvc serve` (durable auditing: SQLite WAL + synchronous=FULL, or PostgreSQL),
 drives it from one asyncio client process at 1, 8 and 32 concurrent callers, and prints a
 Markdown table for bench/RESULTS.md. Echo runs on the same server stack (auth, logging,
-metrics) without resolving or auditing, so it is the ceiling for this transport.
+metrics) without resolving or auditing, so it is the ceiling for this transport. Each row
+gives each op `--seconds` in `--slices` turns, Echo and ResolvePlan alternating: on a machine
+whose speed drifts by tens of percent from one few seconds to the next, all of Echo and then
+all of ResolvePlan put the drift into the ratio (`--slices 1` runs them that way). What a
+ResolvePlan turn leaves behind (the SQLite checkpoint thread's next copy, at most once a
+second) can fall into the Echo turn after it.
 """
 
 from __future__ import annotations
@@ -84,45 +89,63 @@ def drop_schema(url: str) -> None:
     eng.dispose()
 
 
-async def drive(address: str, op: str, concurrency: int, seconds: float) -> tuple[float, float, float, int]:
-    """(requests/s, p50 ms, p99 ms, errors) over `seconds`, after a short warm-up."""
+Stats = tuple[float, float, float, int]  # requests/s, p50 ms, p99 ms, errors
+
+
+async def drive(address: str, op: str, concurrency: int, seconds: float) -> Stats:
+    """(requests/s, p50 ms, p99 ms, errors) of one op over `seconds`, after a short warm-up."""
+    return (await drive_slices(address, [op], concurrency, seconds, 1))[op]
+
+
+async def drive_slices(address: str, ops: list[str], concurrency: int, seconds: float, slices: int) -> dict[str, Stats]:
+    """Each op's figures over `seconds` of its own, taken in `slices` turns that alternate
+    between the ops (A B B A A B ...: a machine whose speed drifts during the row weighs on
+    every op alike), after a second's warm-up of each; one channel throughout."""
     spec = codec.spec_to_proto(parse_spec(KIMI))
     async with grpc.aio.insecure_channel(address) as ch:
         plans = plan_service_pb2_grpc.PlanServiceStub(ch)
         diag = diagnostics_pb2_grpc.DiagnosticsServiceStub(ch)
-        lat: list[float] = []
-        errors = 0
-        stop_at = 0.0
-        measuring = False
+        lat: dict[str, list[float]] = {op: [] for op in ops}
+        took = dict.fromkeys(ops, 0.0)
+        errors = dict.fromkeys(ops, 0)
 
-        async def one() -> None:
+        async def one(op: str) -> None:
             if op == "echo":
                 await diag.Echo(diagnostics_pb2.EchoRequest(), timeout=10)
             else:
                 await plans.ResolvePlan(plan_service_pb2.ResolvePlanRequest(spec=spec, request_id=uuid.uuid4().hex),
                                         timeout=10)
 
-        async def worker() -> None:
-            nonlocal errors
-            while time.perf_counter() < stop_at:
-                t0 = time.perf_counter()
-                try:
-                    await one()
-                except grpc.RpcError:
-                    errors += 1
-                    continue
-                if measuring:
-                    lat.append(time.perf_counter() - t0)
+        async def turn(op: str, length: float, measured: bool) -> None:
+            stop_at = time.perf_counter() + length
 
-        stop_at = time.perf_counter() + 1.0  # warm-up
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        measuring = True
-        t_start = time.perf_counter()
-        stop_at = t_start + seconds
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - t_start
-    lat.sort()
-    return len(lat) / elapsed, statistics.median(lat) * 1000, lat[max(0, int(len(lat) * 0.99) - 1)] * 1000, errors
+            async def worker() -> None:
+                while time.perf_counter() < stop_at:
+                    t0 = time.perf_counter()
+                    try:
+                        await one(op)
+                    except grpc.RpcError:
+                        errors[op] += measured
+                        continue
+                    if measured:
+                        lat[op].append(time.perf_counter() - t0)
+
+            t_start = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            if measured:
+                took[op] += time.perf_counter() - t_start
+
+        for op in ops:
+            await turn(op, 1.0, measured=False)  # warm-up
+        for k in range(slices):
+            for op in ops if k % 2 == 0 else ops[::-1]:
+                await turn(op, seconds / slices, measured=True)
+    out: dict[str, Stats] = {}
+    for op, got in lat.items():
+        got.sort()
+        out[op] = (len(got) / took[op], statistics.median(got) * 1000, got[max(0, int(len(got) * 0.99) - 1)] * 1000,
+                   errors[op])
+    return out
 
 
 def main() -> None:
@@ -130,9 +153,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0, help="measured seconds per row (after 1 s of warm-up)")
     ap.add_argument("--backends", default="sqlite,postgresql", help="comma-separated: sqlite, postgresql")
     ap.add_argument("--concurrency", default="1,8,32", help="comma-separated concurrent callers per row")
+    ap.add_argument("--slices", type=int, default=4,
+                    help="turns each op's seconds are taken in, Echo and ResolvePlan alternating (1: all of Echo, "
+                         "then all of ResolvePlan)")
     ns = ap.parse_args()
     levels = [int(c) for c in ns.concurrency.split(",")]
-    print(f"# {os.cpu_count()} CPUs, server and client on one machine, {ns.seconds:.0f} s per row")
+    print(f"# {os.cpu_count()} CPUs, server and client on one machine, {ns.seconds:.0f} s of each op per row "
+          f"in {ns.slices} alternating turns")
     print("| store | concurrency | Echo req/s | ResolvePlan req/s | ratio | ResolvePlan p50 ms | p99 ms | Echo p99 ms "
           "| errors |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -148,8 +175,8 @@ def main() -> None:
         proc, address, _ = start_server(tmp, url)
         try:
             for c in levels:
-                echo = asyncio.run(drive(address, "echo", c, ns.seconds))
-                res = asyncio.run(drive(address, "resolve", c, ns.seconds))
+                got = asyncio.run(drive_slices(address, ["echo", "resolve"], c, ns.seconds, ns.slices))
+                echo, res = got["echo"], got["resolve"]
                 print(f"| {backend} | {c} | {echo[0]:.0f} | {res[0]:.0f} | {res[0] / echo[0]:.0%} | "
                       f"{res[1]:.2f} | {res[2]:.2f} | {echo[2]:.2f} | {res[3] + echo[3]} |", flush=True)
         finally:
