@@ -523,10 +523,11 @@ def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float, coh
             batch = store.open_batch()
             batch.add(sent)
             deadline = time.perf_counter() + cohort_wait
+            lately = max(recent, default=0)  # fixed while this batch is open
             while len(batch) < max_batch:
                 if not chan.poll(0):
                     left = deadline - time.perf_counter()
-                    if 2 * len(batch) >= max(most, max(recent, default=0)) or left <= 0:
+                    if 2 * len(batch) >= max(most, lately) or left <= 0:
                         break
                     busy += time.perf_counter() - t0
                     ready = chan.poll(min(left, cohort_gap))
