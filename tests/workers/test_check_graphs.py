@@ -26,7 +26,7 @@ def test_check_graphs_cli_on_moe_checkpoint(checkpoints: dict[str, str], tmp_pat
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     out = tmp_path / "graphs.json"
     proc = subprocess.run([sys.executable, "-m", "cgsvc_worker.cli", "check-graphs", "--model-path",
-                           checkpoints["tiny"], "--plan", str(tmp_path / "plan.json"), "--device", "cpu",
+                           checkpoints["tiny-2-layers"], "--plan", str(tmp_path / "plan.json"), "--device", "cpu",
                            "--output", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr
     r = json.loads(out.read_text())
