@@ -21,8 +21,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     out["tiny-dense-bf16"] = make_checkpoint(str(root / "tiny-dense-bf16"), "tiny", seed=0, dtype="bfloat16",
                                              overrides={"initializer_range": 0.03, "n_routed_experts": 0,
                                                         "first_k_dense_replace": 4})
-    # One dense layer and one MoE layer: every kind of layer the tiny model has, at half the
-    # inductor compile time of four (tests/workers/test_check_graphs.py).
+    # One dense layer and one MoE layer: every kind of layer the tiny model has, at about 60 %
+    # of the inductor compile time of four (tests/workers/test_check_graphs.py).
     out["tiny-2-layers"] = make_checkpoint(str(root / "tiny-2-layers"), "tiny", seed=0,
                                            overrides={"num_hidden_layers": 2})
     return out
