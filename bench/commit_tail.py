@@ -26,6 +26,7 @@ from resolve_load import KIMI  # noqa: E402
 from cgsvc.audit.auditor import Auditor  # noqa: E402
 from cgsvc.audit.store import AuditStore, PendingAppend  # noqa: E402
 from cgsvc.domain.plans import RESOLVE_METHOD, resolve_spec  # noqa: E402
+from cgsvc.ids import new_id  # noqa: E402
 
 # name -> (records between the thread's checkpoints, 0 for none; log pages at which it starts over)
 VARIANTS = {"in the commit (SQLite's default)": (0, 0),
@@ -40,7 +41,7 @@ def records(count: int) -> list[PendingAppend]:
     for _ in range(count):
         e = auditor.entry(RESOLVE_METHOD, "local", "ipv4:127.0.0.1:50000", uuid.uuid4().hex, uuid.uuid4().hex,
                           None, "OK", "", **res.audit_fields, plan_json=res.plan_json, plan_hash=res.plan.plan_hash,
-                          rule_ids=res.rule_ids, plan_id=uuid.uuid4().hex[:20])
+                          rule_ids=res.rule_ids, plan_id=new_id())  # as the server names plans
         out.append(PendingAppend(e, res.listing, uuid.uuid4().hex))
     return out
 
