@@ -163,6 +163,10 @@ class Launches:
         self.instance = instance or uuid.uuid4().hex[:12]
         self.watched: dict[str, Watched] = {}
         self.poll_seconds = 0.1
+        # One placement at a time: a launch stays PLACING in the store until its group has
+        # started, so two schedule() calls at once (two creates, or a create and a launch that
+        # ended) each started every PLACING launch, a second group on the same devices.
+        self._placing = asyncio.Lock()
 
     # ------------------------------------------------------------------ audit and state
     async def audit(self, row: LaunchRow | None, principal: str, method: str, code: str, message: str,
@@ -249,7 +253,12 @@ class Launches:
         return got, True
 
     async def schedule(self) -> None:
-        """Start placing launches, oldest first, while devices are free."""
+        """Start placing launches, oldest first, while devices are free; one call at a time,
+        so that each launch is started once."""
+        async with self._placing:
+            await self._place()
+
+    async def _place(self) -> None:
         for row in await asyncio.to_thread(self.store.in_states, ("PLACING",)):
             if row.owner != self.instance:
                 continue
@@ -370,8 +379,12 @@ class Launches:
         w = self.watched.setdefault(launch_id, Watched())
         w.cancel, w.cancel_principal = True, principal
         if row.state == "PLACING":
-            return await self.transition(row, "CANCELLED", f"cancelled by {principal} before it started",
-                                         principal=principal, error=f"cancelled by {principal}")
+            async with self._placing:  # not while schedule() may be starting it
+                row = await self.get(launch_id)
+                if row.state == "PLACING":
+                    return await self.transition(row, "CANCELLED", f"cancelled by {principal} before it started",
+                                                 principal=principal, error=f"cancelled by {principal}")
+            # it started meanwhile: its monitor sees the cancel and stops the group
         for _ in range(400):  # the monitor stops the group; wait for it (bounded)
             row = await self.get(launch_id)
             if row.state in TERMINAL:

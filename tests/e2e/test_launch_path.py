@@ -57,6 +57,16 @@ def test_a_retried_create_launch_is_one_launch_even_after_a_restart(ckpt: str, t
         srv.stop()
 
 
+def assert_started_once(c: Client, name: str) -> None:
+    """One group was started for the launch: creates that arrived together used to schedule at
+    once, and each started every launch still PLACING (a second supervisor on the same devices,
+    the first one orphaned)."""
+    lid = name.removeprefix("launches/")
+    states = [r.outcome_message for r in c.list_audit_records(f'launch_id = "{lid}"', page_size=100).records
+              if r.method == "launch.state"]
+    assert sum(m.startswith("PLACING -> LOADING") for m in states) == 1, states
+
+
 def test_concurrent_launches_get_disjoint_devices_and_each_rank_sees_only_its_own(ckpt: str,
                                                                                   tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "srv", "--local-devices", "0,1,2,3,4,5,6,7") as srv, Client(srv.address) as c:
@@ -80,6 +90,7 @@ def test_concurrent_launches_get_disjoint_devices_and_each_rank_sees_only_its_ow
             seen = [p["visible_devices"] for p in report["placement"]]
             assert seen == list(launch.devices)  # rank r sees exactly the r-th device, alone
             assert "local devices" in launch.placement and "substituted" not in launch.placement
+            assert_started_once(c, launch.name)
 
 
 def test_two_replicas_create_launches_concurrently_on_postgres(tmp_path: Path) -> None:
@@ -109,6 +120,7 @@ def test_two_replicas_create_launches_concurrently_on_postgres(tmp_path: Path) -
         with Client(servers[0].address) as c:
             for name in made:
                 assert wait_state(c, name, TERMINAL, timeout=300).state == "SUCCEEDED"
+                assert_started_once(c, name)
             listed = [x.name for x in c.list_launches(page_size=100).launches]
             assert sorted(listed) == sorted(made) and len(set(made)) == 8
             assert c.verify_audit_log().ok
