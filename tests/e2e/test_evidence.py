@@ -25,6 +25,7 @@ from cgsvc.resolve import policy_version
 from cgsvc.spec import parse_spec, spec_to_dict
 from tests.conftest import ROOT
 from tests.e2e.server import ServerProcess
+from tests.e2e.test_launch_path import assert_started_once
 
 KIMI = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300", "gpu_count": 4},
         "parallelism": {"tp": 4}}
@@ -200,6 +201,8 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
     with Client(srv.address) as c:
         launches = [c.get_launch(r["launch"]) for r in exp["runs"]]
         assert [x.plan for x in launches] == [a, b, a, b]
+        for x in launches:  # each run's launch is created as the last one ends: started once all the same
+            assert_started_once(c, x.name)
         assert all(x.workload.seed == 5 for x in launches)
         end = c.get_audit_record(exp["audit_records"][-1])
         assert exp["name"] in end.outcome_message and "SUCCEEDED" in end.outcome_message
