@@ -216,6 +216,10 @@ LAUNCH_COLUMNS_3 = (
 )
 for _column in LAUNCH_COLUMNS_3:
     launches.append_column(_column)
+# Migration 9: a cancel asked of any replica, for the one that supervises the launch to act on.
+LAUNCH_COLUMNS_9 = (sa.Column("cancel_requested_by", sa.Text, nullable=False, server_default=""),)
+for _column in LAUNCH_COLUMNS_9:
+    launches.append_column(_column)
 # One launch per (principal, request_id): a retried CreateLaunch finds the launch it started.
 launch_requests = sa.Table(
     "launch_requests", metadata,
@@ -259,6 +263,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
         "keys in one B-tree, the sequence as SQLite's rowid, no unique index on record hashes, Merkle nodes "
         "keyed by in-order position", (idempotency,), ()),
     (8, "each distinct plan JSON stored once (plan_bodies); new records carry it by reference", (plan_bodies,), ()),
+    (9, "a launch's cancel asked of any replica (launches.cancel_requested_by)", (),
+     tuple((launches, c) for c in LAUNCH_COLUMNS_9)),
 )
 
 AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principal": "str", "outcome": "str",

@@ -183,9 +183,23 @@ class Launches:
     async def transition(self, row: LaunchRow, state: str, reason: str = "", principal: str = "cgsvc",
                          **values: Any) -> LaunchRow:
         """Persist, audit and announce a state change."""
+        new = await self._transition(row, state, reason, principal, "", **values)
+        assert new is not None
+        return new
+
+    async def transition_if_still(self, row: LaunchRow, state: str, reason: str = "", principal: str = "cgsvc",
+                                  **values: Any) -> LaunchRow | None:
+        """The same, only if the stored launch is still in `row.state` (another replica may
+        have moved it); None, with nothing written, when it is not."""
+        return await self._transition(row, state, reason, principal, row.state, **values)
+
+    async def _transition(self, row: LaunchRow, state: str, reason: str, principal: str, only_from: str,
+                          **values: Any) -> LaunchRow | None:
         if row.state == state and not values:
             return row
-        await asyncio.to_thread(self.store.update, row.launch_id, state=state, **values)
+        if not await asyncio.to_thread(self.store.update, row.launch_id, only_from, state=state, **values) \
+                and only_from:
+            return None
         if row.state != state:
             await self.audit(row, principal, STATE_METHOD, "OK",
                              f"{row.state} -> {state}" + (f": {reason}" if reason else ""))
@@ -270,6 +284,11 @@ class Launches:
             w = self.watched.setdefault(row.launch_id, Watched())
             if w.cancel:
                 continue
+            if row.cancel_requested_by:  # asked of another replica before it started
+                await self.transition_if_still(row, "CANCELLED", f"cancelled by {row.cancel_requested_by} before "
+                                               "it started", principal=row.cancel_requested_by,
+                                               error=f"cancelled by {row.cancel_requested_by}")
+                continue
             run = RunDir(Path(row.run_dir))
             gpu_plan = _gpu_plan(run)
             row = row.replace(devices=tuple(devices) if disp.assigns_devices else ())
@@ -277,11 +296,17 @@ class Launches:
             try:
                 handle = await asyncio.to_thread(disp.start, row, run, gpu_plan)
             except DispatchError as exc:
-                await self.transition(row, "FAILED", str(exc), error=str(exc))
+                await self.transition_if_still(row, "FAILED", str(exc), error=str(exc))
                 continue
-            row = await self.transition(row, "LOADING", f"supervisor pid {handle.pid}; {placement}",
-                                        handle_json=handle.to_json(), devices=row.devices, placement=placement)
-            w.task = asyncio.create_task(self.monitor(row.launch_id))
+            loading = await self.transition_if_still(row, "LOADING", f"supervisor pid {handle.pid}; {placement}",
+                                                     handle_json=handle.to_json(), devices=row.devices,
+                                                     placement=placement)
+            if loading is None:  # another replica cancelled it while the group started: stop the group
+                await asyncio.to_thread(disp.stop, handle)
+                await self.audit(row, "cgsvc", STATE_METHOD, "OK", f"stopped the group started as it was cancelled "
+                                 f"(supervisor pid {handle.pid})")
+                continue
+            w.task = asyncio.create_task(self.monitor(loading.launch_id))
 
     # ------------------------------------------------------------------ monitor
     async def monitor(self, launch_id: str) -> None:
@@ -291,7 +316,13 @@ class Launches:
         disp = self.dispatchers[row.dispatcher]
         handle = RunHandle.from_json(row.handle_json)
         run = RunDir(Path(row.run_dir))
+        polls = 0
         while True:
+            polls += 1
+            if not w.cancel and polls % 10 == 0:  # a cancel asked of another replica, about once a second
+                stored = await asyncio.to_thread(self.store.get, launch_id)
+                if stored is not None and stored.cancel_requested_by:
+                    w.cancel, w.cancel_principal = True, stored.cancel_requested_by
             row, bad = await self.follow_events(row, run, w)
             if bad:  # the group broke the contract: stop it, say why
                 await asyncio.to_thread(disp.stop, handle)
@@ -376,15 +407,21 @@ class Launches:
         row = await self.get(launch_id)
         if row.state in TERMINAL:
             raise ServiceError("FAILED_PRECONDITION", f"launches/{launch_id} has already ended ({row.state})")
+        # Stored, for whichever replica supervises the launch (its monitor reads it); then acted
+        # on here at once when this one does.
+        await asyncio.to_thread(self.store.update, launch_id, cancel_requested_by=principal)
         w = self.watched.setdefault(launch_id, Watched())
         w.cancel, w.cancel_principal = True, principal
         if row.state == "PLACING":
             async with self._placing:  # not while schedule() may be starting it
                 row = await self.get(launch_id)
                 if row.state == "PLACING":
-                    return await self.transition(row, "CANCELLED", f"cancelled by {principal} before it started",
-                                                 principal=principal, error=f"cancelled by {principal}")
-            # it started meanwhile: its monitor sees the cancel and stops the group
+                    done = await self.transition_if_still(row, "CANCELLED", f"cancelled by {principal} before it "
+                                                          "started", principal=principal,
+                                                          error=f"cancelled by {principal}")
+                    if done is not None:
+                        return done
+            # it started meanwhile (here or on another replica): its monitor stops the group
         for _ in range(400):  # the monitor stops the group; wait for it (bounded)
             row = await self.get(launch_id)
             if row.state in TERMINAL:

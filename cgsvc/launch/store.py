@@ -59,6 +59,7 @@ class LaunchRow:
     placement: str = ""
     request_id: str = ""
     request_hash: str = ""
+    cancel_requested_by: str = ""  # who asked, of any replica, for the launch to be cancelled
 
     def replace(self, **changes: Any) -> LaunchRow:
         return dataclasses.replace(self, **changes)
@@ -132,10 +133,15 @@ class LaunchStore:
                                       launch_requests.c.request_id == request_id)).first()
         return _from_columns(row._mapping) if row is not None else None
 
-    def update(self, launch_id: str, **values: Any) -> None:
+    def update(self, launch_id: str, only_from: str = "", **values: Any) -> bool:
+        """Set these values; with `only_from`, only while the launch is in that state (whether
+        it was is the answer: another replica may have moved it)."""
+        where = launches.c.launch_id == launch_id
+        if only_from:
+            where = where & (launches.c.state == only_from)
         with self.write_engine.begin() as conn:
-            conn.execute(launches.update().where(launches.c.launch_id == launch_id)
-                         .values(**_update_values(values), update_time=utc_now()))
+            done = conn.execute(launches.update().where(where).values(**_update_values(values), update_time=utc_now()))
+        return bool(done.rowcount)
 
     def get(self, launch_id: str) -> LaunchRow | None:
         with self.read_engine.begin() as conn:

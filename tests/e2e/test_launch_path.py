@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,49 @@ def test_two_replicas_create_launches_concurrently_on_postgres(tmp_path: Path) -
     finally:
         for s in servers:
             s.stop()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, ended and not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_cancel_asked_of_another_replica_stops_the_launch_and_its_queue(tmp_path: Path) -> None:
+    """Behind a load balancer a cancel reaches any replica. Replica 0 (one slot) runs launch A and
+    queues B; replica 1 is asked to cancel both: B never starts, A's group is stopped by the
+    replica that supervises it."""
+    url = pg_url_or_skip(f"launch_cancel_{uuid.uuid4().hex[:10]}")
+    tiny = make_checkpoint(str(tmp_path / "tiny"), "tiny")
+    spec = {"model": {"path": tiny}, "hardware": {"gpu": "cpu"}, "parallelism": {"tp": 1}}
+    long = {"input_len": 4, "output_len": 4000, "requests": 1, "concurrency": 1}
+    servers = [ServerProcess(tmp_path / f"srv{i}", "--database-url", url, "--local-slots", "1").start()
+               for i in range(2)]
+    try:
+        with Client(servers[0].address) as c0, Client(servers[1].address) as c1:
+            a = c0.create_launch(tiny, long, spec=spec).metadata.name
+            wait_state(c0, a, ("RUNNING",), timeout=120)
+            b = c0.create_launch(tiny, long, spec=spec, wait_for_resources=True).metadata.name
+            assert c0.get_launch(b).state == "PLACING"
+            assert c1.cancel_launch(b).state == "CANCELLED"
+            assert c1.cancel_launch(a).state == "CANCELLED"  # stopped by replica 0 within about a second
+            records = {n: [r.outcome_message for r in c1.list_audit_records(
+                f'launch_id = "{n.removeprefix("launches/")}"', page_size=100).records if r.method == "launch.state"]
+                for n in (a, b)}
+            assert any(m.startswith("RUNNING -> CANCELLED: cancelled by local") for m in records[a]), records[a]
+            assert records[b] == ["PLACING -> CANCELLED: cancelled by local before it started"], records[b]
+            started = next(m for m in records[a] if m.startswith("PLACING -> LOADING"))
+            pid = int(started.split("supervisor pid ")[1].split(";")[0])
+            deadline = time.monotonic() + 10
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not pid_alive(pid), f"launch A's supervisor (pid {pid}) still runs"
+            assert c0.get_launch(b).state == "CANCELLED"  # and replica 0, its slot free again, did not start it
+    finally:
+        for srv in servers:
+            srv.stop()
 
 
 def test_log_lines_carry_the_request_they_serve(ckpt: str, tmp_path: Path) -> None:
