@@ -53,6 +53,9 @@ CREATE_METHOD = "/cgsvc.v1.LaunchService/CreateLaunch"
 ACTIVE = ("PLACING", "LOADING", "CAPTURING", "RUNNING")
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "LOST")
 WORKER_STATES = {"loading": "LOADING", "capturing": "CAPTURING", "running": "RUNNING"}
+# A group's states only move forward; a monitor that re-attaches after a restart reads the
+# group's events again from the start and must not move the launch back through them.
+_LIFECYCLE = ("PLACING", "LOADING", "CAPTURING", "RUNNING")
 STATE_METHOD = "launch.state"
 
 
@@ -156,11 +159,14 @@ def tail(path: Path, lines: int) -> str:
 
 class Launches:
     def __init__(self, store: LaunchStore, auditor: Auditor, run_root: Path, dispatchers: list[LocalDispatcher],
-                 instance: str = "") -> None:
+                 instance: str = "", shared: bool = False) -> None:
+        """`instance`: this server's name as an owner (app.server_instance); `shared`: other
+        replicas may use the database (PostgreSQL), so their launches are theirs to recover."""
         self.store, self.auditor = store, auditor
         self.run_root = run_root
         self.dispatchers: dict[str, LocalDispatcher] = {d.name: d for d in dispatchers}
         self.instance = instance or uuid.uuid4().hex[:12]
+        self.shared = shared
         self.watched: dict[str, Watched] = {}
         self.poll_seconds = 0.1
         # One placement at a time: a launch stays PLACING in the store until its group has
@@ -358,7 +364,9 @@ class Launches:
             except ContractError as exc:
                 return row, f"the worker group wrote a malformed event ({exc}): {line[:200]!r}"
             if isinstance(event, StateEvent) and event.state in WORKER_STATES:
-                row = await self.transition(row, WORKER_STATES[event.state])
+                state = WORKER_STATES[event.state]
+                if row.state in _LIFECYCLE and _LIFECYCLE.index(state) > _LIFECYCLE.index(row.state):
+                    row = await self.transition(row, state)
             elif isinstance(event, ProgressEvent):
                 await asyncio.to_thread(self.store.update, row.launch_id, tokens_done=event.tokens_done,
                                         tokens_total=event.tokens_total)
@@ -454,6 +462,8 @@ class Launches:
         """At start-up: re-attach to groups that still run, settle those that ended, never forget one."""
         notes = []
         for row in await asyncio.to_thread(self.store.in_states, ACTIVE):
+            if self.shared and row.owner not in (self.instance, ""):
+                continue  # another replica's: it supervises it, and recovers it when it restarts
             disp = self.dispatchers.get(row.dispatcher)
             w = self.watched.setdefault(row.launch_id, Watched())
             await asyncio.to_thread(self.store.update, row.launch_id, owner=self.instance)

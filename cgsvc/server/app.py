@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,21 @@ def _read(path: str) -> bytes:
         return fh.read()
 
 
+def server_instance(data_dir: Path) -> str:
+    """This server's name as the owner of the launches it supervises: made once, kept in the
+    data directory, so that the same server started again knows its launches from other
+    replicas' (docs/decisions.md)."""
+    path = data_dir / "instance"
+    try:
+        name = path.read_text().strip()
+    except FileNotFoundError:
+        name = ""
+    if not name:
+        name = uuid.uuid4().hex[:12]
+        path.write_text(name + "\n")
+    return name
+
+
 def server_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
     if not cfg.secure:
         if cfg.tls_cert or cfg.tls_key:
@@ -146,7 +162,8 @@ async def start(cfg: ServerConfig) -> Running:
     dispatchers = [LocalDispatcher(inventory)]
     if cfg.ray_address:
         dispatchers.append(RayDispatcher(cfg.ray_address, cfg.ray_slots, cfg.ray_gpus_per_rank))
-    launches = Launches(LaunchStore(store), auditor, Path(cfg.data_dir).resolve() / "launches", dispatchers)
+    launches = Launches(LaunchStore(store), auditor, Path(cfg.data_dir).resolve() / "launches", dispatchers,
+                        instance=server_instance(Path(cfg.data_dir)), shared=store.dialect != "sqlite")
     experiments = Experiments(ExperimentStore(store), launches, plans)
     servicers: dict[str, Any] = {
         "cgsvc.v1.PlanService": PlanService(plans),

@@ -173,6 +173,41 @@ def test_a_cancel_asked_of_another_replica_stops_the_launch_and_its_queue(tmp_pa
             srv.stop()
 
 
+def test_a_restarted_replica_leaves_the_other_replicas_launches_alone(tmp_path: Path) -> None:
+    """Replica 1 restarting must not take over (re-attach, or settle as ended) the launch replica 0
+    supervises; replica 0 restarted from its data directory knows the launch as its own again."""
+    url = pg_url_or_skip(f"launch_restart_{uuid.uuid4().hex[:10]}")
+    tiny = make_checkpoint(str(tmp_path / "tiny"), "tiny")
+    spec = {"model": {"path": tiny}, "hardware": {"gpu": "cpu"}, "parallelism": {"tp": 1}}
+    long = {"input_len": 4, "output_len": 4000, "requests": 1, "concurrency": 1}
+    servers = [ServerProcess(tmp_path / f"srv{i}", "--database-url", url, "--local-slots", "1").start()
+               for i in range(2)]
+    try:
+        with Client(servers[0].address) as c0:
+            a = c0.create_launch(tiny, long, spec=spec).metadata.name
+            wait_state(c0, a, ("RUNNING",), timeout=120)
+        def states() -> list[str]:
+            with Client(servers[1].address) as c:
+                return [r.outcome_message for r in c.list_audit_records(
+                    f'launch_id = "{a.removeprefix("launches/")}"', page_size=100).records
+                    if r.method == "launch.state"]
+
+        servers[1].stop()
+        servers[1].start()  # its launch recovery has run when it answers
+        assert not any("re-attached" in m for m in states()), states()
+        servers[0].kill9()
+        servers[0].start()  # the same data directory: the same owner
+        assert sum("re-attached" in m for m in states()) == 1, states()
+        with Client(servers[1].address) as c1:
+            assert c1.get_launch(a).state == "RUNNING"
+            # re-attached, it read the group's events from the start without moving the launch back
+            assert not any(m.startswith("RUNNING -> ") for m in states()), states()
+            assert c1.cancel_launch(a).state == "CANCELLED"
+    finally:
+        for srv in servers:
+            srv.stop()
+
+
 def test_log_lines_carry_the_request_they_serve(ckpt: str, tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "srv", "--log-level", "info") as srv, Client(srv.address) as c:
         name = c.create_launch(ckpt, SHORT, spec=KIMI, request_id="bound-request").metadata.name
