@@ -4,10 +4,12 @@ log lines that carry the request they serve."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +60,38 @@ def test_a_retried_create_launch_is_one_launch_even_after_a_restart(ckpt: str, t
         srv.stop()
 
 
+def state_records(c: Client, name: str) -> list[str]:
+    """A launch's state changes, as its audit records say them."""
+    lid = name.removeprefix("launches/")
+    return [r.outcome_message for r in c.list_audit_records(f'launch_id = "{lid}"', page_size=100).records
+            if r.method == "launch.state"]
+
+
 def assert_started_once(c: Client, name: str) -> None:
     """One group was started for the launch: creates that arrived together used to schedule at
     once, and each started every launch still PLACING (a second supervisor on the same devices,
     the first one orphaned)."""
-    lid = name.removeprefix("launches/")
-    states = [r.outcome_message for r in c.list_audit_records(f'launch_id = "{lid}"', page_size=100).records
-              if r.method == "launch.state"]
+    states = state_records(c, name)
     assert sum(m.startswith("PLACING -> LOADING") for m in states) == 1, states
+
+
+@contextlib.contextmanager
+def pg_replicas(tmp_path: Path, schema: str, slots: int) -> Iterator[tuple[list[ServerProcess], str, dict[str, Any]]]:
+    """Two servers on one PostgreSQL schema, `slots` CPU slots each: (servers, a tiny checkpoint,
+    a TP1 spec of it); skips where no PostgreSQL answers."""
+    url = pg_url_or_skip(f"{schema}_{uuid.uuid4().hex[:10]}")
+    tiny = make_checkpoint(str(tmp_path / "tiny"), "tiny")
+    spec = {"model": {"path": tiny}, "hardware": {"gpu": "cpu"}, "parallelism": {"tp": 1}}
+    servers = [ServerProcess(tmp_path / f"srv{i}", "--database-url", url, "--local-slots", str(slots)).start()
+               for i in range(2)]
+    try:
+        yield servers, tiny, spec
+    finally:
+        for srv in servers:
+            srv.stop()
+
+
+LONG_TP1 = {"input_len": 4, "output_len": 4000, "requests": 1, "concurrency": 1}  # runs until cancelled
 
 
 def test_concurrent_launches_get_disjoint_devices_and_each_rank_sees_only_its_own(ckpt: str,
@@ -95,15 +121,10 @@ def test_concurrent_launches_get_disjoint_devices_and_each_rank_sees_only_its_ow
 
 
 def test_two_replicas_create_launches_concurrently_on_postgres(tmp_path: Path) -> None:
-    url = pg_url_or_skip(f"launch_replicas_{uuid.uuid4().hex[:10]}")
-    tiny = make_checkpoint(str(tmp_path / "tiny"), "tiny")
-    spec = {"model": {"path": tiny}, "hardware": {"gpu": "cpu"}, "parallelism": {"tp": 1}}
     work = {"input_len": 4, "output_len": 2, "requests": 1, "concurrency": 1}
-    servers = [ServerProcess(tmp_path / f"srv{i}", "--database-url", url, "--local-slots", "2").start()
-               for i in range(2)]
     made: list[str] = []
     errors: list[BaseException] = []
-    try:
+    with pg_replicas(tmp_path, "launch_replicas", 2) as (servers, tiny, spec):
         def create(srv: ServerProcess) -> None:
             try:
                 with Client(srv.address) as c:
@@ -125,9 +146,6 @@ def test_two_replicas_create_launches_concurrently_on_postgres(tmp_path: Path) -
             listed = [x.name for x in c.list_launches(page_size=100).launches]
             assert sorted(listed) == sorted(made) and len(set(made)) == 8
             assert c.verify_audit_log().ok
-    finally:
-        for s in servers:
-            s.stop()
 
 
 def pid_alive(pid: int) -> bool:
@@ -142,55 +160,42 @@ def test_a_cancel_asked_of_another_replica_stops_the_launch_and_its_queue(tmp_pa
     """Behind a load balancer a cancel reaches any replica. Replica 0 (one slot) runs launch A and
     queues B; replica 1 is asked to cancel both: B never starts, A's group is stopped by the
     replica that supervises it."""
-    url = pg_url_or_skip(f"launch_cancel_{uuid.uuid4().hex[:10]}")
-    tiny = make_checkpoint(str(tmp_path / "tiny"), "tiny")
-    spec = {"model": {"path": tiny}, "hardware": {"gpu": "cpu"}, "parallelism": {"tp": 1}}
-    long = {"input_len": 4, "output_len": 4000, "requests": 1, "concurrency": 1}
-    servers = [ServerProcess(tmp_path / f"srv{i}", "--database-url", url, "--local-slots", "1").start()
-               for i in range(2)]
-    try:
-        with Client(servers[0].address) as c0, Client(servers[1].address) as c1:
-            a = c0.create_launch(tiny, long, spec=spec).metadata.name
-            wait_state(c0, a, ("RUNNING",), timeout=120)
-            b = c0.create_launch(tiny, long, spec=spec, wait_for_resources=True).metadata.name
-            assert c0.get_launch(b).state == "PLACING"
-            assert c1.cancel_launch(b).state == "CANCELLED"
-            assert c1.cancel_launch(a).state == "CANCELLED"  # stopped by replica 0 within about a second
-            records = {n: [r.outcome_message for r in c1.list_audit_records(
-                f'launch_id = "{n.removeprefix("launches/")}"', page_size=100).records if r.method == "launch.state"]
-                for n in (a, b)}
-            assert any(m.startswith("RUNNING -> CANCELLED: cancelled by local") for m in records[a]), records[a]
-            assert records[b] == ["PLACING -> CANCELLED: cancelled by local before it started"], records[b]
-            started = next(m for m in records[a] if m.startswith("PLACING -> LOADING"))
-            pid = int(started.split("supervisor pid ")[1].split(";")[0])
-            deadline = time.monotonic() + 10
-            while pid_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert not pid_alive(pid), f"launch A's supervisor (pid {pid}) still runs"
-            assert c0.get_launch(b).state == "CANCELLED"  # and replica 0, its slot free again, did not start it
-    finally:
-        for srv in servers:
-            srv.stop()
+    with pg_replicas(tmp_path, "launch_cancel", 1) as (servers, tiny, spec), \
+            Client(servers[0].address) as c0, Client(servers[1].address) as c1:
+        a = c0.create_launch(tiny, LONG_TP1, spec=spec).metadata.name
+        wait_state(c0, a, ("RUNNING",), timeout=120)
+        b = c0.create_launch(tiny, LONG_TP1, spec=spec, wait_for_resources=True).metadata.name
+        assert c0.get_launch(b).state == "PLACING"
+        assert c1.cancel_launch(b).state == "CANCELLED"
+        assert c1.cancel_launch(a).state == "CANCELLED"  # stopped by replica 0 within about a second
+        # the state is stored a moment before its record is committed (by replica 0): wait for it
+        deadline = time.monotonic() + 10
+        while not any(m.startswith("RUNNING -> CANCELLED") for m in state_records(c1, a)) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        records = {n: state_records(c1, n) for n in (a, b)}
+        assert any(m.startswith("RUNNING -> CANCELLED: cancelled by local") for m in records[a]), records[a]
+        assert records[b] == ["PLACING -> CANCELLED: cancelled by local before it started"], records[b]
+        started = next(m for m in records[a] if m.startswith("PLACING -> LOADING"))
+        pid = int(started.split("supervisor pid ")[1].split(";")[0])
+        deadline = time.monotonic() + 10
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(pid), f"launch A's supervisor (pid {pid}) still runs"
+        assert c0.get_launch(b).state == "CANCELLED"  # and replica 0, its slot free again, did not start it
 
 
 def test_a_restarted_replica_leaves_the_other_replicas_launches_alone(tmp_path: Path) -> None:
     """Replica 1 restarting must not take over (re-attach, or settle as ended) the launch replica 0
     supervises; replica 0 restarted from its data directory knows the launch as its own again."""
-    url = pg_url_or_skip(f"launch_restart_{uuid.uuid4().hex[:10]}")
-    tiny = make_checkpoint(str(tmp_path / "tiny"), "tiny")
-    spec = {"model": {"path": tiny}, "hardware": {"gpu": "cpu"}, "parallelism": {"tp": 1}}
-    long = {"input_len": 4, "output_len": 4000, "requests": 1, "concurrency": 1}
-    servers = [ServerProcess(tmp_path / f"srv{i}", "--database-url", url, "--local-slots", "1").start()
-               for i in range(2)]
-    try:
+    with pg_replicas(tmp_path, "launch_restart", 1) as (servers, tiny, spec):
         with Client(servers[0].address) as c0:
-            a = c0.create_launch(tiny, long, spec=spec).metadata.name
+            a = c0.create_launch(tiny, LONG_TP1, spec=spec).metadata.name
             wait_state(c0, a, ("RUNNING",), timeout=120)
+
         def states() -> list[str]:
             with Client(servers[1].address) as c:
-                return [r.outcome_message for r in c.list_audit_records(
-                    f'launch_id = "{a.removeprefix("launches/")}"', page_size=100).records
-                    if r.method == "launch.state"]
+                return state_records(c, a)
 
         servers[1].stop()
         servers[1].start()  # its launch recovery has run when it answers
@@ -203,9 +208,6 @@ def test_a_restarted_replica_leaves_the_other_replicas_launches_alone(tmp_path: 
             # re-attached, it read the group's events from the start without moving the launch back
             assert not any(m.startswith("RUNNING -> ") for m in states()), states()
             assert c1.cancel_launch(a).state == "CANCELLED"
-    finally:
-        for srv in servers:
-            srv.stop()
 
 
 def test_log_lines_carry_the_request_they_serve(ckpt: str, tmp_path: Path) -> None:
