@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -78,19 +79,25 @@ def _read(path: str) -> bytes:
         return fh.read()
 
 
-def server_instance(data_dir: Path) -> str:
-    """This server's name as the owner of the launches it supervises: made once, kept in the
-    data directory, so that the same server started again knows its launches from other
-    replicas' (docs/decisions.md)."""
-    path = data_dir / "instance"
+def server_instance(data_dir: Path) -> tuple[str, IO[str]]:
+    """This server's name as the owner of the launches it supervises, made once and kept in the
+    data directory so that the same server started again knows its launches from other
+    replicas' (docs/decisions.md); and the file, locked for as long as the server runs: two
+    servers on one data directory would share that name and each start the other's launches."""
+    handle = open(data_dir / "instance", "a+")  # noqa: SIM115 - held, locked, until the server stops
     try:
-        name = path.read_text().strip()
-    except FileNotFoundError:
-        name = ""
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise ConfigError(f"data_dir: {data_dir} is in use by another cgsvc server; give each server (each "
+                          "replica) a data directory of its own") from None
+    handle.seek(0)
+    name = handle.read().strip()
     if not name:
         name = uuid.uuid4().hex[:12]
-        path.write_text(name + "\n")
-    return name
+        handle.write(name + "\n")
+        handle.flush()
+    return name, handle
 
 
 def server_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
@@ -123,6 +130,7 @@ class Running:
         await self.extras["launches"].close()
         await self.writer.aclose()
         self.store.close()
+        self.extras["instance_lock"].close()  # the data directory is free for the next server
 
 
 async def start(cfg: ServerConfig) -> Running:
@@ -139,6 +147,7 @@ async def start(cfg: ServerConfig) -> Running:
         model_roots = catalog.set_model_roots([r.strip() for r in cfg.model_roots.split(",") if r.strip()])
     except ValueError as exc:
         raise ConfigError(f"model_roots: {exc}; give existing directories, comma-separated") from None
+    instance, instance_lock = server_instance(Path(cfg.data_dir))  # before the database is touched
     store = AuditStore(cfg.effective_database_url)
     if cfg.audit_writer not in ("process", "thread"):
         raise ConfigError(f"audit_writer must be process or thread, got {cfg.audit_writer!r}")
@@ -163,7 +172,7 @@ async def start(cfg: ServerConfig) -> Running:
     if cfg.ray_address:
         dispatchers.append(RayDispatcher(cfg.ray_address, cfg.ray_slots, cfg.ray_gpus_per_rank))
     launches = Launches(LaunchStore(store), auditor, Path(cfg.data_dir).resolve() / "launches", dispatchers,
-                        instance=server_instance(Path(cfg.data_dir)), shared=store.dialect != "sqlite")
+                        instance=instance, shared=store.dialect != "sqlite")
     experiments = Experiments(ExperimentStore(store), launches, plans)
     servicers: dict[str, Any] = {
         "cgsvc.v1.PlanService": PlanService(plans),
@@ -184,10 +193,12 @@ async def start(cfg: ServerConfig) -> Running:
     if port == 0:
         await writer.aclose()
         store.close()
+        instance_lock.close()
         raise ConfigError(f"cannot bind {cfg.address}")
     await server.start()
     recovered = await launches.recover() + await experiments.recover()
     return Running(server, port, store, writer, health_servicer,
                    {"servicers": servicers, "auditor": auditor, "launches": launches, "experiments": experiments,
                     "recovered": recovered, "devices": inventory, "model_roots": model_roots,
+                    "instance": instance, "instance_lock": instance_lock,
                     "key_id": checkpoint.key_id(signing_key.public_key().public_bytes_raw())})

@@ -229,3 +229,20 @@ def test_model_path_specs_are_resolved_fresh(client: Client, tmp_path: Path) -> 
     cfg.write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
                                "num_attention_heads": 4, "kv_lora_rank": 32}))
     assert client.resolve(spec).attention_prefill == "trtllm_mla"
+
+
+def test_a_second_server_on_one_data_directory_is_refused_and_the_first_keeps_serving(tmp_path: Path) -> None:
+    """Two servers on one data directory would share one owner name and each start the other's
+    launches: the second is refused, naming the field, and the first keeps serving; once the first
+    stops, the directory is free again (and keeps its owner name)."""
+    with ServerProcess(tmp_path / "srv") as srv:
+        name = (srv.data_dir / "instance").read_text().strip()
+        proc = subprocess.run([sys.executable, "-m", "cgsvc.server.main", "serve", "--address", "127.0.0.1:0",
+                               "--data-dir", str(srv.data_dir)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "data_dir:" in proc.stderr and "in use by another cgsvc server" in proc.stderr, proc.stderr
+        with Client(srv.address) as c:
+            assert c.resolve({"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "hardware": {"gpu": "H100"}})
+            assert c.verify_audit_log().ok
+    with ServerProcess(tmp_path / "srv"):
+        assert (tmp_path / "srv" / "instance").read_text().strip() == name
