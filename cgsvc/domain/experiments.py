@@ -232,7 +232,7 @@ class Experiments:
         schedule; it ends FAILED, keeping what it measured."""
         notes = []
         for row in await asyncio.to_thread(self.store.in_state, "RUNNING"):
-            if self.launches.shared and row.owner not in (self.instance, ""):
+            if not self.launches.owns(row.owner):
                 continue  # another replica runs it
             await self._end(row, stored(row, "samples"), "FAILED", "the server stopped while the experiment ran; the launches it had "
                                                     "finished are kept, start a new experiment to continue")

@@ -50,12 +50,9 @@ from cgsvc.resolve import DEFAULT_POLICY, policy_version
 log = structlog.get_logger("cgsvc.launch")
 
 CREATE_METHOD = "/cgsvc.v1.LaunchService/CreateLaunch"
-ACTIVE = ("PLACING", "LOADING", "CAPTURING", "RUNNING")
+ACTIVE = ("PLACING", "LOADING", "CAPTURING", "RUNNING")  # in the order a launch moves through them
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "LOST")
 WORKER_STATES = {"loading": "LOADING", "capturing": "CAPTURING", "running": "RUNNING"}
-# A group's states only move forward; a monitor that re-attaches after a restart reads the
-# group's events again from the start and must not move the launch back through them.
-_LIFECYCLE = ("PLACING", "LOADING", "CAPTURING", "RUNNING")
 STATE_METHOD = "launch.state"
 
 
@@ -174,6 +171,16 @@ class Launches:
         # ended) each started every PLACING launch, a second group on the same devices.
         self._placing = asyncio.Lock()
 
+    def owns(self, owner: str) -> bool:
+        """Whether a launch or experiment with this owner is this server's to recover: on a
+        shared database only its own (or one written before owners); on SQLite every one."""
+        return not self.shared or owner in (self.instance, "")
+
+    async def _cancel_unstarted(self, row: LaunchRow, principal: str) -> LaunchRow | None:
+        """PLACING -> CANCELLED, unless it has moved on meanwhile (None)."""
+        return await self.transition_if_still(row, "CANCELLED", f"cancelled by {principal} before it started",
+                                              principal=principal, error=f"cancelled by {principal}")
+
     # ------------------------------------------------------------------ audit and state
     async def audit(self, row: LaunchRow | None, principal: str, method: str, code: str, message: str,
                     caller: Caller | None = None, spec_json: str = "", model: str = "", gpu: str = "") -> str:
@@ -203,8 +210,8 @@ class Launches:
                           **values: Any) -> LaunchRow | None:
         if row.state == state and not values:
             return row
-        if not await asyncio.to_thread(self.store.update, row.launch_id, only_from, state=state, **values) \
-                and only_from:
+        written = await asyncio.to_thread(self.store.update, row.launch_id, only_from, state=state, **values)
+        if only_from and not written:
             return None
         if row.state != state:
             await self.audit(row, principal, STATE_METHOD, "OK",
@@ -291,9 +298,7 @@ class Launches:
             if w.cancel:
                 continue
             if row.cancel_requested_by:  # asked of another replica before it started
-                await self.transition_if_still(row, "CANCELLED", f"cancelled by {row.cancel_requested_by} before "
-                                               "it started", principal=row.cancel_requested_by,
-                                               error=f"cancelled by {row.cancel_requested_by}")
+                await self._cancel_unstarted(row, row.cancel_requested_by)
                 continue
             run = RunDir(Path(row.run_dir))
             gpu_plan = _gpu_plan(run)
@@ -364,8 +369,10 @@ class Launches:
             except ContractError as exc:
                 return row, f"the worker group wrote a malformed event ({exc}): {line[:200]!r}"
             if isinstance(event, StateEvent) and event.state in WORKER_STATES:
+                # forward only: a monitor that re-attaches after a restart reads the group's
+                # events again from the start and must not move the launch back through them
                 state = WORKER_STATES[event.state]
-                if row.state in _LIFECYCLE and _LIFECYCLE.index(state) > _LIFECYCLE.index(row.state):
+                if row.state in ACTIVE and ACTIVE.index(state) > ACTIVE.index(row.state):
                     row = await self.transition(row, state)
             elif isinstance(event, ProgressEvent):
                 await asyncio.to_thread(self.store.update, row.launch_id, tokens_done=event.tokens_done,
@@ -423,12 +430,8 @@ class Launches:
         if row.state == "PLACING":
             async with self._placing:  # not while schedule() may be starting it
                 row = await self.get(launch_id)
-                if row.state == "PLACING":
-                    done = await self.transition_if_still(row, "CANCELLED", f"cancelled by {principal} before it "
-                                                          "started", principal=principal,
-                                                          error=f"cancelled by {principal}")
-                    if done is not None:
-                        return done
+                if row.state == "PLACING" and (done := await self._cancel_unstarted(row, principal)) is not None:
+                    return done
             # it started meanwhile (here or on another replica): its monitor stops the group
         for _ in range(400):  # the monitor stops the group; wait for it (bounded)
             row = await self.get(launch_id)
@@ -462,7 +465,7 @@ class Launches:
         """At start-up: re-attach to groups that still run, settle those that ended, never forget one."""
         notes = []
         for row in await asyncio.to_thread(self.store.in_states, ACTIVE):
-            if self.shared and row.owner not in (self.instance, ""):
+            if not self.owns(row.owner):
                 continue  # another replica's: it supervises it, and recovers it when it restarts
             disp = self.dispatchers.get(row.dispatcher)
             w = self.watched.setdefault(row.launch_id, Watched())

@@ -200,5 +200,5 @@ async def start(cfg: ServerConfig) -> Running:
     return Running(server, port, store, writer, health_servicer,
                    {"servicers": servicers, "auditor": auditor, "launches": launches, "experiments": experiments,
                     "recovered": recovered, "devices": inventory, "model_roots": model_roots,
-                    "instance": instance, "instance_lock": instance_lock,
+                    "instance_lock": instance_lock,
                     "key_id": checkpoint.key_id(signing_key.public_key().public_bytes_raw())})

@@ -19,7 +19,7 @@ from cgsvc_worker.checkpoint import make_checkpoint
 
 from cgsvc.errors import ServiceError
 from tests.e2e.server import ServerProcess
-from tests.e2e.test_launches import KIMI, SHORT, wait_state
+from tests.e2e.test_launches import KIMI, SHORT, no_processes_left, wait_state
 from tests.integration.pg import pg_url_or_skip
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "LOST")
@@ -148,14 +148,6 @@ def test_two_replicas_create_launches_concurrently_on_postgres(tmp_path: Path) -
             assert c.verify_audit_log().ok
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether the process runs (a zombie, ended and not yet reaped, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_a_cancel_asked_of_another_replica_stops_the_launch_and_its_queue(tmp_path: Path) -> None:
     """Behind a load balancer a cancel reaches any replica. Replica 0 (one slot) runs launch A and
     queues B; replica 1 is asked to cancel both: B never starts, A's group is stopped by the
@@ -178,10 +170,7 @@ def test_a_cancel_asked_of_another_replica_stops_the_launch_and_its_queue(tmp_pa
         assert records[b] == ["PLACING -> CANCELLED: cancelled by local before it started"], records[b]
         started = next(m for m in records[a] if m.startswith("PLACING -> LOADING"))
         pid = int(started.split("supervisor pid ")[1].split(";")[0])
-        deadline = time.monotonic() + 10
-        while pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not pid_alive(pid), f"launch A's supervisor (pid {pid}) still runs"
+        assert no_processes_left(pid, timeout=10), f"launch A's group (supervisor pid {pid}) still runs"
         assert c0.get_launch(b).state == "CANCELLED"  # and replica 0, its slot free again, did not start it
 
 
