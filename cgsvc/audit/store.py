@@ -243,6 +243,16 @@ experiments = sa.Table(
     sa.Column("audit_records_json", sa.Text, nullable=False, default="[]"),
     sa.Column("owner", sa.Text, nullable=False, default=""),  # the server instance running it
 )
+# One lease per server instance (migration 10), renewed while the server runs, on the database's
+# clock (db_epoch): on a shared database a replica whose lease has lapsed is taken to be gone, and
+# another replica takes over its launches and experiments.
+replica_leases = sa.Table(
+    "replica_leases", metadata,
+    sa.Column("owner", sa.Text, primary_key=True),  # the server instance (launches.owner)
+    sa.Column("host", sa.Text, nullable=False),  # the machine it runs on: where its worker groups run
+    sa.Column("started_at", sa.Text, nullable=False),
+    sa.Column("renewed_at", sa.Float, nullable=False),  # seconds since the epoch, the database's clock
+)
 
 # Migrations, in order. Each is (version, description, tables it creates, columns it adds to
 # existing tables); the applied set is recorded in schema_migrations.
@@ -265,6 +275,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
     (8, "each distinct plan JSON stored once (plan_bodies); new records carry it by reference", (plan_bodies,), ()),
     (9, "a launch's cancel asked of any replica (launches.cancel_requested_by)", (),
      tuple((launches, c) for c in LAUNCH_COLUMNS_9)),
+    (10, "a lease per replica, for the others to take over a gone replica's launches (replica_leases)",
+     (replica_leases,), ()),
 )
 
 AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principal": "str", "outcome": "str",
@@ -285,6 +297,13 @@ class TreeSizeError(ValueError):
 
 class PageTokenError(ValueError):
     """A page token this store did not issue for this filter."""
+
+
+def db_epoch(dialect: str) -> sa.ColumnElement[float]:
+    """The database server's clock, in seconds since the epoch: one clock for every replica."""
+    if dialect == "postgresql":
+        return sa.cast(sa.func.extract("epoch", sa.func.clock_timestamp()), sa.Float)
+    return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Float)
 
 
 def utc_now() -> str:

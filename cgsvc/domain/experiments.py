@@ -26,11 +26,18 @@ import structlog
 from cgsvc import __version__
 from cgsvc.audit.records import AuditEntry
 from cgsvc.domain import stats
-from cgsvc.domain.launches import TERMINAL, Launches, order_for, read_checkpoint, workload_problems
+from cgsvc.domain.launches import (
+    TERMINAL,
+    Launches,
+    TakenOver,
+    order_for,
+    read_checkpoint,
+    workload_problems,
+)
 from cgsvc.domain.plans import Caller, Plans
 from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
 from cgsvc.ids import new_id
-from cgsvc.launch.store import ExperimentRow, ExperimentStore, LaunchRow, Workload
+from cgsvc.launch.store import ExperimentRow, ExperimentStore, LaunchRow, Lease, Workload
 
 log = structlog.get_logger("cgsvc.experiments")
 
@@ -140,7 +147,11 @@ class Experiments:
 
     # ------------------------------------------------------------------ run
     async def _save(self, row: ExperimentRow) -> ExperimentRow:
-        row = await asyncio.to_thread(self.store.update, row)
+        """Store the row (TakenOver when another replica owns the experiment now)."""
+        saved = await asyncio.to_thread(self.store.update, row)
+        if saved is None:
+            raise TakenOver(row.experiment_id)
+        row = saved
         cond = self.changed.setdefault(row.experiment_id, asyncio.Condition())
         async with cond:
             cond.notify_all()
@@ -158,6 +169,12 @@ class Experiments:
         return row, await self.launches.get(launch_id)
 
     async def run(self, experiment_id: str, caller: Caller) -> None:
+        try:
+            await self._run(experiment_id, caller)
+        except TakenOver:  # this replica's lease lapsed and another ended the experiment
+            log.warning("experiment taken over", experiment_id=experiment_id)
+
+    async def _run(self, experiment_id: str, caller: Caller) -> None:
         row = await asyncio.to_thread(self.store.get, experiment_id)
         assert row is not None
         req = row.request
@@ -189,6 +206,8 @@ class Experiments:
                             means[arm][metric].append(round(sum(values) / len(values), 4))
                     substituted[arm] = list(dict.fromkeys(substituted[arm] + substitutions_of(report)))
                     row = await self._save(dataclasses.replace(row, result=result_of(row, samples, substituted, means)))
+        except TakenOver:
+            raise
         except ServiceError as err:  # a plan or checkpoint that went away, devices gone, ...
             await self._end(row, samples, "FAILED", f"{err.code}: {err.message}")
             return
@@ -200,6 +219,9 @@ class Experiments:
 
     async def _end(self, row: ExperimentRow, samples: dict[str, dict[str, list[float]]], state: str,
                    error: str) -> None:
+        now = await asyncio.to_thread(self.store.get, row.experiment_id)
+        if now is not None and now.owner != row.owner:  # not this replica's to end any more
+            raise TakenOver(row.experiment_id)
         result = result_of(row, samples)
         message = f"{state}: {result['verdict']}" + (f"; {error}" if error else "")
         record = await self.audit(EXPERIMENT_STATE_METHOD, "cgsvc", "OK", message, experiment_id=row.experiment_id)
@@ -237,6 +259,21 @@ class Experiments:
             await self._end(row, stored(row, "samples"), "FAILED", "the server stopped while the experiment ran; the launches it had "
                                                     "finished are kept, start a new experiment to continue")
             notes.append(f"ended experiments/{row.experiment_id} (the server stopped while it ran)")
+        return notes
+
+    async def take_over(self, lease: Lease) -> list[str]:
+        """The running experiments of a replica whose lease lapsed: their schedule ran there and
+        cannot resume, so each, once claimed (one replica wins it), ends FAILED as at a restart."""
+        notes = []
+        for row in await asyncio.to_thread(self.store.in_state, "RUNNING"):
+            if row.owner != lease.owner or not await asyncio.to_thread(self.store.claim, row.experiment_id,
+                                                                        lease.owner, self.instance):
+                continue
+            await self._end(dataclasses.replace(row, owner=self.instance), stored(row, "samples"), "FAILED",
+                            f"replica {lease.owner} on {lease.host}, which ran it, stopped renewing its lease "
+                            f"({lease.age:.0f} s ago); the launches it had finished are kept, start a new "
+                            "experiment to continue")
+            notes.append(f"ended experiments/{row.experiment_id} (taken over from replica {lease.owner})")
         return notes
 
     async def close(self) -> None:

@@ -8,6 +8,14 @@ to the audit log, linked to the plan by plan_id and to the launch by launch_id. 
 task per active launch follows the worker group's events and its supervisor process. What
 the workers write is read through cgsvc.contract only: a malformed event or report fails the
 launch with the reason, it never stops the server.
+
+Replicas on one PostgreSQL database each supervise the launches they started (`owner`). A
+replica renews a lease while it runs (LeaseStore); when one's lease lapses, another takes
+over its launches (take_over): a queued launch is placed by the new owner, a running group on
+the same machine is followed from there, one on another machine is settled LOST, saying why.
+Every write of a supervising replica is fenced by its ownership, so a replica that was only
+stalled finds its launches taken over when it resumes, lets them go, and stops a group the
+new owner settled.
 """
 
 from __future__ import annotations
@@ -42,8 +50,8 @@ from cgsvc.contract import (
 from cgsvc.domain.plans import Caller
 from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
 from cgsvc.ids import new_id
-from cgsvc.launch.dispatch import DispatchError, LocalDispatcher, RunHandle
-from cgsvc.launch.store import LaunchRow, LaunchStore, Workload
+from cgsvc.launch.dispatch import HOST, DispatchError, LocalDispatcher, RunHandle
+from cgsvc.launch.store import LaunchRow, LaunchStore, Lease, Workload
 from cgsvc.plan import canonical_json
 from cgsvc.resolve import DEFAULT_POLICY, policy_version
 
@@ -54,6 +62,10 @@ ACTIVE = ("PLACING", "LOADING", "CAPTURING", "RUNNING")  # in the order a launch
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "LOST")
 WORKER_STATES = {"loading": "LOADING", "capturing": "CAPTURING", "running": "RUNNING"}
 STATE_METHOD = "launch.state"
+
+
+class TakenOver(Exception):
+    """Another replica owns the launch (or experiment) now: this one must let it go."""
 
 
 @dataclass(frozen=True)
@@ -178,8 +190,9 @@ class Launches:
 
     async def _cancel_unstarted(self, row: LaunchRow, principal: str) -> LaunchRow | None:
         """PLACING -> CANCELLED, unless it has moved on meanwhile (None)."""
+        # any replica may: the owner's start of it is conditional on PLACING too
         return await self.transition_if_still(row, "CANCELLED", f"cancelled by {principal} before it started",
-                                              principal=principal, error=f"cancelled by {principal}")
+                                              principal=principal, fenced=False, error=f"cancelled by {principal}")
 
     # ------------------------------------------------------------------ audit and state
     async def audit(self, row: LaunchRow | None, principal: str, method: str, code: str, message: str,
@@ -195,23 +208,26 @@ class Launches:
 
     async def transition(self, row: LaunchRow, state: str, reason: str = "", principal: str = "cgsvc",
                          **values: Any) -> LaunchRow:
-        """Persist, audit and announce a state change."""
+        """Persist, audit and announce a state change of a launch this server supervises;
+        TakenOver, with nothing written, when another replica has taken it over."""
         new = await self._transition(row, state, reason, principal, "", **values)
-        assert new is not None
+        if new is None:
+            raise TakenOver(row.launch_id)
         return new
 
     async def transition_if_still(self, row: LaunchRow, state: str, reason: str = "", principal: str = "cgsvc",
-                                  **values: Any) -> LaunchRow | None:
+                                  fenced: bool = True, **values: Any) -> LaunchRow | None:
         """The same, only if the stored launch is still in `row.state` (another replica may
-        have moved it); None, with nothing written, when it is not."""
-        return await self._transition(row, state, reason, principal, row.state, **values)
+        have moved it) and, when `fenced`, still this server's; None, with nothing written,
+        when it is not."""
+        return await self._transition(row, state, reason, principal, row.state, fenced, **values)
 
     async def _transition(self, row: LaunchRow, state: str, reason: str, principal: str, only_from: str,
-                          **values: Any) -> LaunchRow | None:
+                          fenced: bool = True, **values: Any) -> LaunchRow | None:
         if row.state == state and not values:
             return row
-        written = await asyncio.to_thread(self.store.update, row.launch_id, only_from, state=state, **values)
-        if only_from and not written:
+        owner = self.instance if fenced and self.shared else ""
+        if not await asyncio.to_thread(self.store.update, row.launch_id, only_from, owner, state=state, **values):
             return None
         if row.state != state:
             await self.audit(row, principal, STATE_METHOD, "OK",
@@ -268,8 +284,7 @@ class Launches:
         created = await asyncio.to_thread(self.store.create, row)
         if not created.new:
             return created.row, False
-        run.path.mkdir(parents=True)
-        run.plan.write_text(json.dumps({"plan": json.loads(order.plan_json), "spec": json.loads(order.spec_json)}))
+        write_plan(run, order.plan_json, order.spec_json)
         await self.audit(created.row, caller.principal, CREATE_METHOD, "OK",
                          f"launch of {order.plan_audit} on {order.tp} {order.dispatcher} ranks", caller=caller,
                          spec_json=order.spec_json)
@@ -312,9 +327,12 @@ class Launches:
             loading = await self.transition_if_still(row, "LOADING", f"supervisor pid {handle.pid}; {placement}",
                                                      handle_json=handle.to_json(), devices=row.devices,
                                                      placement=placement)
-            if loading is None:  # another replica cancelled it while the group started: stop the group
+            if loading is None:  # cancelled, or taken over, by another replica while the group started
                 await asyncio.to_thread(disp.stop, handle)
-                await self.audit(row, "cgsvc", STATE_METHOD, "OK", f"stopped the group started as it was cancelled "
+                stored = await asyncio.to_thread(self.store.get, row.launch_id)
+                why = "taken over by replica " + stored.owner if stored and stored.owner != self.instance \
+                    else "cancelled"
+                await self.audit(row, "cgsvc", STATE_METHOD, "OK", f"stopped the group started as it was {why} "
                                  f"(supervisor pid {handle.pid})")
                 continue
             w.task = asyncio.create_task(self.monitor(loading.launch_id))
@@ -327,12 +345,25 @@ class Launches:
         disp = self.dispatchers[row.dispatcher]
         handle = RunHandle.from_json(row.handle_json)
         run = RunDir(Path(row.run_dir))
+        try:
+            await self._follow(row, disp, handle, run, w)
+        except TakenOver:
+            await self._let_go(launch_id, disp, handle)
+            return
+        await self.schedule()
+
+    async def _follow(self, row: LaunchRow, disp: LocalDispatcher, handle: RunHandle, run: RunDir,
+                      w: Watched) -> None:
+        """Follow the group until the launch ends; TakenOver when another replica owns it."""
+        launch_id = row.launch_id
         polls = 0
         while True:
             polls += 1
-            if not w.cancel and polls % 10 == 0:  # a cancel asked of another replica, about once a second
+            if polls % 10 == 0:  # about once a second: a cancel asked of another replica, a takeover
                 stored = await asyncio.to_thread(self.store.get, launch_id)
-                if stored is not None and stored.cancel_requested_by:
+                if stored is not None and self.shared and stored.owner != self.instance:
+                    raise TakenOver(launch_id)
+                if stored is not None and stored.cancel_requested_by and not w.cancel:
                     w.cancel, w.cancel_principal = True, stored.cancel_requested_by
             row, bad = await self.follow_events(row, run, w)
             if bad:  # the group broke the contract: stop it, say why
@@ -350,7 +381,23 @@ class Launches:
                 await self.finish(row, run, code)
                 break
             await asyncio.sleep(self.poll_seconds)
-        await self.schedule()
+
+    async def _let_go(self, launch_id: str, disp: LocalDispatcher, handle: RunHandle) -> None:
+        """This replica's lease lapsed and another took the launch over. A group it followed on
+        from this machine is its now; one it settled (LOST: it could not follow it from there)
+        is stopped here, where it runs."""
+        stored = await asyncio.to_thread(self.store.get, launch_id)
+        owner = stored.owner if stored is not None else "?"
+        if stored is None or stored.state not in TERMINAL:
+            log.warning("launch taken over", launch_id=launch_id, owner=owner)
+            return
+        await asyncio.to_thread(disp.stop, handle)
+        await self.audit(stored, "cgsvc", STATE_METHOD, "OK",
+                         f"stopped the group (supervisor pid {handle.pid}) on {HOST}, from replica {self.instance}: "
+                         f"replica {owner} took the launch over while its lease had lapsed, and settled it "
+                         f"{stored.state}")
+        log.warning("stopped a launch's group taken over and settled elsewhere", launch_id=launch_id, owner=owner,
+                    state=stored.state)
 
     async def follow_events(self, row: LaunchRow, run: RunDir, w: Watched) -> tuple[LaunchRow, str]:
         """Apply the events written since the last call; returns the row and, when an event
@@ -488,11 +535,66 @@ class Launches:
         await self.schedule()
         return notes
 
+    async def take_over(self, lease: Lease) -> list[str]:
+        """The active launches of a replica whose lease lapsed become this server's: each is
+        claimed (one replica wins it), audited, and then placed here (PLACING), followed from
+        here (its group runs on this machine), or settled (it ended; it runs elsewhere: LOST)."""
+        notes = []
+        why = (f"replica {lease.owner} on {lease.host} stopped renewing its lease ({lease.age:.0f} s ago); taken over "
+               f"by replica {self.instance} on {HOST}")
+        for row in await asyncio.to_thread(self.store.in_states, ACTIVE):
+            if row.owner != lease.owner or not await asyncio.to_thread(
+                    self.store.update, row.launch_id, row.state, lease.owner, owner=self.instance):
+                continue
+            row = row.replace(owner=self.instance)
+            notes.append(f"took over launches/{row.launch_id} ({row.state}) from replica {lease.owner}")
+            disp = self.dispatchers.get(row.dispatcher)
+            w = self.watched.setdefault(row.launch_id, Watched())
+            run = RunDir(Path(row.run_dir))
+            if disp is None:
+                await self.transition(row, "LOST", f"{why}; dispatcher {row.dispatcher!r} is not configured here",
+                                      error=f"{why}; dispatcher {row.dispatcher!r} is not configured on this server")
+                continue
+            if row.state == "PLACING":
+                if not run.plan.exists():  # its run directory was on the other machine: make one here
+                    stored = await asyncio.to_thread(self.auditor.store.get_plan, row.plan_id)
+                    if stored is None:
+                        await self.transition(row, "LOST", f"{why}; plans/{row.plan_id} is not in the log",
+                                              error=f"{why}; plans/{row.plan_id} is not in the log")
+                        continue
+                    run = RunDir(self.run_root / row.launch_id)
+                    write_plan(run, stored.row.plan_json, stored.row.spec_json)
+                    await asyncio.to_thread(self.store.update, row.launch_id, run_dir=str(run.path))
+                await self.audit(row, "cgsvc", STATE_METHOD, "OK", f"{why}; it waits for devices here")
+                continue
+            handle = RunHandle.from_json(row.handle_json)
+            where = handle.host or lease.host
+            if where != HOST:
+                await self.transition(row, "LOST", f"{why}; its worker group ran on {where}, which cannot be "
+                                      "followed from here",
+                                      error=f"{why}; its worker group ran on {where} and cannot be followed from {HOST}: "
+                                            f"it may still run there until replica {lease.owner} returns and stops it")
+            elif disp.alive(handle):
+                await self.audit(row, "cgsvc", STATE_METHOD, "OK",
+                                 f"re-attached: {why}; its group (supervisor pid {handle.pid}) runs on this machine")
+                w.task = asyncio.create_task(self.monitor(row.launch_id))
+            else:
+                await self.audit(row, "cgsvc", STATE_METHOD, "OK", f"{why}; its group has ended")
+                await self.finish(row, run, -1)
+        await self.schedule()
+        return notes
+
     async def close(self) -> None:
         """Stop following launches (they keep running; a restarted server re-attaches)."""
         for w in self.watched.values():
             if w.task is not None:
                 w.task.cancel()
+
+
+def write_plan(run: RunDir, plan_json: str, spec_json: str) -> None:
+    """A new run directory, with the plan and spec the workers run."""
+    run.path.mkdir(parents=True)
+    run.plan.write_text(json.dumps({"plan": json.loads(plan_json), "spec": json.loads(spec_json)}))
 
 
 def _plan_policy(row: LaunchRow | None) -> tuple[str, str]:

@@ -26,15 +26,19 @@ from cgsvc.contract import RunDir
 from cgsvc.launch.devices import Inventory
 from cgsvc.launch.store import LaunchRow
 
+HOST = socket.gethostname()  # the machine a group's supervisor runs on (RunHandle.host)
+
 
 @dataclass(frozen=True)
 class RunHandle:
-    """Enough to find a running group again after a server restart."""
+    """Enough to find a running group again after a server restart, or from another replica on
+    the same machine (`host`; empty in handles stored before it was kept)."""
 
     dispatcher: str
     launch_id: str
     pid: int
     pgid: int
+    host: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -124,7 +128,7 @@ class LocalDispatcher:
         finally:
             log.close()
         self.procs[row.launch_id] = proc
-        return RunHandle(self.name, row.launch_id, proc.pid, proc.pid)
+        return RunHandle(self.name, row.launch_id, proc.pid, proc.pid, HOST)
 
     def exit_code(self, handle: RunHandle) -> int | None:
         """The supervisor's exit status when it has ended, else None. A group started by an

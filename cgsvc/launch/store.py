@@ -17,7 +17,15 @@ from typing import Any
 import sqlalchemy as sa
 
 from cgsvc.audit import filters
-from cgsvc.audit.store import AuditStore, experiments, launch_requests, launches, utc_now
+from cgsvc.audit.store import (
+    AuditStore,
+    db_epoch,
+    experiments,
+    launch_requests,
+    launches,
+    replica_leases,
+    utc_now,
+)
 
 LAUNCH_FILTER_FIELDS = {"state": "str", "plan": "str", "principal": "str", "dispatcher": "str",
                         "create_time": "str", "model_path": "str"}
@@ -133,12 +141,15 @@ class LaunchStore:
                                       launch_requests.c.request_id == request_id)).first()
         return _from_columns(row._mapping) if row is not None else None
 
-    def update(self, launch_id: str, only_from: str = "", **values: Any) -> bool:
-        """Set these values; with `only_from`, only while the launch is in that state (whether
-        it was is the answer: another replica may have moved it)."""
+    def update(self, launch_id: str, only_from: str = "", only_owner: str = "", **values: Any) -> bool:
+        """Set these values; with `only_from`, only while the launch is in that state, and with
+        `only_owner`, only while that server owns it (whether it was is the answer: another
+        replica may have moved it, or taken it over)."""
         where = launches.c.launch_id == launch_id
         if only_from:
             where = where & (launches.c.state == only_from)
+        if only_owner:
+            where = where & (launches.c.owner == only_owner)
         with self.write_engine.begin() as conn:
             done = conn.execute(launches.update().where(where).values(**_update_values(values), update_time=utc_now()))
         return bool(done.rowcount)
@@ -159,6 +170,53 @@ class LaunchStore:
             rows = conn.execute(sa.select(launches).where(launches.c.state.in_(list(states)))
                                 .order_by(launches.c.sequence))
             return [_from_columns(r._mapping) for r in rows]
+
+
+# ---------------------------------------------------------------------------- leases
+
+@dataclass(frozen=True)
+class Lease:
+    """A replica's lease as stored: who, on which machine, since when, and how long ago (seconds,
+    on the database's clock) it was last renewed."""
+
+    owner: str
+    host: str
+    started_at: str
+    age: float
+
+
+class LeaseStore:
+    """One lease per server instance. A server renews its own while it runs; on a shared
+    database, a lease older than the configured time says that replica is gone."""
+
+    def __init__(self, audit: AuditStore) -> None:
+        self.audit = audit
+        self.now = db_epoch(audit.dialect)
+
+    def renew(self, owner: str, host: str) -> float | None:
+        """Renew `owner`'s lease; how long it had gone unrenewed (None: the first one)."""
+        with self.audit.write_engine.begin() as conn:
+            now = float(conn.execute(sa.select(self.now)).scalar_one())
+            before = conn.execute(sa.select(replica_leases.c.renewed_at)
+                                  .where(replica_leases.c.owner == owner)).scalar()
+            if before is None:
+                conn.execute(replica_leases.insert().values(owner=owner, host=host, started_at=utc_now(),
+                                                            renewed_at=now))
+                return None
+            conn.execute(replica_leases.update().where(replica_leases.c.owner == owner)
+                         .values(host=host, renewed_at=now))
+        return now - float(before)
+
+    def leases(self) -> list[Lease]:
+        """Every replica's lease, the most recently renewed first."""
+        with self.audit.read_engine.begin() as conn:
+            rows = conn.execute(sa.select(replica_leases, (self.now - replica_leases.c.renewed_at).label("age"))
+                                .order_by(replica_leases.c.renewed_at.desc()))
+            return [Lease(r.owner, r.host, r.started_at, float(r.age)) for r in rows]
+
+    def lapsed(self, seconds: float, but: str) -> list[Lease]:
+        """Leases other than `but`'s not renewed for `seconds` or more."""
+        return [lease for lease in self.leases() if lease.owner != but and lease.age >= seconds]
 
 
 # ---------------------------------------------------------------------------- experiments
@@ -211,15 +269,26 @@ class ExperimentStore:
                 audit_records_json=json.dumps(list(row.audit_records)), owner=row.owner))
         return row
 
-    def update(self, row: ExperimentRow) -> ExperimentRow:
-        """Store the row's state, runs, result, error and records; returns it with its update time."""
+    def update(self, row: ExperimentRow) -> ExperimentRow | None:
+        """Store the row's state, runs, result, error and records, while `row.owner` owns the
+        experiment; returns it with its update time, or None when another replica has taken it
+        over (nothing written)."""
         now = utc_now()
         with self.write_engine.begin() as conn:
-            conn.execute(experiments.update().where(experiments.c.experiment_id == row.experiment_id).values(
+            done = conn.execute(experiments.update().where(experiments.c.experiment_id == row.experiment_id,
+                                                           experiments.c.owner == row.owner).values(
                 state=row.state, update_time=now, launches_json=json.dumps(list(row.runs)),
                 result_json=json.dumps(row.result), error=row.error,
-                audit_records_json=json.dumps(list(row.audit_records)), owner=row.owner))
-        return dataclasses.replace(row, update_time=now)
+                audit_records_json=json.dumps(list(row.audit_records))))
+        return dataclasses.replace(row, update_time=now) if done.rowcount else None
+
+    def claim(self, experiment_id: str, from_owner: str, to_owner: str) -> bool:
+        """Make `to_owner` the owner, if `from_owner` still is (one replica wins)."""
+        with self.write_engine.begin() as conn:
+            done = conn.execute(experiments.update().where(experiments.c.experiment_id == experiment_id,
+                                                           experiments.c.owner == from_owner)
+                                .values(owner=to_owner, update_time=utc_now()))
+        return bool(done.rowcount)
 
     def get(self, experiment_id: str) -> ExperimentRow | None:
         with self.read_engine.begin() as conn:

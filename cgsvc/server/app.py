@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import ipaddress
 import os
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import grpc
+import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cgsvc import catalog
@@ -22,8 +24,8 @@ from cgsvc.domain.experiments import Experiments
 from cgsvc.domain.launches import Launches
 from cgsvc.domain.plans import Plans
 from cgsvc.launch.devices import DeviceListError, Inventory
-from cgsvc.launch.dispatch import LocalDispatcher, RayDispatcher
-from cgsvc.launch.store import ExperimentStore, LaunchStore
+from cgsvc.launch.dispatch import HOST, LocalDispatcher, RayDispatcher
+from cgsvc.launch.store import ExperimentStore, LaunchStore, LeaseStore
 from cgsvc.server import metrics, reflection
 from cgsvc.server.auth import Authenticator
 from cgsvc.server.config import ServerConfig
@@ -40,6 +42,9 @@ SERVICES = {
     "cgsvc.v1.LaunchService": launch_pb2.DESCRIPTOR.services_by_name["LaunchService"],
     "cgsvc.v1.ExperimentService": experiment_pb2.DESCRIPTOR.services_by_name["ExperimentService"],
 }
+
+
+log = structlog.get_logger("cgsvc.server")
 
 
 class ConfigError(ValueError):
@@ -125,6 +130,8 @@ class Running:
 
     async def stop(self, grace: float) -> None:
         self.health.enter_graceful_shutdown()
+        if (lease := self.extras.get("lease")) is not None:
+            lease.cancel()  # its row stays: a server restarted in time takes its launches back itself
         await self.server.stop(grace)
         await self.extras["experiments"].close()
         await self.extras["launches"].close()
@@ -151,6 +158,8 @@ async def start(cfg: ServerConfig) -> Running:
     store = AuditStore(cfg.effective_database_url)
     if cfg.audit_writer not in ("process", "thread"):
         raise ConfigError(f"audit_writer must be process or thread, got {cfg.audit_writer!r}")
+    if cfg.lease_seconds <= 0:
+        raise ConfigError(f"lease_seconds must be more than 0, got {cfg.lease_seconds}")
     for name in ("audit_cohort_wait_ms", "audit_cohort_gap_ms"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{name} must be 0 or more, got {getattr(cfg, name)}")
@@ -196,9 +205,34 @@ async def start(cfg: ServerConfig) -> Running:
         instance_lock.close()
         raise ConfigError(f"cannot bind {cfg.address}")
     await server.start()
+    lease = None
+    if launches.shared:  # other replicas may use the database: say this one is here, then watch theirs
+        leases = LeaseStore(store)
+        await asyncio.to_thread(leases.renew, instance, HOST)
+        lease = asyncio.create_task(keep_lease(leases, launches, experiments, cfg.lease_seconds))
     recovered = await launches.recover() + await experiments.recover()
     return Running(server, port, store, writer, health_servicer,
                    {"servicers": servicers, "auditor": auditor, "launches": launches, "experiments": experiments,
-                    "recovered": recovered, "devices": inventory, "model_roots": model_roots,
+                    "lease": lease, "recovered": recovered, "devices": inventory, "model_roots": model_roots,
                     "instance_lock": instance_lock,
                     "key_id": checkpoint.key_id(signing_key.public_key().public_bytes_raw())})
+
+
+async def keep_lease(leases: LeaseStore, launches: Launches, experiments: Experiments, seconds: float) -> None:
+    """Renew this replica's lease every third of `seconds`, and take over the launches and
+    experiments of every replica whose lease has lapsed (docs/decisions.md)."""
+    me = launches.instance
+    while True:
+        await asyncio.sleep(seconds / 3)
+        try:
+            gap = await asyncio.to_thread(leases.renew, me, HOST)
+            if gap is not None and gap >= seconds:
+                log.warning("this replica's lease lapsed: other replicas may have taken over its launches, and it "
+                            "lets go of each one they did", unrenewed_seconds=round(gap, 1), lease_seconds=seconds)
+            for lease in await asyncio.to_thread(leases.lapsed, seconds, me):
+                for note in await launches.take_over(lease) + await experiments.take_over(lease):
+                    log.warning(note, lapsed_owner=lease.owner)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the database may be away for a while: try again next time
+            log.exception("lease renewal or takeover failed; trying again", retry_seconds=round(seconds / 3, 1))

@@ -49,6 +49,9 @@ class ServerConfig:
     local_devices: str = _opt("", "devices the local dispatcher gives ranks, e.g. 0,1,2,3 or 0-7 (GPU ids); "
                                   "default: this machine's GPUs, or --local-slots CPU slots without one")
     local_slots: int = _opt(4, "CPU slots (ranks at once) when the machine has no GPU and --local-devices is unset")
+    lease_seconds: float = _opt(30.0, "on a shared (PostgreSQL) database: a replica whose lease has gone this long "
+                                      "unrenewed is taken to be gone, and another takes over its launches and "
+                                      "experiments; each replica renews its own every third of this")
     ray_address: str = _opt("", "HOST:PORT of a Ray cluster's GCS; enables the Ray dispatcher")
     ray_slots: int = _opt(8, "ranks the Ray dispatcher may run at once")
     ray_gpus_per_rank: float = _opt(-1.0, "GPUs Ray gives each rank: -1 (default) one for a GPU plan and none "

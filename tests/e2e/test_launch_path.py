@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from cgsvc_client.client import Client
 from cgsvc_worker.checkpoint import make_checkpoint
 
 from cgsvc.errors import ServiceError
+from cgsvc.launch.dispatch import HOST, session_members
 from tests.e2e.server import ServerProcess
 from tests.e2e.test_launches import KIMI, SHORT, no_processes_left, wait_state
 from tests.integration.pg import pg_url_or_skip
@@ -76,13 +79,14 @@ def assert_started_once(c: Client, name: str) -> None:
 
 
 @contextlib.contextmanager
-def pg_replicas(tmp_path: Path, schema: str, slots: int) -> Iterator[tuple[list[ServerProcess], str, dict[str, Any]]]:
-    """Two servers on one PostgreSQL schema, `slots` CPU slots each: (servers, a tiny checkpoint,
-    a TP1 spec of it); skips where no PostgreSQL answers."""
+def pg_replicas(tmp_path: Path, schema: str, slots: int,
+                *args: str) -> Iterator[tuple[list[ServerProcess], str, dict[str, Any]]]:
+    """Two servers on one PostgreSQL schema, `slots` CPU slots each (and `args`): (servers, a tiny
+    checkpoint, a TP1 spec of it); skips where no PostgreSQL answers."""
     url = pg_url_or_skip(f"{schema}_{uuid.uuid4().hex[:10]}")
     tiny = make_checkpoint(str(tmp_path / "tiny"), "tiny")
     spec = {"model": {"path": tiny}, "hardware": {"gpu": "cpu"}, "parallelism": {"tp": 1}}
-    servers = [ServerProcess(tmp_path / f"srv{i}", "--database-url", url, "--local-slots", str(slots)).start()
+    servers = [ServerProcess(tmp_path / f"srv{i}", "--database-url", url, "--local-slots", str(slots), *args).start()
                for i in range(2)]
     try:
         yield servers, tiny, spec
@@ -168,10 +172,75 @@ def test_a_cancel_asked_of_another_replica_stops_the_launch_and_its_queue(tmp_pa
         records = {n: state_records(c1, n) for n in (a, b)}
         assert any(m.startswith("RUNNING -> CANCELLED: cancelled by local") for m in records[a]), records[a]
         assert records[b] == ["PLACING -> CANCELLED: cancelled by local before it started"], records[b]
-        started = next(m for m in records[a] if m.startswith("PLACING -> LOADING"))
-        pid = int(started.split("supervisor pid ")[1].split(";")[0])
+        pid = supervisor_pid(records[a])
         assert no_processes_left(pid, timeout=10), f"launch A's group (supervisor pid {pid}) still runs"
         assert c0.get_launch(b).state == "CANCELLED"  # and replica 0, its slot free again, did not start it
+
+
+def supervisor_pid(states: list[str]) -> int:
+    """The pid of the supervisor a launch's group was started with, from its state records."""
+    started = next(m for m in states if m.startswith("PLACING -> LOADING"))
+    return int(started.split("supervisor pid ")[1].split(";")[0])
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.2)
+
+
+def test_a_replica_whose_lease_lapses_has_its_launches_taken_over(tmp_path: Path) -> None:
+    """Replica 0 runs launches A and B and queues C, then stalls (SIGSTOP) past its 2 s lease.
+    Replica 1 takes all three over: B's group runs on this machine and is followed from there;
+    A's is made, in the store, to have run on another machine, so it is settled LOST; C is
+    placed on replica 1's devices. Replica 0, resumed, lets B and C go and stops A's group,
+    which it alone can reach. Nothing is left running after B and C are cancelled."""
+    with pg_replicas(tmp_path, "launch_lease", 2, "--lease-seconds", "2") as (servers, tiny, spec), \
+            Client(servers[0].address) as c0, Client(servers[1].address) as c1:
+        a, b = (c0.create_launch(tiny, LONG_TP1, spec=spec).metadata.name for _ in range(2))
+        for name in (a, b):
+            wait_state(c0, name, ("RUNNING",), timeout=120)
+        c = c0.create_launch(tiny, LONG_TP1, spec=spec, wait_for_resources=True).metadata.name
+        assert c0.get_launch(c).state == "PLACING"  # replica 0's two slots are taken
+        pids = {name: supervisor_pid(state_records(c0, name)) for name in (a, b)}
+        url = servers[0].args[servers[0].args.index("--database-url") + 1]
+        engine = sa.create_engine(url)
+        with engine.begin() as conn:  # as if A's group ran on another machine
+            launch_id = a.split("/")[1]
+            handle = json.loads(conn.execute(sa.text("SELECT handle_json FROM launches WHERE launch_id = :id"),
+                                             {"id": launch_id}).scalar_one())
+            assert handle["host"] == HOST
+            conn.execute(sa.text("UPDATE launches SET handle_json = :h WHERE launch_id = :id"),
+                         {"h": json.dumps({**handle, "host": "elsewhere"}), "id": launch_id})
+        engine.dispose()
+        owner0 = (servers[0].data_dir / "instance").read_text().strip()
+        assert servers[0].proc is not None
+        servers[0].proc.send_signal(signal.SIGSTOP)
+        try:
+            wait_for("A settled LOST by replica 1", lambda: c1.get_launch(a).state == "LOST")
+            wait_for("C placed by replica 1", lambda: c1.get_launch(c).state == "RUNNING", timeout=120)
+            wait_for("B followed by replica 1", lambda: any(m.startswith("re-attached") for m in state_records(c1, b)))
+        finally:
+            servers[0].proc.send_signal(signal.SIGCONT)
+        lost = c1.get_launch(a)
+        assert f"replica {owner0} on {HOST} stopped renewing its lease" in lost.error, lost.error
+        assert "ran on elsewhere and cannot be followed" in lost.error, lost.error
+        assert "taken over by replica" in state_records(c1, c)[0], state_records(c1, c)
+        assert c1.get_launch(b).state == "RUNNING" and session_members(pids[b])
+        # resumed, replica 0 stops the group only it can reach, and leaves B to replica 1
+        assert no_processes_left(pids[a], timeout=15), f"A's group (supervisor pid {pids[a]}) still runs"
+        wait_for("replica 0's record of stopping A", lambda: any(m.startswith("stopped the group") and "settled it LOST"
+                                                                 in m for m in state_records(c1, a)))
+        time.sleep(2)  # replica 0's monitors have read the store again (about once a second)
+        assert c0.get_launch(b).state == "RUNNING" and session_members(pids[b])
+        for name in (b, c):  # asked of replica 0, done by replica 1, which owns them now
+            assert c0.cancel_launch(name).state == "CANCELLED"
+        for name in (b, c):
+            pid = supervisor_pid(state_records(c1, name))
+            assert no_processes_left(pid, timeout=15), f"{name}'s group (supervisor pid {pid}) still runs"
+        for name in (a, b, c):
+            assert_started_once(c1, name)
 
 
 def test_a_restarted_replica_leaves_the_other_replicas_launches_alone(tmp_path: Path) -> None:

@@ -305,3 +305,8 @@ def test_negative_audit_waits_are_refused_by_name(tmp_path: Path) -> None:
     """A writer cannot wait a negative time: the server refuses to start and names the option."""
     for flag, name in (("--audit-cohort-wait-ms", "audit_cohort_wait_ms"), ("--audit-cohort-gap-ms", "audit_cohort_gap_ms")):
         assert f"{name} must be 0 or more, got -1.0" in serve_refused(tmp_path, flag, "-1")
+
+
+def test_a_lease_of_no_time_is_refused_by_name(tmp_path: Path) -> None:
+    """Every replica would take every other's launches at once: refused, naming the option."""
+    assert "lease_seconds must be more than 0, got 0.0" in serve_refused(tmp_path, "--lease-seconds", "0")

@@ -46,7 +46,7 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 9
+    assert store.schema_version() == 10
     assert store.migrate() == []  # idempotent
 
 
@@ -64,6 +64,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     new = {c.name for c in LAUNCH_COLUMNS_3 + LAUNCH_COLUMNS_9}
     with store.write_engine.begin() as conn:
         _layout_before_7(store, conn)
+        conn.execute(sa.text("DROP TABLE replica_leases"))
         conn.execute(sa.text("DROP TABLE experiments"))
         conn.execute(sa.text("ALTER TABLE audit_records DROP COLUMN policy"))
         conn.execute(sa.text("ALTER TABLE plans DROP COLUMN policy"))
@@ -81,8 +82,8 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
             tp=4, model_path="/m", workload_json='{"input_len": 1, "output_len": 1, "requests": 1, "concurrency": 1}',
             create_time="2026-01-01T00:00:00Z", update_time="2026-01-01T00:00:00Z", tokens_done=1, tokens_total=1,
             error="", report_json="", run_dir="/r", handle_json="", owner=""))
-    assert store.migrate() == [3, 4, 5, 6, 7, 8, 9]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
-    assert store.schema_version() == 9
+    assert store.migrate() == [3, 4, 5, 6, 7, 8, 9, 10]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 10
     old = store.get_record(1)
     assert old is not None and old.schema_version == 1 and old.policy == "cgsvc"
     assert ExperimentStore(store).list_rows() == ([], "")
@@ -677,3 +678,23 @@ def test_sqlite_checkpoints_can_stay_inside_the_commits(tmp_path: Path) -> None:
         assert store._append_conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
     finally:
         store.close()
+
+
+def test_leases_are_renewed_and_lapse_on_the_database_clock(store: AuditStore) -> None:
+    from cgsvc.launch.store import LeaseStore
+    leases = LeaseStore(store)
+    assert leases.renew("r0", "host-a") is None  # the first renewal makes the lease
+    assert leases.renew("r1", "host-b") is None
+    gap = leases.renew("r0", "host-a")
+    assert gap is not None and 0 <= gap < 5
+    assert leases.lapsed(5.0, but="r1") == []  # both were renewed just now
+    # r1 stops renewing: after a lease time it has lapsed, for everyone but itself
+    with store.write_engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE replica_leases SET renewed_at = renewed_at - 60 WHERE owner = 'r1'")
+    lapsed = leases.lapsed(30.0, but="r0")
+    assert [(x.owner, x.host) for x in lapsed] == [("r1", "host-b")] and 60 <= lapsed[0].age < 70
+    assert leases.lapsed(30.0, but="r1") == []
+    assert leases.lapsed(90.0, but="r0") == []
+    assert [x.owner for x in leases.leases()] == ["r0", "r1"]  # the most recently renewed first
+    again = leases.renew("r1", "host-c")  # it comes back: renewing says how long it was away
+    assert again is not None and again >= 60 and leases.lapsed(30.0, but="r0") == []
