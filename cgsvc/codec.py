@@ -219,7 +219,7 @@ def launch_proto(row: LaunchRow, records: list[str] | None = None, plan_audit_re
         tokens_done=row.tokens_done, tokens_total=row.tokens_total, error=row.error,
         report=report_summary(row.report_json), report_json=row.report_json, audit_records=records or [],
         principal=row.principal, plan_audit_record=plan_audit_record, devices=list(row.devices),
-        placement=row.placement, request_id=row.request_id)
+        placement=row.placement, request_id=row.request_id, owner=f"replicas/{row.owner}" if row.owner else "")
 
 
 # ---------------------------------------------------------------------------- policies

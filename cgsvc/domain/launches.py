@@ -21,6 +21,7 @@ new owner settled.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import hashlib
@@ -36,7 +37,7 @@ import structlog
 from cgsvc import __version__, catalog
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.records import AuditEntry
-from cgsvc.audit.store import StoredPlan
+from cgsvc.audit.store import StoredPlan, utc_now
 from cgsvc.contract import (
     ContractError,
     PlacedEvent,
@@ -51,7 +52,7 @@ from cgsvc.domain.plans import Caller
 from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
 from cgsvc.ids import new_id
 from cgsvc.launch.dispatch import HOST, DispatchError, LocalDispatcher, RunHandle
-from cgsvc.launch.store import LaunchRow, LaunchStore, Lease, Workload
+from cgsvc.launch.store import LaunchRow, LaunchStore, Lease, LeaseStore, Workload
 from cgsvc.plan import canonical_json
 from cgsvc.resolve import DEFAULT_POLICY, policy_version
 
@@ -168,10 +169,14 @@ def tail(path: Path, lines: int) -> str:
 
 class Launches:
     def __init__(self, store: LaunchStore, auditor: Auditor, run_root: Path, dispatchers: list[LocalDispatcher],
-                 instance: str = "", shared: bool = False) -> None:
+                 instance: str = "", shared: bool = False, lease_seconds: float = 30.0) -> None:
         """`instance`: this server's name as an owner (app.server_instance); `shared`: other
-        replicas may use the database (PostgreSQL), so their launches are theirs to recover."""
+        replicas may use the database (PostgreSQL), so their launches are theirs to recover,
+        until their lease has gone `lease_seconds` unrenewed."""
         self.store, self.auditor = store, auditor
+        self.leases = LeaseStore(store.audit)
+        self.lease_seconds = lease_seconds
+        self.started_at = utc_now()
         self.run_root = run_root
         self.dispatchers: dict[str, LocalDispatcher] = {d.name: d for d in dispatchers}
         self.instance = instance or uuid.uuid4().hex[:12]
@@ -534,6 +539,15 @@ class Launches:
                 notes.append(f"settled launches/{row.launch_id} that ended while the server was down")
         await self.schedule()
         return notes
+
+    async def replicas(self) -> list[tuple[Lease, int]]:
+        """Every replica's lease, the most recently renewed first, with the number of active
+        launches it supervises; on SQLite (one server, no leases) this server alone."""
+        rows = await asyncio.to_thread(self.store.in_states, ACTIVE)
+        active = collections.Counter(r.owner for r in rows)
+        if not self.shared:
+            return [(Lease(self.instance, HOST, self.started_at, 0.0), len(rows))]
+        return [(lease, active[lease.owner]) for lease in await asyncio.to_thread(self.leases.leases)]
 
     async def take_over(self, lease: Lease) -> list[str]:
         """The active launches of a replica whose lease lapsed become this server's: each is

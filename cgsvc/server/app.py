@@ -25,7 +25,7 @@ from cgsvc.domain.launches import Launches
 from cgsvc.domain.plans import Plans
 from cgsvc.launch.devices import DeviceListError, Inventory
 from cgsvc.launch.dispatch import HOST, LocalDispatcher, RayDispatcher
-from cgsvc.launch.store import ExperimentStore, LaunchStore, LeaseStore
+from cgsvc.launch.store import ExperimentStore, LaunchStore
 from cgsvc.server import metrics, reflection
 from cgsvc.server.auth import Authenticator
 from cgsvc.server.config import ServerConfig
@@ -181,7 +181,7 @@ async def start(cfg: ServerConfig) -> Running:
     if cfg.ray_address:
         dispatchers.append(RayDispatcher(cfg.ray_address, cfg.ray_slots, cfg.ray_gpus_per_rank))
     launches = Launches(LaunchStore(store), auditor, Path(cfg.data_dir).resolve() / "launches", dispatchers,
-                        instance=instance, shared=store.dialect != "sqlite")
+                        instance=instance, shared=store.dialect != "sqlite", lease_seconds=cfg.lease_seconds)
     experiments = Experiments(ExperimentStore(store), launches, plans)
     servicers: dict[str, Any] = {
         "cgsvc.v1.PlanService": PlanService(plans),
@@ -207,9 +207,8 @@ async def start(cfg: ServerConfig) -> Running:
     await server.start()
     lease = None
     if launches.shared:  # other replicas may use the database: say this one is here, then watch theirs
-        leases = LeaseStore(store)
-        await asyncio.to_thread(leases.renew, instance, HOST)
-        lease = asyncio.create_task(keep_lease(leases, launches, experiments, cfg.lease_seconds))
+        await asyncio.to_thread(launches.leases.renew, instance, HOST)
+        lease = asyncio.create_task(keep_lease(launches, experiments))
     recovered = await launches.recover() + await experiments.recover()
     return Running(server, port, store, writer, health_servicer,
                    {"servicers": servicers, "auditor": auditor, "launches": launches, "experiments": experiments,
@@ -218,10 +217,10 @@ async def start(cfg: ServerConfig) -> Running:
                     "key_id": checkpoint.key_id(signing_key.public_key().public_bytes_raw())})
 
 
-async def keep_lease(leases: LeaseStore, launches: Launches, experiments: Experiments, seconds: float) -> None:
-    """Renew this replica's lease every third of `seconds`, and take over the launches and
+async def keep_lease(launches: Launches, experiments: Experiments) -> None:
+    """Renew this replica's lease every third of its lease time, and take over the launches and
     experiments of every replica whose lease has lapsed (docs/decisions.md)."""
-    me = launches.instance
+    me, leases, seconds = launches.instance, launches.leases, launches.lease_seconds
     while True:
         await asyncio.sleep(seconds / 3)
         try:

@@ -77,7 +77,7 @@ class LaunchReport(_message.Message):
     def __init__(self, ttft_ms_p50: _Optional[float] = ..., ttft_ms_p99: _Optional[float] = ..., tpot_ms_p50: _Optional[float] = ..., tpot_ms_p99: _Optional[float] = ..., throughput_tok_s: _Optional[float] = ..., output_tokens: _Optional[int] = ..., prefill_requested: _Optional[str] = ..., prefill_effective: _Optional[str] = ..., decode_requested: _Optional[str] = ..., decode_effective: _Optional[str] = ..., attention_prefill_effective: _Optional[str] = ..., attention_decode_effective: _Optional[str] = ..., capture_seconds: _Optional[float] = ..., capture_bytes: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., substitutions: _Optional[_Iterable[str]] = ..., plan_fidelity: _Optional[_Iterable[_Union[PlanFidelity, _Mapping]]] = ...) -> None: ...
 
 class Launch(_message.Message):
-    __slots__ = ("name", "plan", "state", "workload", "model_path", "tp", "dispatcher", "create_time", "update_time", "tokens_done", "tokens_total", "error", "report", "report_json", "plan_audit_record", "audit_records", "principal", "devices", "placement", "request_id")
+    __slots__ = ("name", "plan", "state", "workload", "model_path", "tp", "dispatcher", "create_time", "update_time", "tokens_done", "tokens_total", "error", "report", "report_json", "plan_audit_record", "audit_records", "principal", "devices", "placement", "request_id", "owner")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,7 @@ class Launch(_message.Message):
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     name: str
     plan: str
     state: str
@@ -118,7 +119,38 @@ class Launch(_message.Message):
     devices: _containers.RepeatedScalarFieldContainer[str]
     placement: str
     request_id: str
-    def __init__(self, name: _Optional[str] = ..., plan: _Optional[str] = ..., state: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., tp: _Optional[int] = ..., dispatcher: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tokens_done: _Optional[int] = ..., tokens_total: _Optional[int] = ..., error: _Optional[str] = ..., report: _Optional[_Union[LaunchReport, _Mapping]] = ..., report_json: _Optional[str] = ..., plan_audit_record: _Optional[str] = ..., audit_records: _Optional[_Iterable[str]] = ..., principal: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., placement: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    owner: str
+    def __init__(self, name: _Optional[str] = ..., plan: _Optional[str] = ..., state: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., tp: _Optional[int] = ..., dispatcher: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tokens_done: _Optional[int] = ..., tokens_total: _Optional[int] = ..., error: _Optional[str] = ..., report: _Optional[_Union[LaunchReport, _Mapping]] = ..., report_json: _Optional[str] = ..., plan_audit_record: _Optional[str] = ..., audit_records: _Optional[_Iterable[str]] = ..., principal: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., placement: _Optional[str] = ..., request_id: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
+
+class Replica(_message.Message):
+    __slots__ = ("name", "host", "start_time", "seconds_since_renewal", "lapsed", "active_launches", "answering")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SINCE_RENEWAL_FIELD_NUMBER: _ClassVar[int]
+    LAPSED_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_LAUNCHES_FIELD_NUMBER: _ClassVar[int]
+    ANSWERING_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    host: str
+    start_time: _timestamp_pb2.Timestamp
+    seconds_since_renewal: float
+    lapsed: bool
+    active_launches: int
+    answering: bool
+    def __init__(self, name: _Optional[str] = ..., host: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., seconds_since_renewal: _Optional[float] = ..., lapsed: _Optional[bool] = ..., active_launches: _Optional[int] = ..., answering: _Optional[bool] = ...) -> None: ...
+
+class ListReplicasRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListReplicasResponse(_message.Message):
+    __slots__ = ("replicas", "lease_seconds")
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    replicas: _containers.RepeatedCompositeFieldContainer[Replica]
+    lease_seconds: float
+    def __init__(self, replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
 
 class CreateLaunchRequest(_message.Message):
     __slots__ = ("spec", "plan", "workload", "model_path", "request_id", "dispatcher", "wait_for_resources", "policy")

@@ -65,6 +65,11 @@ class LaunchServiceStub:
                 request_serializer=cgsvc_dot_v1_dot_launch__pb2.GetLaunchLogsRequest.SerializeToString,
                 response_deserializer=cgsvc_dot_v1_dot_launch__pb2.LaunchLogs.FromString,
                 _registered_method=True)
+        self.ListReplicas = channel.unary_unary(
+                '/cgsvc.v1.LaunchService/ListReplicas',
+                request_serializer=cgsvc_dot_v1_dot_launch__pb2.ListReplicasRequest.SerializeToString,
+                response_deserializer=cgsvc_dot_v1_dot_launch__pb2.ListReplicasResponse.FromString,
+                _registered_method=True)
 
 
 class LaunchServiceServicer:
@@ -109,6 +114,15 @@ class LaunchServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListReplicas(self, request, context):
+        """The replicas (server instances) that share this server's database, with their leases:
+        which replica supervises how many launches, and which has stopped renewing (once its
+        lease lapses, another replica takes its launches over).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LaunchServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -141,6 +155,11 @@ def add_LaunchServiceServicer_to_server(servicer, server):
                     servicer.GetLaunchLogs,
                     request_deserializer=cgsvc_dot_v1_dot_launch__pb2.GetLaunchLogsRequest.FromString,
                     response_serializer=cgsvc_dot_v1_dot_launch__pb2.LaunchLogs.SerializeToString,
+            ),
+            'ListReplicas': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReplicas,
+                    request_deserializer=cgsvc_dot_v1_dot_launch__pb2.ListReplicasRequest.FromString,
+                    response_serializer=cgsvc_dot_v1_dot_launch__pb2.ListReplicasResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -306,6 +325,33 @@ class LaunchService:
             '/cgsvc.v1.LaunchService/GetLaunchLogs',
             cgsvc_dot_v1_dot_launch__pb2.GetLaunchLogsRequest.SerializeToString,
             cgsvc_dot_v1_dot_launch__pb2.LaunchLogs.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReplicas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cgsvc.v1.LaunchService/ListReplicas',
+            cgsvc_dot_v1_dot_launch__pb2.ListReplicasRequest.SerializeToString,
+            cgsvc_dot_v1_dot_launch__pb2.ListReplicasResponse.FromString,
             options,
             channel_credentials,
             insecure,

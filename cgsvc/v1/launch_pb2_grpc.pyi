@@ -41,6 +41,11 @@ class LaunchServiceStub:
     WatchLaunch: _grpc.UnaryStreamMultiCallable[_launch_pb2.WatchLaunchRequest, _launch_pb2.LaunchEvent]
     """The launch now, then every state change and progress update until it ends."""
     GetLaunchLogs: _grpc.UnaryUnaryMultiCallable[_launch_pb2.GetLaunchLogsRequest, _launch_pb2.LaunchLogs]
+    ListReplicas: _grpc.UnaryUnaryMultiCallable[_launch_pb2.ListReplicasRequest, _launch_pb2.ListReplicasResponse]
+    """The replicas (server instances) that share this server's database, with their leases:
+    which replica supervises how many launches, and which has stopped renewing (once its
+    lease lapses, another replica takes its launches over).
+    """
 
 @_typing.type_check_only
 class LaunchServiceAsyncStub(LaunchServiceStub):
@@ -55,6 +60,11 @@ class LaunchServiceAsyncStub(LaunchServiceStub):
     WatchLaunch: _aio.UnaryStreamMultiCallable[_launch_pb2.WatchLaunchRequest, _launch_pb2.LaunchEvent]  # type: ignore[assignment]
     """The launch now, then every state change and progress update until it ends."""
     GetLaunchLogs: _aio.UnaryUnaryMultiCallable[_launch_pb2.GetLaunchLogsRequest, _launch_pb2.LaunchLogs]  # type: ignore[assignment]
+    ListReplicas: _aio.UnaryUnaryMultiCallable[_launch_pb2.ListReplicasRequest, _launch_pb2.ListReplicasResponse]  # type: ignore[assignment]
+    """The replicas (server instances) that share this server's database, with their leases:
+    which replica supervises how many launches, and which has stopped renewing (once its
+    lease lapses, another replica takes its launches over).
+    """
 
 class LaunchServiceServicer(metaclass=_abc_1.ABCMeta):
     """Launches: a resolved, audited plan run by a tensor-parallel worker group."""
@@ -102,5 +112,16 @@ class LaunchServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _launch_pb2.GetLaunchLogsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_launch_pb2.LaunchLogs, _abc.Awaitable[_launch_pb2.LaunchLogs]]: ...
+
+    @_abc_1.abstractmethod
+    def ListReplicas(
+        self,
+        request: _launch_pb2.ListReplicasRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_launch_pb2.ListReplicasResponse, _abc.Awaitable[_launch_pb2.ListReplicasResponse]]:
+        """The replicas (server instances) that share this server's database, with their leases:
+        which replica supervises how many launches, and which has stopped renewing (once its
+        lease lapses, another replica takes its launches over).
+        """
 
 def add_LaunchServiceServicer_to_server(servicer: LaunchServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -44,6 +44,7 @@ SERVICE_CONFIG = json.dumps({"methodConfig": [{
              {"service": "cgsvc.v1.DiagnosticsService"},
              {"service": "cgsvc.v1.LaunchService", "method": "GetLaunch"},
              {"service": "cgsvc.v1.LaunchService", "method": "ListLaunches"},
+             {"service": "cgsvc.v1.LaunchService", "method": "ListReplicas"},
              {"service": "cgsvc.v1.LaunchService", "method": "CreateLaunch"},
              {"service": "cgsvc.v1.ExperimentService", "method": "GetExperiment"},
              {"service": "cgsvc.v1.ExperimentService", "method": "ListExperiments"}],
@@ -204,6 +205,9 @@ class Client:
                                                  metadata=self.metadata())
         except grpc.RpcError as err:
             raise error_from_rpc(err) from None
+
+    def list_replicas(self) -> launch_pb2.ListReplicasResponse:
+        return self.call(self.launches.ListReplicas, launch_pb2.ListReplicasRequest())  # type: ignore[no-any-return]
 
     def launch_logs(self, name: str, rank: int = -1, tail_lines: int = 0) -> launch_pb2.LaunchLogs:
         req = launch_pb2.GetLaunchLogsRequest(name=name, rank=rank, tail_lines=tail_lines)

@@ -1,4 +1,4 @@
-"""`cgsvc-cli launch` and `cgsvc-cli launches list|show|cancel|logs`."""
+"""`cgsvc-cli launch`, `cgsvc-cli launches list|show|cancel|logs` and `cgsvc-cli replicas list`."""
 
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ def report_table(launch: Any) -> str:
     rows = [("launch", f"{launch.name} ({launch.state})"), ("plan", f"{launch.plan} (audit {launch.plan_audit_record})"),
             ("workers", f"{launch.tp} ranks, {launch.dispatcher} dispatcher, {launch.model_path}"),
             ("devices", ", ".join(launch.devices) or "(not placed yet)"),
+            ("supervised by", launch.owner or "-"),
             ("placement", launch.placement or "-")]
     if launch.error:
         rows.append(("error", launch.error))
@@ -153,6 +154,21 @@ def launches_logs(ns: argparse.Namespace) -> int:
     return 0
 
 
+def replicas_list(ns: argparse.Namespace) -> int:
+    with Client.from_args(ns) as c:
+        page = c.list_replicas()
+    if render.output_mode(ns) == "json":
+        render.print_json(json_format.MessageToDict(page, preserving_proto_field_name=True,
+                                                    always_print_fields_with_no_presence=True))
+        return 0
+    print(render.table(["name", "host", "started", "renewed", "lease", "active launches", "answering"],
+                      [(x.name, x.host, x.start_time.ToJsonString(), f"{x.seconds_since_renewal:.1f} s ago",
+                        "LAPSED" if x.lapsed else "held", x.active_launches, "yes" if x.answering else "")
+                       for x in page.replicas]))
+    print(f"a lease lapses after {page.lease_seconds:g} s unrenewed; the other replicas then take its launches over")
+    return 0
+
+
 def register(sub: Any) -> None:
     la = sub.add_parser("launch", help="resolve (or take) a plan and run it on a worker group")
     add_spec_flags(la, exclude=("--model-path",))
@@ -182,6 +198,10 @@ def register(sub: Any) -> None:
     p4.add_argument("--rank", type=int, default=-1, help="one rank (default: every rank and the supervisor)")
     p4.add_argument("--tail", type=int, default=50, help="last N lines (0: all)")
     p4.set_defaults(func=launches_logs)
-    for parser in (p, p2, p3, p4):
+    rs = sub.add_parser("replicas", help="the server replicas on one database and their leases").add_subparsers(
+        dest="replicas_command", required=True)
+    p5 = rs.add_parser("list", help="list replicas: host, lease, active launches each supervises")
+    p5.set_defaults(func=replicas_list)
+    for parser in (p, p2, p3, p4, p5):
         add_output(parser)
         add_server(parser, required=True)

@@ -221,6 +221,12 @@ def test_a_replica_whose_lease_lapses_has_its_launches_taken_over(tmp_path: Path
             wait_for("A settled LOST by replica 1", lambda: c1.get_launch(a).state == "LOST")
             wait_for("C placed by replica 1", lambda: c1.get_launch(c).state == "RUNNING", timeout=120)
             wait_for("B followed by replica 1", lambda: any(m.startswith("re-attached") for m in state_records(c1, b)))
+            owner1 = (servers[1].data_dir / "instance").read_text().strip()
+            replicas = {r.name: r for r in c1.list_replicas().replicas}
+            gone, live = replicas[f"replicas/{owner0}"], replicas[f"replicas/{owner1}"]
+            assert gone.lapsed and gone.seconds_since_renewal >= 2 and gone.active_launches == 0 and not gone.answering
+            assert not live.lapsed and live.active_launches == 2 and live.answering and live.host == HOST
+            assert {c1.get_launch(n).owner for n in (a, b, c)} == {f"replicas/{owner1}"}
         finally:
             servers[0].proc.send_signal(signal.SIGCONT)
         lost = c1.get_launch(a)

@@ -19,7 +19,7 @@ from cgsvc_client.client import Client
 from cgsvc_worker.checkpoint import make_checkpoint
 
 from cgsvc.errors import ServiceError
-from cgsvc.launch.dispatch import session_members
+from cgsvc.launch.dispatch import HOST, session_members
 from tests.conftest import ROOT, llama_dir
 from tests.e2e.server import ServerProcess
 
@@ -244,6 +244,14 @@ def test_cli_launch_wait_and_launches_commands(srv: ServerProcess, ckpt: str) ->
                ((line.split("  ", 1)[0], line) for line in shown.splitlines()))
     logs = cli("launches", "logs", launch["name"], "--rank", "2", "-o", "json")
     assert [x["name"] for x in json.loads(logs.stdout)["logs"]] == ["rank2.log"]
+    # on SQLite the one server supervises every launch: it is the only replica, with no lease to lapse
+    instance = (srv.data_dir / "instance").read_text().strip()
+    assert launch["owner"] == f"replicas/{instance}" and lines["supervised by"].endswith(launch["owner"])
+    replicas = json.loads(cli("replicas", "list", "-o", "json").stdout)
+    assert [(r["name"], r["host"], r["answering"], r["lapsed"], r["active_launches"]) for r in replicas["replicas"]] \
+        == [(launch["owner"], HOST, True, False, 0)] and replicas["lease_seconds"] == 30
+    table = cli("replicas", "list", "-o", "table").stdout
+    assert launch["owner"] in table and "held" in table and "lapses after 30 s" in table
 
 
 def test_watch_streams_progress(srv: ServerProcess, ckpt: str) -> None:
