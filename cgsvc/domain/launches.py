@@ -232,11 +232,28 @@ class Launches:
         if row.state == state and not values:
             return row
         owner = self.instance if fenced and self.shared else ""
-        if not await asyncio.to_thread(self.store.update, row.launch_id, only_from, owner, state=state, **values):
-            return None
-        if row.state != state:
-            await self.audit(row, principal, STATE_METHOD, "OK",
-                             f"{row.state} -> {state}" + (f": {reason}" if reason else ""))
+        moved = row.state != state
+        message = f"{row.state} -> {state}" + (f": {reason}" if reason else "")
+
+        def write() -> bool:
+            return self.store.update(row.launch_id, only_from, owner, state=state, **values)
+
+        if only_from:  # a race to leave this state (placement, a cancel before it started): the winner records it
+            if not await asyncio.to_thread(write):
+                return None
+            if moved:
+                await self.audit(row, principal, STATE_METHOD, "OK", message)
+        else:
+            # The record first (write-ahead): whoever reads the new state finds its record
+            # committed, and a crash in between leaves a record to repeat, not a state without one.
+            if moved:
+                await self.audit(row, principal, STATE_METHOD, "OK", message)
+            if not await asyncio.to_thread(write):  # fenced: another replica took the launch over meanwhile
+                if moved:
+                    await self.audit(row, "cgsvc", STATE_METHOD, "OK", f"not applied: {message} (replica "
+                                     f"{self.instance} no longer supervises the launch: another has taken it over)")
+                return None
+        if moved:
             log.info("launch state", launch_id=row.launch_id, state=state, reason=reason)
         new = await asyncio.to_thread(self.store.get, row.launch_id)
         assert new is not None

@@ -92,6 +92,10 @@ def test_launch_watch_succeeds_and_matches_offline_run(srv: ServerProcess, ckpt:
         recs = [c.get_audit_record(n) for n in launch.audit_records]
         assert [r.method.rsplit("/", 1)[-1] for r in recs][:1] == ["CreateLaunch"]
         assert sum(r.method == "launch.state" for r in recs) >= 4
+        # each state's record is committed before the state is stored: the watcher that saw
+        # SUCCEEDED can find its record
+        ended = next(r for r in recs if r.outcome_message == "RUNNING -> SUCCEEDED")
+        assert ended.time.ToDatetime() <= launch.update_time.ToDatetime(), (ended.time, launch.update_time)
         assert all(r.plan_id == launch.plan.split("/")[1] for r in recs)
         assert c.get_audit_record(launch.plan_audit_record).method.endswith("ResolvePlan")
         assert c.verify_audit_log().ok
