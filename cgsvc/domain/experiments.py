@@ -254,11 +254,9 @@ class Experiments:
         schedule; it ends FAILED, keeping what it measured."""
         notes = []
         for row in await asyncio.to_thread(self.store.in_state, "RUNNING"):
-            if not self.launches.owns(row.owner):
-                continue  # another replica runs it
-            await self._end(row, stored(row, "samples"), "FAILED", "the server stopped while the experiment ran; the launches it had "
-                                                    "finished are kept, start a new experiment to continue")
-            notes.append(f"ended experiments/{row.experiment_id} (the server stopped while it ran)")
+            if self.launches.owns(row.owner):  # else another replica runs it
+                notes += await self._claim_and_fail(row, row.owner, "the server stopped while the experiment ran",
+                                                    "the server stopped while it ran")
         return notes
 
     async def take_over(self, lease: Lease) -> list[str]:
@@ -266,15 +264,24 @@ class Experiments:
         cannot resume, so each, once claimed (one replica wins it), ends FAILED as at a restart."""
         notes = []
         for row in await asyncio.to_thread(self.store.in_state, "RUNNING"):
-            if row.owner != lease.owner or not await asyncio.to_thread(self.store.claim, row.experiment_id,
-                                                                        lease.owner, self.instance):
-                continue
-            await self._end(dataclasses.replace(row, owner=self.instance), stored(row, "samples"), "FAILED",
-                            f"replica {lease.owner} on {lease.host}, which ran it, stopped renewing its lease "
-                            f"({lease.age:.0f} s ago); the launches it had finished are kept, start a new "
-                            "experiment to continue")
-            notes.append(f"ended experiments/{row.experiment_id} (taken over from replica {lease.owner})")
+            if row.owner == lease.owner:
+                notes += await self._claim_and_fail(
+                    row, lease.owner, f"replica {lease.owner} on {lease.host}, which ran it, stopped renewing its "
+                                      f"lease ({lease.age:.0f} s ago)", f"taken over from replica {lease.owner}")
         return notes
+
+    async def _claim_and_fail(self, row: ExperimentRow, owner: str, why: str, note: str) -> list[str]:
+        """End an experiment whose schedule cannot resume FAILED, once this replica has claimed
+        it from `owner` (of replicas claiming it at once, one wins; another may still take it
+        over from this one, whose own lease had lapsed: then it is let go)."""
+        if not await asyncio.to_thread(self.store.claim, row.experiment_id, owner, self.instance):
+            return []
+        try:
+            await self._end(dataclasses.replace(row, owner=self.instance), stored(row, "samples"), "FAILED",
+                            f"{why}; the launches it had finished are kept, start a new experiment to continue")
+        except TakenOver:
+            return [f"let go of experiments/{row.experiment_id}: another replica took it over"]
+        return [f"ended experiments/{row.experiment_id} ({note})"]
 
     async def close(self) -> None:
         for task in self.tasks.values():

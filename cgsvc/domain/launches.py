@@ -536,24 +536,9 @@ class Launches:
         for row in await asyncio.to_thread(self.store.in_states, ACTIVE):
             if not self.owns(row.owner):
                 continue  # another replica's: it supervises it, and recovers it when it restarts
-            disp = self.dispatchers.get(row.dispatcher)
-            w = self.watched.setdefault(row.launch_id, Watched())
-            await asyncio.to_thread(self.store.update, row.launch_id, owner=self.instance)
-            row = row.replace(owner=self.instance)
-            if row.state == "PLACING" or disp is None:
-                if disp is None:
-                    await self.transition(row, "LOST", f"dispatcher {row.dispatcher!r} is not configured here",
-                                          error=f"dispatcher {row.dispatcher!r} is not configured on this server")
-                continue
-            handle = RunHandle.from_json(row.handle_json)
-            if disp.alive(handle):
-                notes.append(f"re-attached launches/{row.launch_id} (pid {handle.pid})")
-                await self.audit(row, "cgsvc", STATE_METHOD, "OK",
-                                 f"re-attached after a server restart (pid {handle.pid})")
-                w.task = asyncio.create_task(self.monitor(row.launch_id))
-            else:
-                await self.finish(row, RunDir(Path(row.run_dir)), -1)
-                notes.append(f"settled launches/{row.launch_id} that ended while the server was down")
+            if (claimed := await self._claim(row, row.owner)) is None:
+                continue  # taken over meanwhile by a replica that saw this one's lease lapse
+            notes += await self._adopt(claimed, "", row.owner)
         await self.schedule()
         return notes
 
@@ -568,52 +553,78 @@ class Launches:
 
     async def take_over(self, lease: Lease) -> list[str]:
         """The active launches of a replica whose lease lapsed become this server's: each is
-        claimed (one replica wins it), audited, and then placed here (PLACING), followed from
-        here (its group runs on this machine), or settled (it ended; it runs elsewhere: LOST)."""
+        claimed (one replica wins it), audited, and then adopted as at a restart."""
         notes = []
         why = (f"replica {lease.owner} on {lease.host} stopped renewing its lease ({lease.age:.0f} s ago); taken over "
                f"by replica {self.instance} on {HOST}")
         for row in await asyncio.to_thread(self.store.in_states, ACTIVE):
-            if row.owner != lease.owner or not await asyncio.to_thread(
-                    self.store.update, row.launch_id, row.state, lease.owner, owner=self.instance):
+            if row.owner != lease.owner or (claimed := await self._claim(row, lease.owner)) is None:
                 continue
-            row = row.replace(owner=self.instance)
             notes.append(f"took over launches/{row.launch_id} ({row.state}) from replica {lease.owner}")
-            disp = self.dispatchers.get(row.dispatcher)
-            w = self.watched.setdefault(row.launch_id, Watched())
-            run = RunDir(Path(row.run_dir))
-            if disp is None:
-                await self.transition(row, "LOST", f"{why}; dispatcher {row.dispatcher!r} is not configured here",
-                                      error=f"{why}; dispatcher {row.dispatcher!r} is not configured on this server")
-                continue
-            if row.state == "PLACING":
-                if not run.plan.exists():  # its run directory was on the other machine: make one here
-                    stored = await asyncio.to_thread(self.auditor.store.get_plan, row.plan_id)
-                    if stored is None:
-                        await self.transition(row, "LOST", f"{why}; plans/{row.plan_id} is not in the log",
-                                              error=f"{why}; plans/{row.plan_id} is not in the log")
-                        continue
-                    run = RunDir(self.run_root / row.launch_id)
-                    write_plan(run, stored.row.plan_json, stored.row.spec_json)
-                    await asyncio.to_thread(self.store.update, row.launch_id, run_dir=str(run.path))
-                await self.audit(row, "cgsvc", STATE_METHOD, "OK", f"{why}; it waits for devices here")
-                continue
-            handle = RunHandle.from_json(row.handle_json)
-            where = handle.host or lease.host
-            if where != HOST:
-                await self.transition(row, "LOST", f"{why}; its worker group ran on {where}, which cannot be "
-                                      "followed from here",
-                                      error=f"{why}; its worker group ran on {where} and cannot be followed from {HOST}: "
-                                            f"it may still run there until replica {lease.owner} returns and stops it")
-            elif disp.alive(handle):
-                await self.audit(row, "cgsvc", STATE_METHOD, "OK",
-                                 f"re-attached: {why}; its group (supervisor pid {handle.pid}) runs on this machine")
-                w.task = asyncio.create_task(self.monitor(row.launch_id))
-            else:
-                await self.audit(row, "cgsvc", STATE_METHOD, "OK", f"{why}; its group has ended")
-                await self.finish(row, run, -1)
+            notes += await self._adopt(claimed, why, lease.owner, lease.host)
         await self.schedule()
         return notes
+
+    async def _claim(self, row: LaunchRow, owner: str) -> LaunchRow | None:
+        """The launch, now this server's, if it is still in its state and `owner`'s (one of the
+        replicas claiming it at once wins); None when it has moved on or another claimed it."""
+        if not await asyncio.to_thread(self.store.claim, row.launch_id, row.state, owner, self.instance):
+            return None
+        return row.replace(owner=self.instance)
+
+    async def _adopt(self, row: LaunchRow, why: str, owner: str, host: str = HOST) -> list[str]:
+        """A launch this server has just claimed, from its own earlier run (`why` empty) or from
+        a replica whose lease lapsed: placed here (PLACING), followed from here (its group runs
+        on this machine), or settled (it ended: finished from its run directory; it runs on
+        another machine, or on a dispatcher this server lacks: LOST, saying why). Another
+        replica may take it over even now (this one's own lease had lapsed): then it is let go."""
+        try:
+            return await self._settle_or_follow(row, why, owner, host)
+        except TakenOver:
+            return [f"let go of launches/{row.launch_id}: another replica took it over meanwhile"]
+
+    async def _settle_or_follow(self, row: LaunchRow, why: str, owner: str, host: str) -> list[str]:
+        disp = self.dispatchers.get(row.dispatcher)
+        w = self.watched.setdefault(row.launch_id, Watched())
+        run = RunDir(Path(row.run_dir))
+        said = f"{why}; " if why else ""
+        if disp is None:
+            await self._lost(row, f"{said}dispatcher {row.dispatcher!r} is not configured here",
+                             f"{said}dispatcher {row.dispatcher!r} is not configured on this server")
+            return []
+        if row.state == "PLACING":
+            if not run.plan.exists():  # its run directory was on another machine: make one here
+                stored = await asyncio.to_thread(self.auditor.store.get_plan, row.plan_id)
+                if stored is None:
+                    await self._lost(row, f"{said}plans/{row.plan_id} is not in the log")
+                    return []
+                run = RunDir(self.run_root / row.launch_id)
+                write_plan(run, stored.row.plan_json, stored.row.spec_json)
+                await asyncio.to_thread(self.store.update, row.launch_id, run_dir=str(run.path))
+            if why:
+                await self.audit(row, "cgsvc", STATE_METHOD, "OK", f"{why}; it waits for devices here")
+            return []
+        handle = RunHandle.from_json(row.handle_json)
+        where = handle.host or host
+        if where != HOST:
+            until = f" until replica {owner} returns and stops it" if why else ""
+            await self._lost(row, f"{said}its worker group ran on {where}, which cannot be followed from here",
+                             f"{said}its worker group ran on {where} and cannot be followed from {HOST}: it may "
+                             f"still run there{until}")
+            return []
+        if disp.alive(handle):
+            await self.audit(row, "cgsvc", STATE_METHOD, "OK",
+                             f"re-attached: {why}; its group (supervisor pid {handle.pid}) runs on this machine" if why
+                             else f"re-attached after a server restart (pid {handle.pid})")
+            w.task = asyncio.create_task(self.monitor(row.launch_id))
+            return [f"re-attached launches/{row.launch_id} (pid {handle.pid})"]
+        if why:
+            await self.audit(row, "cgsvc", STATE_METHOD, "OK", f"{why}; its group has ended")
+        await self.finish(row, run, -1)
+        return [f"settled launches/{row.launch_id}, whose group had ended"]
+
+    async def _lost(self, row: LaunchRow, message: str, error: str = "") -> None:
+        await self.transition(row, "LOST", message, error=error or message)
 
     async def close(self) -> None:
         """Stop following launches (they keep running; a restarted server re-attaches)."""

@@ -154,6 +154,16 @@ class LaunchStore:
             done = conn.execute(launches.update().where(where).values(**_update_values(values), update_time=utc_now()))
         return bool(done.rowcount)
 
+    def claim(self, launch_id: str, state: str, from_owner: str, to_owner: str) -> bool:
+        """Make `to_owner` the launch's owner, if it is still in `state` and `from_owner` (even
+        "", a launch written before owners) still owns it: of replicas claiming one launch at
+        once, one wins."""
+        with self.write_engine.begin() as conn:
+            done = conn.execute(launches.update().where(launches.c.launch_id == launch_id, launches.c.state == state,
+                                                        launches.c.owner == from_owner)
+                                .values(owner=to_owner, update_time=utc_now()))
+        return bool(done.rowcount)
+
     def get(self, launch_id: str) -> LaunchRow | None:
         with self.read_engine.begin() as conn:
             row = conn.execute(sa.select(launches).where(launches.c.launch_id == launch_id)).first()
@@ -214,9 +224,34 @@ class LeaseStore:
                                 .order_by(replica_leases.c.renewed_at.desc()))
             return [Lease(r.owner, r.host, r.started_at, float(r.age)) for r in rows]
 
-    def lapsed(self, seconds: float, but: str) -> list[Lease]:
-        """Leases other than `but`'s not renewed for `seconds` or more."""
-        return [lease for lease in self.leases() if lease.owner != but and lease.age >= seconds]
+    def lapsed(self, seconds: float, but: str, active: Sequence[str]) -> list[Lease]:
+        """Leases other than `but`'s not renewed for `seconds` or more whose replica still owns
+        a launch in one of the `active` states or a RUNNING experiment: those left to take over
+        (a replica that went with nothing to hand on costs the others nothing)."""
+        holds = sa.or_(
+            sa.exists().where(launches.c.owner == replica_leases.c.owner, launches.c.state.in_(list(active))),
+            sa.exists().where(experiments.c.owner == replica_leases.c.owner, experiments.c.state == "RUNNING"))
+        with self.audit.read_engine.begin() as conn:
+            rows = conn.execute(sa.select(replica_leases, (self.now - replica_leases.c.renewed_at).label("age"))
+                                .where(replica_leases.c.owner != but, self.now - replica_leases.c.renewed_at >= seconds,
+                                       holds)
+                                .order_by(replica_leases.c.renewed_at))
+            return [Lease(r.owner, r.host, r.started_at, float(r.age)) for r in rows]
+
+    def forget(self, seconds: float, active: Sequence[str]) -> list[str]:
+        """Delete the leases not renewed for `seconds` or more whose replica owns nothing
+        active (as in lapsed): a replica rescheduled under a new name leaves its old lease
+        behind, and the list of replicas should not grow with every reschedule. Returns the
+        owners forgotten."""
+        idle = sa.and_(
+            self.now - replica_leases.c.renewed_at >= seconds,
+            ~sa.exists().where(launches.c.owner == replica_leases.c.owner, launches.c.state.in_(list(active))),
+            ~sa.exists().where(experiments.c.owner == replica_leases.c.owner, experiments.c.state == "RUNNING"))
+        with self.audit.write_engine.begin() as conn:
+            owners = [r.owner for r in conn.execute(sa.select(replica_leases.c.owner).where(idle))]
+            if owners:
+                conn.execute(replica_leases.delete().where(replica_leases.c.owner.in_(owners), idle))
+        return owners
 
 
 # ---------------------------------------------------------------------------- experiments

@@ -21,7 +21,7 @@ from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.store import AuditStore
 from cgsvc.audit.writer import AuditWriter, ProcessAuditWriter, Writer
 from cgsvc.domain.experiments import Experiments
-from cgsvc.domain.launches import Launches
+from cgsvc.domain.launches import ACTIVE, Launches
 from cgsvc.domain.plans import Plans
 from cgsvc.launch.devices import DeviceListError, Inventory
 from cgsvc.launch.dispatch import HOST, LocalDispatcher, RayDispatcher
@@ -217,6 +217,9 @@ async def start(cfg: ServerConfig) -> Running:
                     "key_id": checkpoint.key_id(signing_key.public_key().public_bytes_raw())})
 
 
+FORGET_LEASES_AFTER = 24 * 3600.0  # seconds: a lapsed lease of a replica with nothing active is then deleted
+
+
 async def keep_lease(launches: Launches, experiments: Experiments) -> None:
     """Renew this replica's lease every third of its lease time, and take over the launches and
     experiments of every replica whose lease has lapsed (docs/decisions.md)."""
@@ -228,9 +231,12 @@ async def keep_lease(launches: Launches, experiments: Experiments) -> None:
             if gap is not None and gap >= seconds:
                 log.warning("this replica's lease lapsed: other replicas may have taken over its launches, and it "
                             "lets go of each one they did", unrenewed_seconds=round(gap, 1), lease_seconds=seconds)
-            for lease in await asyncio.to_thread(leases.lapsed, seconds, me):
+            for lease in await asyncio.to_thread(leases.lapsed, seconds, me, ACTIVE):
                 for note in await launches.take_over(lease) + await experiments.take_over(lease):
                     log.warning(note, lapsed_owner=lease.owner)
+            for owner in await asyncio.to_thread(leases.forget, max(FORGET_LEASES_AFTER, seconds), ACTIVE):
+                log.info("forgot a replica's lease: it has not renewed it for a day and supervises nothing",
+                         lapsed_owner=owner)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - the database may be away for a while: try again next time

@@ -681,20 +681,44 @@ def test_sqlite_checkpoints_can_stay_inside_the_commits(tmp_path: Path) -> None:
 
 
 def test_leases_are_renewed_and_lapse_on_the_database_clock(store: AuditStore) -> None:
-    from cgsvc.launch.store import LeaseStore
+    from cgsvc.domain.launches import ACTIVE
+    from cgsvc.launch.store import (
+        ExperimentRow,
+        ExperimentStore,
+        LaunchRow,
+        LaunchStore,
+        LeaseStore,
+        Workload,
+    )
     leases = LeaseStore(store)
     assert leases.renew("r0", "host-a") is None  # the first renewal makes the lease
     assert leases.renew("r1", "host-b") is None
     gap = leases.renew("r0", "host-a")
     assert gap is not None and 0 <= gap < 5
-    assert leases.lapsed(5.0, but="r1") == []  # both were renewed just now
+    launch = LaunchStore(store).create(LaunchRow("l1", "p1", "RUNNING", "alice", "local", 1, "/m",
+                                                 Workload(8, 8, 1, 1), "/runs/l1", owner="r1")).row
+    assert leases.lapsed(5.0, "r1", ACTIVE) == []  # both were renewed just now
     # r1 stops renewing: after a lease time it has lapsed, for everyone but itself
     with store.write_engine.begin() as conn:
         conn.exec_driver_sql("UPDATE replica_leases SET renewed_at = renewed_at - 60 WHERE owner = 'r1'")
-    lapsed = leases.lapsed(30.0, but="r0")
+    lapsed = leases.lapsed(30.0, "r0", ACTIVE)
     assert [(x.owner, x.host) for x in lapsed] == [("r1", "host-b")] and 60 <= lapsed[0].age < 70
-    assert leases.lapsed(30.0, but="r1") == []
-    assert leases.lapsed(90.0, but="r0") == []
+    assert leases.lapsed(30.0, "r1", ACTIVE) == []
+    assert leases.lapsed(90.0, "r0", ACTIVE) == []
     assert [x.owner for x in leases.leases()] == ["r0", "r1"]  # the most recently renewed first
-    again = leases.renew("r1", "host-c")  # it comes back: renewing says how long it was away
-    assert again is not None and again >= 60 and leases.lapsed(30.0, but="r0") == []
+    # a lapsed replica that supervises nothing active is not worth taking over ...
+    assert LaunchStore(store).update(launch.launch_id, state="SUCCEEDED")
+    assert leases.lapsed(30.0, "r0", ACTIVE) == []
+    # ... unless an experiment of its still runs
+    ExperimentStore(store).create(ExperimentRow("e1", "RUNNING", "alice", {}, owner="r1"))
+    assert [x.owner for x in leases.lapsed(30.0, "r0", ACTIVE)] == ["r1"]
+    assert leases.forget(30.0, ACTIVE) == []  # it still holds something: kept
+    assert ExperimentStore(store).update(ExperimentRow("e1", "FAILED", "alice", {}, owner="r1")) is not None
+    assert leases.forget(90.0, ACTIVE) == []  # not lapsed long enough
+    assert leases.forget(30.0, ACTIVE) == ["r1"]  # lapsed, holding nothing: forgotten
+    assert [x.owner for x in leases.leases()] == ["r0"]
+    assert leases.renew("r1", "host-c") is None  # it comes back: a new lease
+    with store.write_engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE replica_leases SET renewed_at = renewed_at - 60 WHERE owner = 'r1'")
+    again = leases.renew("r1", "host-c")  # renewing says how long it was away
+    assert again is not None and again >= 60 and leases.lapsed(30.0, "r0", ACTIVE) == []

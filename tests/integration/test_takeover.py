@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -17,8 +17,15 @@ from cgsvc.domain.experiments import Experiments
 from cgsvc.domain.launches import Launches, TakenOver
 from cgsvc.domain.plans import Plans
 from cgsvc.launch.devices import Inventory
-from cgsvc.launch.dispatch import LocalDispatcher
-from cgsvc.launch.store import ExperimentRow, ExperimentStore, LaunchStore, Lease
+from cgsvc.launch.dispatch import HOST, LocalDispatcher, RunHandle
+from cgsvc.launch.store import (
+    ExperimentRow,
+    ExperimentStore,
+    LaunchRow,
+    LaunchStore,
+    Lease,
+    Workload,
+)
 from tests.integration.pg import pg_url_or_skip
 
 
@@ -57,6 +64,114 @@ def test_a_gone_replicas_experiment_is_ended_once_and_fenced(store: AuditStore, 
             with pytest.raises(TakenOver):
                 await replicas[0]._save(row)
             assert (await replicas[0].get("exp1")).state == "FAILED"
+        finally:
+            writer.close()
+
+    asyncio.run(scenario())
+
+
+class Interleaved(LaunchStore):
+    """A launch store that lets another replica act right after a read or a claim of this
+    one's (`after[method]()`): the windows a restarting replica's recovery must survive."""
+
+    def __init__(self, audit: AuditStore, after: dict[str, Callable[[str], object]]) -> None:
+        super().__init__(audit)
+        self.after = after
+
+    def in_states(self, states: Sequence[str]) -> list[LaunchRow]:
+        rows = super().in_states(states)
+        self.after.get("in_states", str)("")
+        return rows
+
+    def claim(self, launch_id: str, state: str, from_owner: str, to_owner: str) -> bool:
+        done = super().claim(launch_id, state, from_owner, to_owner)
+        self.after.get("claim", str)(launch_id)
+        return done
+
+
+class InterleavedExperiments(ExperimentStore):
+    def __init__(self, audit: AuditStore, after: Callable[[], object]) -> None:
+        super().__init__(audit)
+        self.after = after
+
+    def claim(self, experiment_id: str, from_owner: str, to_owner: str) -> bool:
+        done = super().claim(experiment_id, from_owner, to_owner)
+        self.after()
+        return done
+
+
+def running(launch_id: str, owner: str, dispatcher: str = "local", host: str = HOST) -> LaunchRow:
+    handle = RunHandle(dispatcher, launch_id, 999_999, 999_999, host).to_json()
+    return LaunchRow(launch_id, "p1", "RUNNING", "alice", dispatcher, 1, "/m", Workload(8, 8, 1, 1),
+                     f"/nonexistent/{launch_id}", handle_json=handle, owner=owner)
+
+
+def test_a_restarting_replica_keeps_off_launches_taken_over_while_it_recovers(
+        store: AuditStore, tmp_path: Path) -> None:
+    """Replica r1 restarts just as r2, having seen r1's lease lapse, takes its launches over:
+    one (l1) is claimed by r2 after r1 read it, one (l2) after r1 claimed it. r1 neither takes
+    l1 back nor settles it, and lets l2 go when its first write is fenced; it does not fail to start."""
+    async def scenario() -> None:
+        writer = AuditWriter(store)
+        try:
+            auditor, other = Auditor(store, writer), LaunchStore(store)
+            for launch_id in ("l1", "l2"):  # on a dispatcher r1 lacks: recovering either settles it LOST
+                other.create(running(launch_id, "r1", dispatcher="ray"))
+            after: dict[str, Callable[[str], object]] = {
+                "in_states": lambda _: other.claim("l1", "RUNNING", "r1", "r2"),
+                "claim": lambda claimed: claimed == "l2" and other.claim("l2", "RUNNING", "r1", "r2")}
+            r1 = Launches(Interleaved(store, after), auditor, tmp_path / "runs",
+                          [LocalDispatcher(Inventory(("cpu0",), "test"))], instance="r1", shared=True)
+            notes = await r1.recover()
+            assert notes == ["let go of launches/l2: another replica took it over meanwhile"], notes
+            for launch_id in ("l1", "l2"):
+                row = other.get(launch_id)
+                assert row is not None and (row.state, row.owner) == ("RUNNING", "r2"), row
+            # l2's LOST was recorded first (write-ahead), then not applied; l1 has no record at all
+            assert store.list_records('launch_id = "l1"')[0] == []
+        finally:
+            writer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_restarted_on_another_machine_settles_its_old_groups_lost(
+        store: AuditStore, tmp_path: Path) -> None:
+    """The same data directory (the same replica name) on another machine: a group whose handle
+    names the old machine cannot be followed from here, so it is settled LOST saying where it ran,
+    instead of probing a local pid that means nothing."""
+    async def scenario() -> None:
+        writer = AuditWriter(store)
+        try:
+            LaunchStore(store).create(running("l1", "r1", host="old-machine"))
+            r1 = Launches(LaunchStore(store), Auditor(store, writer), tmp_path / "runs",
+                          [LocalDispatcher(Inventory(("cpu0",), "test"))], instance="r1", shared=True)
+            assert await r1.recover() == []
+            row = await r1.get("l1")
+            assert row.state == "LOST" and row.owner == "r1", row
+            assert row.error == (f"its worker group ran on old-machine and cannot be followed from {HOST}: "
+                                 "it may still run there"), row.error
+        finally:
+            writer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_restarting_replica_lets_go_of_an_experiment_taken_over_as_it_recovers(
+        store: AuditStore, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        writer = AuditWriter(store)
+        try:
+            auditor, other = Auditor(store, writer), ExperimentStore(store)
+            other.create(ExperimentRow("exp1", "RUNNING", "alice", {"plans": ["plans/a", "plans/b"]}, owner="r1"))
+            launches = Launches(LaunchStore(store), auditor, tmp_path / "runs",
+                                [LocalDispatcher(Inventory(("cpu0",), "test"))], instance="r1", shared=True)
+            r1 = Experiments(InterleavedExperiments(store, lambda: other.claim("exp1", "r1", "r2")), launches,
+                             Plans(auditor))
+            assert await r1.recover() == ["let go of experiments/exp1: another replica took it over"]
+            row = other.get("exp1")
+            assert row is not None and (row.state, row.owner) == ("RUNNING", "r2"), row
+            assert store.list_records('method = "experiment.state"')[0] == []  # ended by nobody yet
         finally:
             writer.close()
 
