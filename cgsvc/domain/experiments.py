@@ -91,6 +91,7 @@ class Experiments:
         self.instance = instance or launches.instance
         self.changed: dict[str, asyncio.Condition] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.current: dict[str, str] = {}  # experiment id -> the launch id this replica started last for it
 
     async def audit(self, method: str, principal: str, code: str, message: str, caller: Caller | None = None,
                     experiment_id: str = "") -> str:
@@ -172,7 +173,19 @@ class Experiments:
         try:
             await self._run(experiment_id, caller)
         except TakenOver:  # this replica's lease lapsed and another ended the experiment
-            log.warning("experiment taken over", experiment_id=experiment_id)
+            # the launch it started last may be one the new owner never heard of: it serves nothing now
+            started = self.current.get(experiment_id, "")
+            log.warning("experiment taken over; cancelling the launch this replica started for it",
+                        experiment_id=experiment_id, launch_id=started)
+            await self._cancel_launches([started])
+        finally:
+            self.current.pop(experiment_id, None)
+
+    async def _cancel_launches(self, launch_ids: list[str]) -> None:
+        """Ask for an ended experiment's unfinished launches to be cancelled (not waiting for them)."""
+        for launch_id in filter(None, launch_ids):
+            with contextlib.suppress(ServiceError):  # it has ended meanwhile
+                await self.launches.request_cancel(launch_id, "cgsvc")
 
     async def _run(self, experiment_id: str, caller: Caller) -> None:
         row = await asyncio.to_thread(self.store.get, experiment_id)
@@ -188,6 +201,7 @@ class Experiments:
                 for arm, plan in zip(ARMS, plans, strict=True):
                     order = order_for(plan, ckpt, req["model_path"], workload, req["dispatcher"], True)
                     launch, _ = await self.launches.create(order, dataclasses.replace(caller, request_id=""))
+                    self.current[experiment_id] = launch.launch_id
                     run = {"arm": arm, "repeat": repeat, "launch": f"launches/{launch.launch_id}", "state": launch.state}
                     row = await self._save(dataclasses.replace(row, runs=(*row.runs, run)))
                     row, done = await self._follow(row, launch.launch_id)
@@ -276,11 +290,15 @@ class Experiments:
         over from this one, whose own lease had lapsed: then it is let go)."""
         if not await asyncio.to_thread(self.store.claim, row.experiment_id, owner, self.instance):
             return []
+        unfinished = [r["launch"] for r in row.runs if r["state"] not in TERMINAL]
+        cancelled = f"; {', '.join(unfinished)}, which it ran, is cancelled" if unfinished else ""
         try:
             await self._end(dataclasses.replace(row, owner=self.instance), stored(row, "samples"), "FAILED",
-                            f"{why}; the launches it had finished are kept, start a new experiment to continue")
+                            f"{why}; the launches it had finished are kept{cancelled}, start a new experiment to "
+                            "continue")
         except TakenOver:
             return [f"let go of experiments/{row.experiment_id}: another replica took it over"]
+        await self._cancel_launches([name.removeprefix("launches/") for name in unfinished])
         return [f"ended experiments/{row.experiment_id} ({note})"]
 
     async def close(self) -> None:

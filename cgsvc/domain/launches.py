@@ -488,11 +488,21 @@ class Launches:
         return row
 
     async def cancel(self, launch_id: str, principal: str) -> LaunchRow:
+        row = await self.request_cancel(launch_id, principal)
+        for _ in range(400):  # the monitor stops the group; wait for it (bounded)
+            row = await self.get(launch_id)
+            if row.state in TERMINAL:
+                break
+            await asyncio.sleep(0.05)
+        return row
+
+    async def request_cancel(self, launch_id: str, principal: str) -> LaunchRow:
+        """Ask for the launch to be cancelled, without waiting for its group to stop: a launch
+        not started yet is cancelled at once; a started one is stopped by the monitor of the
+        replica that supervises it (the request is stored, for any replica to read)."""
         row = await self.get(launch_id)
         if row.state in TERMINAL:
             raise ServiceError("FAILED_PRECONDITION", f"launches/{launch_id} has already ended ({row.state})")
-        # Stored, for whichever replica supervises the launch (its monitor reads it); then acted
-        # on here at once when this one does.
         await asyncio.to_thread(self.store.update, launch_id, cancel_requested_by=principal)
         w = self.watched.setdefault(launch_id, Watched())
         w.cancel, w.cancel_principal = True, principal
@@ -502,11 +512,6 @@ class Launches:
                 if row.state == "PLACING" and (done := await self._cancel_unstarted(row, principal)) is not None:
                     return done
             # it started meanwhile (here or on another replica): its monitor stops the group
-        for _ in range(400):  # the monitor stops the group; wait for it (bounded)
-            row = await self.get(launch_id)
-            if row.state in TERMINAL:
-                break
-            await asyncio.sleep(0.05)
         return row
 
     async def watch(self, launch_id: str) -> AsyncIterator[tuple[str, LaunchRow]]:

@@ -15,7 +15,7 @@ from cgsvc.audit.store import AuditStore
 from cgsvc.audit.writer import AuditWriter
 from cgsvc.domain.experiments import Experiments
 from cgsvc.domain.launches import Launches, TakenOver
-from cgsvc.domain.plans import Plans
+from cgsvc.domain.plans import Caller, Plans
 from cgsvc.launch.devices import Inventory
 from cgsvc.launch.dispatch import HOST, LocalDispatcher, RunHandle
 from cgsvc.launch.store import (
@@ -90,14 +90,19 @@ class Interleaved(LaunchStore):
 
 
 class InterleavedExperiments(ExperimentStore):
-    def __init__(self, audit: AuditStore, after: Callable[[], object]) -> None:
+    def __init__(self, audit: AuditStore, after: dict[str, Callable[[], object]]) -> None:
         super().__init__(audit)
         self.after = after
 
     def claim(self, experiment_id: str, from_owner: str, to_owner: str) -> bool:
         done = super().claim(experiment_id, from_owner, to_owner)
-        self.after()
+        self.after.get("claim", str)()
         return done
+
+    def get(self, experiment_id: str) -> ExperimentRow | None:
+        row = super().get(experiment_id)
+        self.after.pop("get", str)()  # once
+        return row
 
 
 def running(launch_id: str, owner: str, dispatcher: str = "local", host: str = HOST) -> LaunchRow:
@@ -166,12 +171,57 @@ def test_a_restarting_replica_lets_go_of_an_experiment_taken_over_as_it_recovers
             other.create(ExperimentRow("exp1", "RUNNING", "alice", {"plans": ["plans/a", "plans/b"]}, owner="r1"))
             launches = Launches(LaunchStore(store), auditor, tmp_path / "runs",
                                 [LocalDispatcher(Inventory(("cpu0",), "test"))], instance="r1", shared=True)
-            r1 = Experiments(InterleavedExperiments(store, lambda: other.claim("exp1", "r1", "r2")), launches,
-                             Plans(auditor))
+            r1 = Experiments(InterleavedExperiments(store, {"claim": lambda: other.claim("exp1", "r1", "r2")}),
+                             launches, Plans(auditor))
             assert await r1.recover() == ["let go of experiments/exp1: another replica took it over"]
             row = other.get("exp1")
             assert row is not None and (row.state, row.owner) == ("RUNNING", "r2"), row
             assert store.list_records('method = "experiment.state"')[0] == []  # ended by nobody yet
+        finally:
+            writer.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_experiment_ended_by_a_takeover_leaves_none_of_its_launches_running(
+        store: AuditStore, tmp_path: Path) -> None:
+    """Replica r2 ends a gone replica's experiment and cancels the launch it was running (here
+    still queued: cancelled at once); the gone replica, resumed, finds the experiment taken over
+    and cancels the launch it had started for it, which r2 never heard of."""
+    async def scenario() -> None:
+        writer = AuditWriter(store)
+        try:
+            auditor, other, launch_rows = Auditor(store, writer), ExperimentStore(store), LaunchStore(store)
+            for launch_id in ("l1", "l2"):
+                launch_rows.create(running(launch_id, "r1").replace(state="PLACING", handle_json=""))
+            request = {"plans": ["plans/a", "plans/b"], "workload": {"input_len": 8, "output_len": 8, "requests": 1,
+                                                                      "concurrency": 1}, "model_path": "/nonexistent",
+                       "repeats": 1, "dispatcher": "local"}
+            other.create(ExperimentRow("exp1", "RUNNING", "alice", request, owner="r1", runs=(
+                {"arm": "A", "repeat": 1, "launch": "launches/l1", "state": "PLACING"},)))
+
+            def replica(name: str, experiments: ExperimentStore) -> Experiments:
+                launches = Launches(LaunchStore(store), auditor, tmp_path / f"runs-{name}",
+                                    [LocalDispatcher(Inventory(("cpu0",), "test"))], instance=name, shared=True)
+                return Experiments(experiments, launches, Plans(auditor))
+
+            r2 = replica("r2", ExperimentStore(store))
+            assert await r2.take_over(Lease("r1", "host-x", "2026-12-03T00:00:00Z", 42.0)) == [
+                "ended experiments/exp1 (taken over from replica r1)"]
+            ended = await r2.get("exp1")
+            assert (ended.state, ended.owner) == ("FAILED", "r2"), ended
+            assert "launches/l1, which it ran, is cancelled" in ended.error, ended.error
+            # r1 resumes in another experiment's schedule, which r2 takes over as r1 reads it
+            other.create(ExperimentRow("exp2", "RUNNING", "alice", request, owner="r1"))
+            stalled = replica("r1", InterleavedExperiments(store, {"get": lambda: other.claim("exp2", "r1", "r2")}))
+            stalled.current["exp2"] = "l2"  # it had started l2 and stalled before storing it in the experiment
+            await stalled.run("exp2", Caller("alice"))
+            assert other.get("exp2") == (await r2.get("exp2")) and (await r2.get("exp2")).state == "RUNNING"
+            for launch_id in ("l1", "l2"):
+                row = launch_rows.get(launch_id)
+                assert row is not None and row.state == "CANCELLED", row
+                assert row.error == "cancelled by cgsvc", row.error
+            assert "exp2" not in stalled.current
         finally:
             writer.close()
 
