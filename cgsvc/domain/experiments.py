@@ -177,15 +177,16 @@ class Experiments:
             started = self.current.get(experiment_id, "")
             log.warning("experiment taken over; cancelling the launch this replica started for it",
                         experiment_id=experiment_id, launch_id=started)
-            await self._cancel_launches([started])
+            await self._cancel_launches([started], f"experiments/{experiment_id}, which started it, was taken over "
+                                                  "by another replica and has ended")
         finally:
             self.current.pop(experiment_id, None)
 
-    async def _cancel_launches(self, launch_ids: list[str]) -> None:
+    async def _cancel_launches(self, launch_ids: list[str], why: str) -> None:
         """Ask for an ended experiment's unfinished launches to be cancelled (not waiting for them)."""
         for launch_id in filter(None, launch_ids):
             with contextlib.suppress(ServiceError):  # it has ended meanwhile
-                await self.launches.request_cancel(launch_id, "cgsvc")
+                await self.launches.request_cancel(launch_id, "cgsvc", why)
 
     async def _run(self, experiment_id: str, caller: Caller) -> None:
         row = await asyncio.to_thread(self.store.get, experiment_id)
@@ -298,7 +299,8 @@ class Experiments:
                             "continue")
         except TakenOver:
             return [f"let go of experiments/{row.experiment_id}: another replica took it over"]
-        await self._cancel_launches([name.removeprefix("launches/") for name in unfinished])
+        await self._cancel_launches([name.removeprefix("launches/") for name in unfinished],
+                                    f"experiments/{row.experiment_id}, which ran it, ended FAILED: {why}")
         return [f"ended experiments/{row.experiment_id} ({note})"]
 
     async def close(self) -> None:

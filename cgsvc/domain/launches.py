@@ -496,13 +496,16 @@ class Launches:
             await asyncio.sleep(0.05)
         return row
 
-    async def request_cancel(self, launch_id: str, principal: str) -> LaunchRow:
+    async def request_cancel(self, launch_id: str, principal: str, reason: str = "") -> LaunchRow:
         """Ask for the launch to be cancelled, without waiting for its group to stop: a launch
         not started yet is cancelled at once; a started one is stopped by the monitor of the
-        replica that supervises it (the request is stored, for any replica to read)."""
+        replica that supervises it (the request is stored, for any replica to read). A
+        `reason` (a cancel the service makes itself) is recorded on the launch first."""
         row = await self.get(launch_id)
         if row.state in TERMINAL:
             raise ServiceError("FAILED_PRECONDITION", f"launches/{launch_id} has already ended ({row.state})")
+        if reason:
+            await self.audit(row, principal, STATE_METHOD, "OK", f"cancel asked by {principal}: {reason}")
         await asyncio.to_thread(self.store.update, launch_id, cancel_requested_by=principal)
         w = self.watched.setdefault(launch_id, Watched())
         w.cancel, w.cancel_principal = True, principal

@@ -217,10 +217,13 @@ def test_an_experiment_ended_by_a_takeover_leaves_none_of_its_launches_running(
             stalled.current["exp2"] = "l2"  # it had started l2 and stalled before storing it in the experiment
             await stalled.run("exp2", Caller("alice"))
             assert other.get("exp2") == (await r2.get("exp2")) and (await r2.get("exp2")).state == "RUNNING"
-            for launch_id in ("l1", "l2"):
+            for launch_id, why in (("l1", "experiments/exp1, which ran it, ended FAILED: replica r1 on host-x"),
+                                   ("l2", "experiments/exp2, which started it, was taken over by another replica")):
                 row = launch_rows.get(launch_id)
                 assert row is not None and row.state == "CANCELLED", row
                 assert row.error == "cancelled by cgsvc", row.error
+                said = [r.outcome_message for r in store.list_records(f'launch_id = "{launch_id}"')[0]]
+                assert any(m.startswith(f"cancel asked by cgsvc: {why}") for m in said), said
             assert "exp2" not in stalled.current
         finally:
             writer.close()
