@@ -25,7 +25,8 @@ from cgsvc.resolve import policy_version
 from cgsvc.spec import parse_spec, spec_to_dict
 from tests.conftest import ROOT
 from tests.e2e.server import ServerProcess
-from tests.e2e.test_launch_path import assert_started_once
+from tests.e2e.test_launch_path import assert_started_once, state_records, supervisor_pid
+from tests.e2e.test_launches import no_processes_left
 
 KIMI = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300", "gpu_count": 4},
         "parallelism": {"tp": 4}}
@@ -238,6 +239,35 @@ def test_an_experiment_whose_launch_fails_stops_names_it_and_keeps_what_was_meas
         assert int(arms["A"]["ttft_ms"]["n"]) == 1 and int(arms["B"]["ttft_ms"]["n"]) == 0
         end = c.get_audit_record(done.audit_records[-1])
         assert "FAILED" in end.outcome_message and victim in end.outcome_message
+
+
+def test_a_restart_ends_a_running_experiment_and_leaves_none_of_its_launches_running(
+        srv: ServerProcess, ckpt: str) -> None:
+    """The server is killed while an experiment's launch runs. Restarted, it re-attaches to the
+    launch's group, ends the experiment FAILED (its schedule cannot resume) saying so, and
+    cancels the launch, which served nothing any more, with a record saying why."""
+    with Client(srv.address) as c:
+        a, b = two_plans(c)
+        exp = c.create_experiment([a, b], ckpt, {**WORKLOAD, "output_len": 4000, "requests": 1}, repeats=1)
+        running = wait_experiment(c, exp.name, lambda m: any(r.state == "RUNNING" for r in m.runs))
+        victim = running.runs[-1].launch
+        pid = supervisor_pid(state_records(c, victim))
+    srv.kill9()
+    srv.start()  # its recovery has run when it answers
+    with Client(srv.address) as c:
+        done = c.get_experiment(exp.name)
+        assert done.state == "FAILED", done
+        assert "the server stopped while the experiment ran" in done.error, done.error
+        assert f"{victim}, which it ran, is cancelled" in done.error, done.error
+        deadline = time.monotonic() + 60
+        while c.get_launch(victim).state != "CANCELLED":
+            assert time.monotonic() < deadline, c.get_launch(victim)
+            time.sleep(0.2)
+        said = state_records(c, victim)
+        assert any(m.startswith("re-attached after a server restart") for m in said), said
+        assert any(m.startswith(f"cancel asked by cgsvc: {exp.name}, which ran it, ended FAILED") for m in said), said
+        assert said[-1].endswith("CANCELLED: cancelled by cgsvc"), said
+    assert no_processes_left(pid, timeout=15), f"the launch's group (supervisor pid {pid}) still runs"
 
 
 def test_bad_experiments_are_refused_by_field_and_audited(srv: ServerProcess, ckpt: str, tmp_path: Path) -> None:
