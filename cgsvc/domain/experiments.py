@@ -92,6 +92,7 @@ class Experiments:
         self.changed: dict[str, asyncio.Condition] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.current: dict[str, str] = {}  # experiment id -> the launch id this replica started last for it
+        self.taken_over = 0  # experiments claimed from replicas whose lease lapsed (a metric)
 
     async def audit(self, method: str, principal: str, code: str, message: str, caller: Caller | None = None,
                     experiment_id: str = "") -> str:
@@ -279,10 +280,11 @@ class Experiments:
         cannot resume, so each, once claimed (one replica wins it), ends FAILED as at a restart."""
         notes = []
         for row in await asyncio.to_thread(self.store.in_state, "RUNNING"):
-            if row.owner == lease.owner:
-                notes += await self._claim_and_fail(
+            if row.owner == lease.owner and (said := await self._claim_and_fail(
                     row, lease.owner, f"replica {lease.owner} on {lease.host}, which ran it, stopped renewing its "
-                                      f"lease ({lease.age:.0f} s ago)", f"taken over from replica {lease.owner}")
+                                      f"lease ({lease.age:.0f} s ago)", f"taken over from replica {lease.owner}")):
+                self.taken_over += 1
+                notes += said
         return notes
 
     async def _claim_and_fail(self, row: ExperimentRow, owner: str, why: str, note: str) -> list[str]:

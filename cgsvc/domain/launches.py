@@ -183,6 +183,7 @@ class Launches:
         self.shared = shared
         self.watched: dict[str, Watched] = {}
         self.poll_seconds = 0.1
+        self.taken_over = 0  # launches claimed from replicas whose lease lapsed (a metric)
         # One placement at a time: a launch stays PLACING in the store until its group has
         # started, so two schedule() calls at once (two creates, or a create and a launch that
         # ended) each started every PLACING launch, a second group on the same devices.
@@ -568,6 +569,7 @@ class Launches:
         for row in await asyncio.to_thread(self.store.in_states, ACTIVE):
             if row.owner != lease.owner or (claimed := await self._claim(row, lease.owner)) is None:
                 continue
+            self.taken_over += 1
             notes.append(f"took over launches/{row.launch_id} ({row.state}) from replica {lease.owner}")
             notes += await self._adopt(claimed, why, lease.owner, lease.host)
         await self.schedule()

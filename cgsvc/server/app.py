@@ -228,12 +228,18 @@ async def keep_lease(launches: Launches, experiments: Experiments) -> None:
         await asyncio.sleep(seconds / 3)
         try:
             gap = await asyncio.to_thread(leases.renew, me, HOST)
+            if gap is not None:
+                metrics.LEASE_GAP.set(gap)
             if gap is not None and gap >= seconds:
+                metrics.LEASE_LAPSES.inc()
                 log.warning("this replica's lease lapsed: other replicas may have taken over its launches, and it "
                             "lets go of each one they did", unrenewed_seconds=round(gap, 1), lease_seconds=seconds)
             for lease in await asyncio.to_thread(leases.lapsed, seconds, me, ACTIVE):
+                before = launches.taken_over, experiments.taken_over
                 for note in await launches.take_over(lease) + await experiments.take_over(lease):
                     log.warning(note, lapsed_owner=lease.owner)
+                metrics.REPLICA_TAKEOVERS.labels("launch").inc(launches.taken_over - before[0])
+                metrics.REPLICA_TAKEOVERS.labels("experiment").inc(experiments.taken_over - before[1])
             for owner in await asyncio.to_thread(leases.forget, max(FORGET_LEASES_AFTER, seconds), ACTIVE):
                 log.info("forgot a replica's lease: it has not renewed it for a day and supervises nothing",
                          lapsed_owner=owner)

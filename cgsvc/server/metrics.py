@@ -24,6 +24,12 @@ AUDIT_APPEND_SECONDS = Histogram("cgsvc_audit_append_seconds", "Audit group-comm
                                  buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5))
 AUDIT_BATCH_RECORDS = Histogram("cgsvc_audit_batch_records", "Records per group commit", registry=REGISTRY,
                                 buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+REPLICA_TAKEOVERS = Counter("cgsvc_replica_takeovers", "Launches and experiments this replica took over from "
+                            "replicas whose lease had lapsed", ["kind"], registry=REGISTRY)
+LEASE_LAPSES = Counter("cgsvc_replica_lease_lapses", "Times this replica, renewing its lease, found it had lapsed (other "
+                       "replicas may have taken over its launches)", registry=REGISTRY)
+LEASE_GAP = Gauge("cgsvc_replica_lease_renewal_gap_seconds", "Seconds between this replica's last two lease renewals, "
+                  "on the database's clock (a lease lapses at --lease-seconds)", registry=REGISTRY)
 PLANS_TOTAL = Counter("cgsvc_plans_total", "Plans resolved", ["prefill_backend", "decode_backend"],
                       registry=REGISTRY)
 
