@@ -171,17 +171,20 @@ class Experiments:
         return row, await self.launches.get(launch_id)
 
     async def run(self, experiment_id: str, caller: Caller) -> None:
+        why = f"experiments/{experiment_id}, which started it, has ended"
         try:
             await self._run(experiment_id, caller)
         except TakenOver:  # this replica's lease lapsed and another ended the experiment
-            # the launch it started last may be one the new owner never heard of: it serves nothing now
-            started = self.current.get(experiment_id, "")
             log.warning("experiment taken over; cancelling the launch this replica started for it",
-                        experiment_id=experiment_id, launch_id=started)
-            await self._cancel_launches([started], f"experiments/{experiment_id}, which started it, was taken over "
-                                                  "by another replica and has ended")
-        finally:
+                        experiment_id=experiment_id, launch_id=self.current.get(experiment_id, ""))
+            why = f"experiments/{experiment_id}, which started it, was taken over by another replica and has ended"
+        except asyncio.CancelledError:  # the server stops: its restart ends the experiment and the launch
             self.current.pop(experiment_id, None)
+            raise
+        # However the schedule ended (a failure inside included), the launch it started last serves
+        # nothing now; one that has ended (the usual case) is left as it is. The new owner of a
+        # taken-over experiment may never have seen this launch.
+        await self._cancel_launches([self.current.pop(experiment_id, "")], why)
 
     async def _cancel_launches(self, launch_ids: list[str], why: str) -> None:
         """Ask for an ended experiment's unfinished launches to be cancelled (not waiting for them)."""

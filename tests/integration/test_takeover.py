@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from cgsvc_worker.checkpoint import make_checkpoint
 
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.store import AuditStore
@@ -225,6 +226,52 @@ def test_an_experiment_ended_by_a_takeover_leaves_none_of_its_launches_running(
                 said = [r.outcome_message for r in store.list_records(f'launch_id = "{launch_id}"')[0]]
                 assert any(m.startswith(f"cancel asked by cgsvc: {why}") for m in said), said
             assert "exp2" not in stalled.current
+        finally:
+            writer.close()
+
+    asyncio.run(scenario())
+
+
+class FailsOnce(ExperimentStore):
+    """An experiment store whose first save of a new run fails, as a database that went away
+    for a moment would: the schedule ends inside, with its launch just started."""
+
+    def __init__(self, audit: AuditStore) -> None:
+        super().__init__(audit)
+        self.failed = False
+
+    def update(self, row: ExperimentRow) -> ExperimentRow | None:
+        if row.runs and row.state == "RUNNING" and not self.failed:
+            self.failed = True
+            raise RuntimeError("the database went away")
+        return super().update(row)
+
+
+def test_an_experiment_that_fails_inside_cancels_the_launch_it_started(store: AuditStore, tmp_path: Path) -> None:
+    """An internal failure ends the experiment FAILED saying so, and the launch it had just
+    started (queued here: its one device is held) is cancelled with a record naming it."""
+    async def scenario() -> None:
+        writer = AuditWriter(store)
+        try:
+            auditor = Auditor(store, writer)
+            tiny = make_checkpoint(str(tmp_path / "tiny"), "tiny")
+            spec = {"model": {"path": tiny}, "hardware": {"gpu": "cpu"}, "parallelism": {"tp": 1}}
+            plans = Plans(auditor)
+            names = [f"plans/{(await plans.resolve_and_record(spec, Caller('alice'))).plan_id}" for _ in "AB"]
+            launch_rows = LaunchStore(store)
+            launch_rows.create(running("holder", "r1").replace(devices=("cpu0",)))  # cpu0 is taken
+            launches = Launches(launch_rows, auditor, tmp_path / "runs",
+                                [LocalDispatcher(Inventory(("cpu0",), "test"))], instance="r1")
+            experiments = Experiments(FailsOnce(store), launches, plans)
+            exp = await experiments.create(names, Workload(4, 4, 1, 1), tiny, 1, "local", Caller("alice"))
+            await experiments.tasks[exp.experiment_id]
+            ended = await experiments.get(exp.experiment_id)
+            assert ended.state == "FAILED" and "internal error: the database went away" in ended.error, ended
+            started = [r for r in launch_rows.list_rows()[0] if r.launch_id != "holder"]
+            assert [r.state for r in started] == ["CANCELLED"], started
+            said = [r.outcome_message for r in store.list_records(f'launch_id = "{started[0].launch_id}"')[0]]
+            assert f"cancel asked by cgsvc: experiments/{exp.experiment_id}, which started it, has ended" in said, said
+            assert launch_rows.get("holder").state == "RUNNING"  # type: ignore[union-attr]
         finally:
             writer.close()
 
