@@ -220,6 +220,10 @@ for _column in LAUNCH_COLUMNS_3:
 LAUNCH_COLUMNS_9 = (sa.Column("cancel_requested_by", sa.Text, nullable=False, server_default=""),)
 for _column in LAUNCH_COLUMNS_9:
     launches.append_column(_column)
+# Migration 11: why the service itself asked for a cancel (an ended experiment's launch, say).
+LAUNCH_COLUMNS_11 = (sa.Column("cancel_reason", sa.Text, nullable=False, server_default=""),)
+for _column in LAUNCH_COLUMNS_11:
+    launches.append_column(_column)
 # One launch per (principal, request_id): a retried CreateLaunch finds the launch it started.
 launch_requests = sa.Table(
     "launch_requests", metadata,
@@ -277,6 +281,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      tuple((launches, c) for c in LAUNCH_COLUMNS_9)),
     (10, "a lease per replica, for the others to take over a gone replica's launches (replica_leases)",
      (replica_leases,), ()),
+    (11, "why a cancel was asked, where the service asked it (launches.cancel_reason)", (),
+     tuple((launches, c) for c in LAUNCH_COLUMNS_11)),
 )
 
 AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principal": "str", "outcome": "str",

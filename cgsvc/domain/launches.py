@@ -155,6 +155,7 @@ class Watched:
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     cancel: bool = False
     cancel_principal: str = ""
+    cancel_reason: str = ""
     events_offset: int = 0
     task: asyncio.Task[None] | None = None
 
@@ -194,11 +195,11 @@ class Launches:
         shared database only its own (or one written before owners); on SQLite every one."""
         return not self.shared or owner in (self.instance, "")
 
-    async def _cancel_unstarted(self, row: LaunchRow, principal: str) -> LaunchRow | None:
+    async def _cancel_unstarted(self, row: LaunchRow, principal: str, reason: str = "") -> LaunchRow | None:
         """PLACING -> CANCELLED, unless it has moved on meanwhile (None)."""
         # any replica may: the owner's start of it is conditional on PLACING too
-        return await self.transition_if_still(row, "CANCELLED", f"cancelled by {principal} before it started",
-                                              principal=principal, fenced=False, error=f"cancelled by {principal}")
+        return await self.transition_if_still(row, "CANCELLED", _cancelled_by(f"{principal} before it started", reason),
+                                              principal=principal, fenced=False, error=_cancelled_by(principal, reason))
 
     # ------------------------------------------------------------------ audit and state
     async def audit(self, row: LaunchRow | None, principal: str, method: str, code: str, message: str,
@@ -336,7 +337,7 @@ class Launches:
             if w.cancel:
                 continue
             if row.cancel_requested_by:  # asked of another replica before it started
-                await self._cancel_unstarted(row, row.cancel_requested_by)
+                await self._cancel_unstarted(row, row.cancel_requested_by, row.cancel_reason)
                 continue
             run = RunDir(Path(row.run_dir))
             gpu_plan = _gpu_plan(run)
@@ -387,7 +388,8 @@ class Launches:
                 if stored is not None and self.shared and stored.owner != self.instance:
                     raise TakenOver(launch_id)
                 if stored is not None and stored.cancel_requested_by and not w.cancel:
-                    w.cancel, w.cancel_principal = True, stored.cancel_requested_by
+                    w.cancel, w.cancel_principal, w.cancel_reason = True, stored.cancel_requested_by, \
+                        stored.cancel_reason
             row, bad = await self.follow_events(row, run, w)
             if bad:  # the group broke the contract: stop it, say why
                 await asyncio.to_thread(disp.stop, handle)
@@ -395,8 +397,8 @@ class Launches:
                 break
             if w.cancel:
                 await asyncio.to_thread(disp.stop, handle)
-                await self.transition(row, "CANCELLED", f"cancelled by {w.cancel_principal}",
-                                      principal=w.cancel_principal, error=f"cancelled by {w.cancel_principal}")
+                why = _cancelled_by(w.cancel_principal, w.cancel_reason)
+                await self.transition(row, "CANCELLED", why, principal=w.cancel_principal, error=why)
                 break
             code = disp.exit_code(handle)
             if code is not None:
@@ -501,19 +503,19 @@ class Launches:
         """Ask for the launch to be cancelled, without waiting for its group to stop: a launch
         not started yet is cancelled at once; a started one is stopped by the monitor of the
         replica that supervises it (the request is stored, for any replica to read). A
-        `reason` (a cancel the service makes itself) is recorded on the launch first."""
+        `reason` (a cancel the service makes itself) is stored with it and ends up in the
+        launch's error and its CANCELLED record."""
         row = await self.get(launch_id)
         if row.state in TERMINAL:
             raise ServiceError("FAILED_PRECONDITION", f"launches/{launch_id} has already ended ({row.state})")
-        if reason:
-            await self.audit(row, principal, STATE_METHOD, "OK", f"cancel asked by {principal}: {reason}")
-        await asyncio.to_thread(self.store.update, launch_id, cancel_requested_by=principal)
+        await asyncio.to_thread(self.store.update, launch_id, cancel_requested_by=principal, cancel_reason=reason)
         w = self.watched.setdefault(launch_id, Watched())
-        w.cancel, w.cancel_principal = True, principal
+        w.cancel, w.cancel_principal, w.cancel_reason = True, principal, reason
         if row.state == "PLACING":
             async with self._placing:  # not while schedule() may be starting it
                 row = await self.get(launch_id)
-                if row.state == "PLACING" and (done := await self._cancel_unstarted(row, principal)) is not None:
+                if row.state == "PLACING" and (done := await self._cancel_unstarted(row, principal,
+                                                                                     reason)) is not None:
                     return done
             # it started meanwhile (here or on another replica): its monitor stops the group
         return row
@@ -641,6 +643,10 @@ class Launches:
         for w in self.watched.values():
             if w.task is not None:
                 w.task.cancel()
+
+
+def _cancelled_by(principal: str, reason: str) -> str:
+    return f"cancelled by {principal}" + (f": {reason}" if reason else "")
 
 
 def write_plan(run: RunDir, plan_json: str, spec_json: str) -> None:

@@ -68,6 +68,7 @@ class LaunchRow:
     request_id: str = ""
     request_hash: str = ""
     cancel_requested_by: str = ""  # who asked, of any replica, for the launch to be cancelled
+    cancel_reason: str = ""  # why, where the service itself asked
 
     def replace(self, **changes: Any) -> LaunchRow:
         return dataclasses.replace(self, **changes)

@@ -265,8 +265,9 @@ def test_a_restart_ends_a_running_experiment_and_leaves_none_of_its_launches_run
             time.sleep(0.2)
         said = state_records(c, victim)
         assert any(m.startswith("re-attached after a server restart") for m in said), said
-        assert any(m.startswith(f"cancel asked by cgsvc: {exp.name}, which ran it, ended FAILED") for m in said), said
-        assert said[-1].endswith("CANCELLED: cancelled by cgsvc"), said
+        why = f"cancelled by cgsvc: {exp.name}, which ran it, ended FAILED: the server stopped while the experiment ran"
+        assert said[-1].startswith(f"RUNNING -> CANCELLED: {why}"), said
+        assert c.get_launch(victim).error.startswith(why)
     assert no_processes_left(pid, timeout=15), f"the launch's group (supervisor pid {pid}) still runs"
 
 

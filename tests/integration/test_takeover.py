@@ -222,9 +222,10 @@ def test_an_experiment_ended_by_a_takeover_leaves_none_of_its_launches_running(
                                    ("l2", "experiments/exp2, which started it, was taken over by another replica")):
                 row = launch_rows.get(launch_id)
                 assert row is not None and row.state == "CANCELLED", row
-                assert row.error == "cancelled by cgsvc", row.error
+                assert row.error.startswith(f"cancelled by cgsvc: {why}"), row.error
                 said = [r.outcome_message for r in store.list_records(f'launch_id = "{launch_id}"')[0]]
-                assert any(m.startswith(f"cancel asked by cgsvc: {why}") for m in said), said
+                reason = row.error.removeprefix("cancelled by cgsvc: ")
+                assert said == [f"PLACING -> CANCELLED: cancelled by cgsvc before it started: {reason}"], said
             assert "exp2" not in stalled.current
         finally:
             writer.close()
@@ -269,8 +270,10 @@ def test_an_experiment_that_fails_inside_cancels_the_launch_it_started(store: Au
             assert ended.state == "FAILED" and "internal error: the database went away" in ended.error, ended
             started = [r for r in launch_rows.list_rows()[0] if r.launch_id != "holder"]
             assert [r.state for r in started] == ["CANCELLED"], started
+            why = f"experiments/{exp.experiment_id}, which started it, has ended"
+            assert started[0].error == f"cancelled by cgsvc: {why}", started[0].error
             said = [r.outcome_message for r in store.list_records(f'launch_id = "{started[0].launch_id}"')[0]]
-            assert f"cancel asked by cgsvc: experiments/{exp.experiment_id}, which started it, has ended" in said, said
+            assert f"PLACING -> CANCELLED: cancelled by cgsvc before it started: {why}" in said, said
             assert launch_rows.get("holder").state == "RUNNING"  # type: ignore[union-attr]
         finally:
             writer.close()
