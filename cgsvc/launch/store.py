@@ -220,39 +220,40 @@ class LeaseStore:
 
     def leases(self) -> list[Lease]:
         """Every replica's lease, the most recently renewed first."""
-        with self.audit.read_engine.begin() as conn:
-            rows = conn.execute(sa.select(replica_leases, (self.now - replica_leases.c.renewed_at).label("age"))
-                                .order_by(replica_leases.c.renewed_at.desc()))
-            return [Lease(r.owner, r.host, r.started_at, float(r.age)) for r in rows]
+        return self._leases()
 
     def lapsed(self, seconds: float, but: str, active: Sequence[str]) -> list[Lease]:
         """Leases other than `but`'s not renewed for `seconds` or more whose replica still owns
         a launch in one of the `active` states or a RUNNING experiment: those left to take over
         (a replica that went with nothing to hand on costs the others nothing)."""
-        holds = sa.or_(
-            sa.exists().where(launches.c.owner == replica_leases.c.owner, launches.c.state.in_(list(active))),
-            sa.exists().where(experiments.c.owner == replica_leases.c.owner, experiments.c.state == "RUNNING"))
-        with self.audit.read_engine.begin() as conn:
-            rows = conn.execute(sa.select(replica_leases, (self.now - replica_leases.c.renewed_at).label("age"))
-                                .where(replica_leases.c.owner != but, self.now - replica_leases.c.renewed_at >= seconds,
-                                       holds)
-                                .order_by(replica_leases.c.renewed_at))
-            return [Lease(r.owner, r.host, r.started_at, float(r.age)) for r in rows]
+        return self._leases(replica_leases.c.owner != but, self._unrenewed_for(seconds), _holds_work(active))
 
     def forget(self, seconds: float, active: Sequence[str]) -> list[str]:
         """Delete the leases not renewed for `seconds` or more whose replica owns nothing
         active (as in lapsed): a replica rescheduled under a new name leaves its old lease
         behind, and the list of replicas should not grow with every reschedule. Returns the
         owners forgotten."""
-        idle = sa.and_(
-            self.now - replica_leases.c.renewed_at >= seconds,
-            ~sa.exists().where(launches.c.owner == replica_leases.c.owner, launches.c.state.in_(list(active))),
-            ~sa.exists().where(experiments.c.owner == replica_leases.c.owner, experiments.c.state == "RUNNING"))
         with self.audit.write_engine.begin() as conn:
-            owners = [r.owner for r in conn.execute(sa.select(replica_leases.c.owner).where(idle))]
-            if owners:
-                conn.execute(replica_leases.delete().where(replica_leases.c.owner.in_(owners), idle))
-        return owners
+            return list(conn.execute(replica_leases.delete()
+                                     .where(self._unrenewed_for(seconds), ~_holds_work(active))
+                                     .returning(replica_leases.c.owner)).scalars())
+
+    def _unrenewed_for(self, seconds: float) -> sa.ColumnElement[bool]:
+        return self.now - replica_leases.c.renewed_at >= seconds
+
+    def _leases(self, *where: sa.ColumnElement[bool]) -> list[Lease]:
+        with self.audit.read_engine.begin() as conn:
+            rows = conn.execute(sa.select(replica_leases, (self.now - replica_leases.c.renewed_at).label("age"))
+                                .where(*where).order_by(replica_leases.c.renewed_at.desc()))
+            return [Lease(r.owner, r.host, r.started_at, float(r.age)) for r in rows]
+
+
+def _holds_work(active: Sequence[str]) -> sa.ColumnElement[bool]:
+    """Whether a lease's replica still owns a launch in one of the `active` states or a RUNNING
+    experiment."""
+    return sa.or_(
+        sa.exists().where(launches.c.owner == replica_leases.c.owner, launches.c.state.in_(list(active))),
+        sa.exists().where(experiments.c.owner == replica_leases.c.owner, experiments.c.state == "RUNNING"))
 
 
 # ---------------------------------------------------------------------------- experiments
