@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
@@ -50,6 +51,11 @@ class ServerProcess:
                     self.output.append(self.proc.stdout.readline())
                 return self
         raise RuntimeError("server did not report its port in time")
+
+    def metrics_text(self) -> str:
+        """Its Prometheus metrics, from the address its latest start-up line names."""
+        line = next(x for x in reversed(self.output) if x.startswith("transport:"))
+        return urllib.request.urlopen(line.split("metrics: ")[1].strip(), timeout=5).read().decode()
 
     def kill9(self) -> None:
         assert self.proc is not None

@@ -25,7 +25,7 @@ from cgsvc.resolve import policy_version
 from cgsvc.spec import parse_spec, spec_to_dict
 from tests.conftest import ROOT
 from tests.e2e.server import ServerProcess
-from tests.e2e.test_launch_path import assert_started_once, state_records, supervisor_pid
+from tests.e2e.test_launch_path import assert_started_once, state_records, supervisor_pid, wait_for
 from tests.e2e.test_launches import no_processes_left
 
 KIMI = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300", "gpu_count": 4},
@@ -259,10 +259,7 @@ def test_a_restart_ends_a_running_experiment_and_leaves_none_of_its_launches_run
         assert done.state == "FAILED", done
         assert "the server stopped while the experiment ran" in done.error, done.error
         assert f"{victim}, which it ran, is cancelled" in done.error, done.error
-        deadline = time.monotonic() + 60
-        while c.get_launch(victim).state != "CANCELLED":
-            assert time.monotonic() < deadline, c.get_launch(victim)
-            time.sleep(0.2)
+        wait_for(f"{victim} cancelled", lambda: c.get_launch(victim).state == "CANCELLED", timeout=60)
         said = state_records(c, victim)
         assert any(m.startswith("re-attached after a server restart") for m in said), said
         why = f"cancelled by cgsvc: {exp.name}, which ran it, ended FAILED: the server stopped while the experiment ran"

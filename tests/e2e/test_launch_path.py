@@ -10,7 +10,6 @@ import re
 import signal
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -179,12 +178,6 @@ def test_a_cancel_asked_of_another_replica_stops_the_launch_and_its_queue(tmp_pa
         assert c0.get_launch(b).state == "CANCELLED"  # and replica 0, its slot free again, did not start it
 
 
-def metrics_text(srv: ServerProcess) -> str:
-    """The server's Prometheus metrics, from the address its start-up line names."""
-    line = next(x for x in srv.output if x.startswith("transport:"))
-    return urllib.request.urlopen(line.split("metrics: ")[1].strip(), timeout=5).read().decode()
-
-
 def supervisor_pid(states: list[str]) -> int:
     """The pid of the supervisor a launch's group was started with, from its state records."""
     started = next(m for m in states if m.startswith("PLACING -> LOADING"))
@@ -235,14 +228,14 @@ def test_a_replica_whose_lease_lapses_has_its_launches_taken_over(tmp_path: Path
             assert gone.lapsed and gone.seconds_since_renewal >= 2 and gone.active_launches == 0 and not gone.answering
             assert not live.lapsed and live.active_launches == 2 and live.answering and live.host == HOST
             assert {c1.get_launch(n).owner for n in (a, b, c)} == {f"replicas/{owner1}"}
-            taken = metrics_text(servers[1])
+            taken = servers[1].metrics_text()
             assert 'cgsvc_replica_takeovers_total{kind="launch"} 3.0' in taken, taken
             assert 'cgsvc_replica_lease_lapses_total 0.0' in taken, taken
         finally:
             servers[0].proc.send_signal(signal.SIGCONT)
         # resumed, replica 0 finds its own lease lapsed (and says how long it went unrenewed)
-        wait_for("replica 0's lapse counted", lambda: "cgsvc_replica_lease_lapses_total 1.0" in metrics_text(servers[0]))
-        gap = re.search(r"^cgsvc_replica_lease_renewal_gap_seconds (\S+)$", metrics_text(servers[0]), re.M)
+        wait_for("replica 0's lapse counted", lambda: "cgsvc_replica_lease_lapses_total 1.0" in servers[0].metrics_text())
+        gap = re.search(r"^cgsvc_replica_lease_renewal_gap_seconds (\S+)$", servers[0].metrics_text(), re.M)
         assert gap is not None and float(gap.group(1)) >= 2, gap
         lost = c1.get_launch(a)
         assert f"replica {owner0} on {HOST} stopped renewing its lease" in lost.error, lost.error

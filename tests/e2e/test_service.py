@@ -6,7 +6,6 @@ import json
 import re
 import subprocess
 import sys
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -199,9 +198,7 @@ def test_bad_input_keeps_the_server_up(server: ServerProcess, client: Client) ->
 
 def test_metrics_endpoint(server: ServerProcess, client: Client) -> None:
     client.resolve(KIMI)
-    line = next(x for x in server.output if x.startswith("transport:"))
-    url = line.split("metrics: ")[1].strip()
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    text = server.metrics_text()
     assert 'cgsvc_rpc_total{code="OK",method="/cgsvc.v1.PlanService/ResolvePlan"}' in text
     assert "cgsvc_audit_append_seconds_count" in text
     assert 'cgsvc_plans_total{decode_backend="full",prefill_backend="disabled"}' in text
