@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -134,31 +135,37 @@ def model_facts_from_config(config: dict[str, Any], name: str) -> ModelFacts:
     )
 
 
-# The directories checkpoint paths must lie under, resolved (symlinks and '..' followed); empty:
-# any directory this process can read. A server sets them from --model-roots.
-_model_roots: tuple[str, ...] = ()
+@dataclass(frozen=True)
+class ModelRoots:
+    """The directories a server's callers' checkpoint paths must lie under, resolved (symlinks
+    and '..' followed); none: any directory the process can read. Each server holds its own
+    (from --model-roots), so two servers in one process confine their callers apart."""
+
+    dirs: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, roots: Sequence[str]) -> ModelRoots:
+        """Roots from directory names (ValueError naming one that is not a directory)."""
+        resolved = []
+        for root in roots:
+            real = os.path.realpath(root)
+            if not os.path.isdir(real):
+                raise ValueError(f"{root!r} is not a directory")
+            resolved.append(real)
+        return cls(tuple(resolved))
+
+    def admit(self, path: str) -> bool:
+        """Whether `path` (symlinks followed) lies under a root; always, with none."""
+        if not self.dirs:
+            return True
+        real = os.path.realpath(path)
+        return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in self.dirs)
 
 
-def set_model_roots(roots: list[str]) -> tuple[str, ...]:
-    """Confine read_model_dir to these directories and what lies under them (ValueError naming
-    a root that is not a directory). An empty list lifts the confinement."""
-    global _model_roots
-    resolved = []
-    for root in roots:
-        real = os.path.realpath(root)
-        if not os.path.isdir(real):
-            raise ValueError(f"{root!r} is not a directory")
-        resolved.append(real)
-    _model_roots = tuple(resolved)
-    return _model_roots
+ANYWHERE = ModelRoots()
 
 
-def _under_roots(path: str) -> bool:
-    real = os.path.realpath(path)
-    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in _model_roots)
-
-
-def read_model_dir(path: str, label: str | None = None) -> ModelFacts:
+def read_model_dir(path: str, label: str | None = None, roots: ModelRoots = ANYWHERE) -> ModelFacts:
     """Read `path/config.json` (and `hf_quant_config.json` if present) into model facts.
 
     Raises ServiceError(INVALID_ARGUMENT) on `model.path` when it cannot be read, or when it
@@ -167,9 +174,9 @@ def read_model_dir(path: str, label: str | None = None) -> ModelFacts:
     """
     cfg_path = os.path.join(path, "config.json")
     hq = os.path.join(path, "hf_quant_config.json")
-    if _model_roots and not all(_under_roots(p) for p in (path, cfg_path, hq)):
+    if not all(roots.admit(p) for p in (path, cfg_path, hq)):
         raise ServiceError.invalid([FieldViolation(
-            "model.path", f"must lie under {', '.join(_model_roots)} (the server's model roots, symlinks "
+            "model.path", f"must lie under {', '.join(roots.dirs)} (the server's model roots, symlinks "
                           "followed); give a checkpoint directory there")])
     try:
         with open(cfg_path, encoding="utf-8") as fh:

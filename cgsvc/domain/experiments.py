@@ -129,7 +129,7 @@ class Experiments:
             if not name.startswith(prefix) or len(name) == len(prefix):
                 raise ServiceError.invalid([FieldViolation(f"plans[{i}]", f"must look like plans/ID, got {name!r}")])
             ids.append(name[len(prefix):])
-        ckpt = read_checkpoint(model_path, workload)
+        ckpt = read_checkpoint(model_path, workload, self.plans.model_roots)
         for plan_id in ids:  # both arms must be launchable before anything runs
             order_for(await self.plans.get(plan_id), ckpt, model_path, workload, dispatcher, True)
         if dispatcher not in self.launches.dispatchers:
@@ -200,7 +200,7 @@ class Experiments:
         samples = _empty_samples()
         substituted: dict[str, list[str]] = {arm: [] for arm in ARMS}
         try:
-            ckpt = read_checkpoint(req["model_path"], workload)
+            ckpt = read_checkpoint(req["model_path"], workload, self.plans.model_roots)
             plans = [await self.plans.get(name.removeprefix("plans/")) for name in req["plans"]]
             for repeat in range(1, req["repeats"] + 1):
                 for arm, plan in zip(ARMS, plans, strict=True):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cgsvc.audit.store import AuditStore
+from cgsvc.catalog import ANYWHERE, ModelRoots
 from cgsvc.domain.launches import CREATE_METHOD
 from cgsvc.domain.plans import RESOLVE_METHOD
 from cgsvc.errors import FieldViolation, ServiceError
@@ -33,9 +34,9 @@ class Outcome:
     error: ServiceError | None
 
     @classmethod
-    def of(cls, spec_json: str, policy: str) -> Outcome:
+    def of(cls, spec_json: str, policy: str, roots: ModelRoots = ANYWHERE) -> Outcome:
         try:
-            return cls(resolve(parse_spec(json.loads(spec_json)), policy), None)
+            return cls(resolve(parse_spec(json.loads(spec_json)), policy, roots), None)
         except ServiceError as err:
             return cls(None, err)
         except ValueError as err:  # a record whose spec no longer parses
@@ -48,8 +49,11 @@ def _refusal(group: dict[str, Any], err: ServiceError) -> dict[str, Any]:
 
 
 def policy_impact(store: AuditStore, candidate: str, baseline: str = DEFAULT_POLICY, filter_text: str = "",
-                  progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """The impact in the JSON shape of docs/policies.md (`{"baseline", "candidate", ...}`)."""
+                  progress: Callable[[int, int], None] | None = None,
+                  roots: ModelRoots = ANYWHERE) -> dict[str, Any]:
+    """The impact in the JSON shape of docs/policies.md (`{"baseline", "candidate", ...}`).
+    `roots`: where a recorded spec's model.path may be read (a server's --model-roots: a
+    refused path is not read for an impact either)."""
     if not candidate:
         raise ServiceError.invalid([FieldViolation("candidate", "required: the policy to evaluate "
                                                                 "(cgsvc-cli policies lists them)")])
@@ -73,7 +77,7 @@ def policy_impact(store: AuditStore, candidate: str, baseline: str = DEFAULT_POL
             out["records_examined"] += n
             group = {"spec_hash": spec_hash, "model": rec.model, "gpu": rec.gpu, "records": n,
                      "example_record": rec.name}
-            a, b = Outcome.of(rec.spec_json, base.name), Outcome.of(rec.spec_json, cand.name)
+            a, b = Outcome.of(rec.spec_json, base.name, roots), Outcome.of(rec.spec_json, cand.name, roots)
             if a.plan is not None and b.plan is not None:
                 cmp = compare(a.plan, b.plan)
                 if cmp.same:

@@ -107,11 +107,11 @@ def workload_problems(workload: Workload, model_path: str) -> list[FieldViolatio
     return problems
 
 
-def read_checkpoint(model_path: str, workload: Workload) -> catalog.ModelFacts:
-    """The checkpoint the workers would load, checked against the workload (INVALID_ARGUMENT
-    naming model_path or workload.input_len otherwise)."""
+def read_checkpoint(model_path: str, workload: Workload, roots: catalog.ModelRoots) -> catalog.ModelFacts:
+    """The checkpoint the workers would load, checked against the workload and the server's
+    model roots (INVALID_ARGUMENT naming model_path or workload.input_len otherwise)."""
     try:
-        ckpt = catalog.read_model_dir(model_path)
+        ckpt = catalog.read_model_dir(model_path, roots=roots)
     except ServiceError as err:
         raise ServiceError.invalid([FieldViolation("model_path", v.description) for v in err.violations]) from None
     max_pos = ckpt.max_position_embeddings or 0

@@ -17,6 +17,7 @@ from typing import Any
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.records import AuditEntry
 from cgsvc.audit.store import PlanListing, StoredPlan
+from cgsvc.catalog import ANYWHERE, ModelRoots
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.ids import new_id
 from cgsvc.plan import Plan, canonical_json
@@ -51,9 +52,9 @@ MEMO_SPEC_JSON = 16384
 
 
 @functools.lru_cache(maxsize=4096)
-def _resolve_canonical(spec_key: str, policy: str = DEFAULT_POLICY) -> Resolution:
+def _resolve_canonical(spec_key: str, policy: str = DEFAULT_POLICY, roots: ModelRoots = ANYWHERE) -> Resolution:
     parsed = parse_spec(json.loads(spec_key))
-    plan = resolve(parsed, policy)
+    plan = resolve(parsed, policy, roots)
     rule_ids = tuple(dict.fromkeys([d.rule_id for d in plan.decisions] + [w.rule_id for w in plan.warnings]))
     canonical = spec_to_dict(parsed)
     return Resolution(plan, canonical_json(plan.to_dict()), rule_ids, canonical, Auditor.spec_fields(canonical),
@@ -61,14 +62,16 @@ def _resolve_canonical(spec_key: str, policy: str = DEFAULT_POLICY) -> Resolutio
                                   plan.attention_decode))
 
 
-def resolve_spec(spec: dict[str, Any], policy: str = DEFAULT_POLICY, spec_key: str = "") -> Resolution:
+def resolve_spec(spec: dict[str, Any], policy: str = DEFAULT_POLICY, spec_key: str = "",
+                 roots: ModelRoots = ANYWHERE) -> Resolution:
     """Resolve under a policy, memoised by the canonical spec (`spec_key`: canonical_json(spec)
     when the caller has it already). Specs naming a model.path are not memoised (the file may
-    change), nor specs over MEMO_SPEC_JSON characters (a memo of a caller's giant specs is a memory leak)."""
+    change; `roots` confines where it may lie), nor specs over MEMO_SPEC_JSON characters (a memo
+    of a caller's giant specs is a memory leak)."""
     key = spec_key or canonical_json(spec)
     policy = (policy or DEFAULT_POLICY).strip().lower()
     if (isinstance(spec.get("model"), dict) and "path" in spec["model"]) or len(key) > MEMO_SPEC_JSON:
-        return _resolve_canonical.__wrapped__(key, policy)
+        return _resolve_canonical.__wrapped__(key, policy, roots)
     return _resolve_canonical(key, policy)
 
 
@@ -85,8 +88,10 @@ class Recorded:
 
 
 class Plans:
-    def __init__(self, auditor: Auditor) -> None:
+    def __init__(self, auditor: Auditor, model_roots: ModelRoots = ANYWHERE) -> None:
+        """`model_roots`: where callers' checkpoint paths may lie (the server's --model-roots)."""
         self.auditor = auditor
+        self.model_roots = model_roots
         self.store = auditor.store
 
     async def resolve_and_record(self, spec: dict[str, Any], caller: Caller, validate_only: bool = False,
@@ -105,7 +110,7 @@ class Plans:
                                       None, code, message, policy=policy, **resolution.audit_fields, **extra)
 
         try:
-            resolution = resolve_spec(spec, policy, spec_key)
+            resolution = resolve_spec(spec, policy, spec_key, self.model_roots)
         except ServiceError as err:
             await self.auditor.append(entry(err.code, err.message, rule_ids=(err.rule_id,) if err.rule_id else ()))
             raise

@@ -43,11 +43,12 @@ def policy_version(name: str = DEFAULT_POLICY) -> str:
     return h.hexdigest()[:16]
 
 
-def _model_facts(spec: LaunchSpec, out: list[FieldViolation]) -> catalog.ModelFacts | None:
+def _model_facts(spec: LaunchSpec, out: list[FieldViolation],
+                 roots: catalog.ModelRoots) -> catalog.ModelFacts | None:
     m = spec.model
     if m.path is not None:
         try:
-            return catalog.read_model_dir(m.path, m.name)
+            return catalog.read_model_dir(m.path, m.name, roots)
         except ServiceError as exc:
             out.extend(exc.violations)
             return None
@@ -63,15 +64,17 @@ def _model_facts(spec: LaunchSpec, out: list[FieldViolation]) -> catalog.ModelFa
     return facts
 
 
-def validate_and_lock(spec: LaunchSpec, policy: Policy | None = None) -> Context:
+def validate_and_lock(spec: LaunchSpec, policy: Policy | None = None,
+                      roots: catalog.ModelRoots = catalog.ANYWHERE) -> Context:
     """Cross-field validation and the user layer: every explicit key is set and locked.
+    `roots`: where a model.path may lie (the server's --model-roots).
 
     Precedence, lowest to highest: policy defaults < disable_cuda_graph <
     enforce_piecewise_cuda_graph < cuda_graph.{phase}.*. A policy that cannot express a
     field (an engine release without that flag) refuses it here, by name.
     """
     out: list[FieldViolation] = list(policy.check(spec)) if policy is not None and policy.check else []
-    model = _model_facts(spec, out)
+    model = _model_facts(spec, out, roots)
     hw = spec.hardware
     gpu = None
     if hw.gpu is None:
@@ -143,11 +146,12 @@ def validate_and_lock(spec: LaunchSpec, policy: Policy | None = None) -> Context
     return ctx
 
 
-def resolve(spec: LaunchSpec, policy: str = DEFAULT_POLICY) -> Plan:
+def resolve(spec: LaunchSpec, policy: str = DEFAULT_POLICY, roots: catalog.ModelRoots = catalog.ANYWHERE) -> Plan:
     """Resolve a launch spec into a plan under the named policy. Raises ServiceError on
-    refusal (an unknown policy included: the error lists the known ones)."""
+    refusal (an unknown policy included: the error lists the known ones). `roots`: the
+    directories a model.path must lie under (a server's --model-roots; anywhere by default)."""
     table = get_policy(policy)
-    ctx = validate_and_lock(spec, table)
+    ctx = validate_and_lock(spec, table, roots)
     engine.run(table.rules, ctx)
     return build_plan(ctx, table)
 

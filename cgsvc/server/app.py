@@ -151,7 +151,7 @@ async def start(cfg: ServerConfig) -> Running:
     except (DeviceListError, checkpoint.CheckpointError, OSError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
     try:
-        model_roots = catalog.set_model_roots([r.strip() for r in cfg.model_roots.split(",") if r.strip()])
+        model_roots = catalog.ModelRoots.of([r.strip() for r in cfg.model_roots.split(",") if r.strip()])
     except ValueError as exc:
         raise ConfigError(f"model_roots: {exc}; give existing directories, comma-separated") from None
     instance, instance_lock = server_instance(Path(cfg.data_dir))  # before the database is touched
@@ -176,7 +176,7 @@ async def start(cfg: ServerConfig) -> Running:
                ("grpc.max_send_message_length", cfg.max_message_bytes),
                ("grpc.so_reuseport", 0)]
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
-    plans = Plans(auditor)
+    plans = Plans(auditor, model_roots)
     dispatchers = [LocalDispatcher(inventory)]
     if cfg.ray_address:
         dispatchers.append(RayDispatcher(cfg.ray_address, cfg.ray_slots, cfg.ray_gpus_per_rank))

@@ -81,7 +81,7 @@ class LaunchService:
             earlier = await self._earlier(who, request.request_id, digest)
             if earlier is not None:
                 return earlier
-        ckpt = read_checkpoint(model_path, workload)
+        ckpt = read_checkpoint(model_path, workload, self.plans.model_roots)
         if request.WhichOneof("source") == "spec":
             # The launch carries the idempotency key; the plan it resolves is recorded plainly.
             recorded = await self.plans.resolve_and_record(source, who, policy=request.policy)

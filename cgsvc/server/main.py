@@ -76,7 +76,7 @@ async def serve(cfg: ServerConfig) -> int:
     inventory = running.extras["devices"]
     print(f"local devices: {', '.join(inventory.devices)} ({inventory.source})", flush=True)
     print(f"audit checkpoints signed with Ed25519 key {running.extras['key_id']}", flush=True)
-    if roots := running.extras["model_roots"]:
+    if roots := running.extras["model_roots"].dirs:
         print(f"checkpoint paths: under {', '.join(roots)} (--model-roots)", flush=True)
     elif not app.is_loopback(cfg.address):
         print("WARNING: checkpoint paths unconfined: a caller's model.path or model_path may name any directory "

@@ -148,7 +148,8 @@ class PlanService:
                                   rc: RequestContext) -> plan_service_pb2.PolicyImpact:
         try:
             impact = await asyncio.to_thread(policy_impact, self.plans.store, request.candidate,
-                                             request.baseline or DEFAULT_POLICY, request.filter)
+                                             request.baseline or DEFAULT_POLICY, request.filter, None,
+                                             self.plans.model_roots)
         except filters.FilterError as exc:
             raise invalid("filter", str(exc)) from None
         return codec.impact_proto(impact)
