@@ -301,7 +301,5 @@ def test_a_launch_from_a_spec_resolves_under_the_policy_asked_for(srv: ServerPro
         created = c.list_audit_records(f'launch_id = "{launch.name.removeprefix("launches/")}"').records[0]
         assert created.method.endswith("CreateLaunch") and created.policy == "sglang-0.5.18"
         c.cancel_launch(launch.name)
-        deadline = time.monotonic() + 60
-        while c.get_launch(launch.name).state != "CANCELLED" and time.monotonic() < deadline:
-            time.sleep(0.2)  # the group is stopped before the server is
-        assert c.get_launch(launch.name).state == "CANCELLED"
+        # the group is stopped before the server is
+        wait_for(f"{launch.name} cancelled", lambda: c.get_launch(launch.name).state == "CANCELLED", timeout=60)
