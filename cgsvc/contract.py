@@ -61,6 +61,12 @@ class RunDir:
     def supervisor_log(self) -> Path:
         return self.logs / "supervisor.log"
 
+    @property
+    def followed(self) -> Path:
+        """Touched about once a second by the server that follows the group; a supervisor told
+        `--unfollowed-after` stops a group whose file goes untouched that long."""
+        return self.path / "followed"
+
 
 # ---------------------------------------------------------------------------- field readers
 

@@ -382,6 +382,9 @@ class Launches:
         launch_id = row.launch_id
         polls = 0
         while True:
+            if polls % 10 == 0:  # the group's supervisor stops a group nobody follows (Unfollowed)
+                with contextlib.suppress(OSError):
+                    run.followed.touch()
             polls += 1
             if polls % 10 == 0:  # about once a second: a cancel asked of another replica, a takeover
                 stored = await asyncio.to_thread(self.store.get, launch_id)

@@ -52,12 +52,14 @@ class DispatchError(Exception):
     """The dispatcher could not start a group (nothing was left running)."""
 
 
-def bench_args(row: LaunchRow, run: RunDir) -> list[str]:
-    """`cgsvc-worker bench` arguments for a launch (every dispatcher runs the same worker code)."""
+def bench_args(row: LaunchRow, run: RunDir, unfollowed_after: float = 0.0) -> list[str]:
+    """`cgsvc-worker bench` arguments for a launch (every dispatcher runs the same worker code).
+    `unfollowed_after`: seconds the group runs on with nobody touching run.followed (0: for ever)."""
     w = row.workload
     return ["bench", "--model-path", row.model_path, "--tp", str(row.tp), "--plan", str(run.plan),
             "--input-len", str(w.input_len), "--output-len", str(w.output_len), "--requests", str(w.requests),
-            "--concurrency", str(w.concurrency), "--seed", str(w.seed), "--launch-id", row.launch_id]
+            "--concurrency", str(w.concurrency), "--seed", str(w.seed), "--launch-id", row.launch_id,
+            "--follow-file", str(run.followed), "--unfollowed-after", f"{unfollowed_after:g}"]
 
 
 def _proc_alive(pid: int, marker: str) -> bool:
@@ -94,8 +96,11 @@ class LocalDispatcher:
     name = "local"
     assigns_devices = True  # devices are chosen here, before start (Ray reports its own)
 
-    def __init__(self, inventory: Inventory) -> None:
+    def __init__(self, inventory: Inventory, unfollowed_after: float = 0.0) -> None:
+        """`unfollowed_after`: seconds a group runs on once no server follows it (the server's
+        unfollowed_group_seconds; 0: for ever)."""
         self.inventory = inventory
+        self.unfollowed_after = unfollowed_after
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     @property
@@ -103,7 +108,8 @@ class LocalDispatcher:
         return len(self.inventory.devices)
 
     def command(self, row: LaunchRow, run: RunDir, gpu_plan: bool) -> list[str]:
-        return [sys.executable, "-m", "cgsvc_worker.cli", *bench_args(row, run), "--devices", ",".join(row.devices),
+        return [sys.executable, "-m", "cgsvc_worker.cli", *bench_args(row, run, self.unfollowed_after),
+                "--devices", ",".join(row.devices),
                 "--output", str(run.report), "--events", str(run.events), "--log-dir", str(run.logs)]
 
     def placement(self, row: LaunchRow, gpu_plan: bool) -> str:
@@ -168,8 +174,8 @@ class RayDispatcher(LocalDispatcher):
     name = "ray"
     assigns_devices = False
 
-    def __init__(self, address: str, slots: int, gpus_per_rank: float = -1.0) -> None:
-        super().__init__(Inventory(tuple(f"ray{i}" for i in range(slots)), "Ray slots"))
+    def __init__(self, address: str, slots: int, gpus_per_rank: float = -1.0, unfollowed_after: float = 0.0) -> None:
+        super().__init__(Inventory(tuple(f"ray{i}" for i in range(slots)), "Ray slots"), unfollowed_after)
         self.address, self.gpus_per_rank = address, gpus_per_rank
 
     def gpus_for(self, gpu_plan: bool) -> float:
@@ -180,7 +186,7 @@ class RayDispatcher(LocalDispatcher):
     def command(self, row: LaunchRow, run: RunDir, gpu_plan: bool) -> list[str]:
         return [sys.executable, "-m", "cgsvc_worker.ray_group", "--address", self.address, "--launch-id",
                 row.launch_id, "--run-dir", str(run.path), "--gpus-per-rank", str(self.gpus_for(gpu_plan)), "--",
-                *bench_args(row, run)]
+                *bench_args(row, run, self.unfollowed_after)]
 
     def placement(self, row: LaunchRow, gpu_plan: bool) -> str:
         gpus = self.gpus_for(gpu_plan)

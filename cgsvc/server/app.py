@@ -177,9 +177,12 @@ async def start(cfg: ServerConfig) -> Running:
                ("grpc.so_reuseport", 0)]
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
     plans = Plans(auditor, model_roots)
-    dispatchers = [LocalDispatcher(inventory)]
+    if cfg.unfollowed_group_seconds < 0:
+        raise ConfigError(f"unfollowed_group_seconds must be 0 (never) or more, got {cfg.unfollowed_group_seconds}")
+    dispatchers = [LocalDispatcher(inventory, cfg.unfollowed_group_seconds)]
     if cfg.ray_address:
-        dispatchers.append(RayDispatcher(cfg.ray_address, cfg.ray_slots, cfg.ray_gpus_per_rank))
+        dispatchers.append(RayDispatcher(cfg.ray_address, cfg.ray_slots, cfg.ray_gpus_per_rank,
+                                         cfg.unfollowed_group_seconds))
     launches = Launches(LaunchStore(store), auditor, Path(cfg.data_dir).resolve() / "launches", dispatchers,
                         instance=instance, shared=store.dialect != "sqlite", lease_seconds=cfg.lease_seconds)
     experiments = Experiments(ExperimentStore(store), launches, plans)

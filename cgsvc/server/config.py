@@ -52,6 +52,9 @@ class ServerConfig:
     lease_seconds: float = _opt(30.0, "on a shared (PostgreSQL) database: a replica whose lease has gone this long "
                                       "unrenewed is taken to be gone, and another takes over its launches and "
                                       "experiments; each replica renews its own every third of this")
+    unfollowed_group_seconds: float = _opt(600.0, "a worker group that no server has followed for this long (its "
+                                                  "server stopped and did not come back, or its replica is gone) "
+                                                  "is stopped by its supervisor, reporting why; 0: never")
     ray_address: str = _opt("", "HOST:PORT of a Ray cluster's GCS; enables the Ray dispatcher")
     ray_slots: int = _opt(8, "ranks the Ray dispatcher may run at once")
     ray_gpus_per_rank: float = _opt(-1.0, "GPUs Ray gives each rank: -1 (default) one for a GPU plan and none "

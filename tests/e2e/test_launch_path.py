@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from cgsvc_client.client import Client
 from cgsvc_worker.checkpoint import make_checkpoint
 
+from cgsvc.contract import RunDir, read_report
 from cgsvc.errors import ServiceError
 from cgsvc.launch.dispatch import HOST, session_members
 from tests.e2e.server import ServerProcess
@@ -189,6 +190,30 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
     while not check():
         assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
         time.sleep(0.2)
+
+
+def test_a_group_no_server_follows_is_stopped_by_its_supervisor(ckpt: str, tmp_path: Path) -> None:
+    """The server is killed and does not come back within --unfollowed-group-seconds: the group's
+    supervisor stops it and reports why, so it does not hold its devices for ever. The server,
+    restarted later, settles the launch FAILED with that reason."""
+    srv = ServerProcess(tmp_path / "srv", "--unfollowed-group-seconds", "3").start()
+    try:
+        with Client(srv.address) as c:
+            launch = c.create_launch(ckpt, {**SHORT, "output_len": 4000, "requests": 1}, spec=KIMI).metadata
+            wait_state(c, launch.name, ("RUNNING",))
+            pid = supervisor_pid(state_records(c, launch.name))
+            run = RunDir(run_dirs(srv)[0])
+            assert time.time() - run.followed.stat().st_mtime < 3  # followed while the server runs
+        srv.kill9()
+        assert no_processes_left(pid, timeout=60), f"the group (supervisor pid {pid}) still runs"
+        report = read_report(run.report)
+        assert report.error_kind == "Unfollowed" and "no cgsvc server followed this group" in report.error, report
+        srv.start()
+        with Client(srv.address) as c:
+            done = wait_state(c, launch.name, TERMINAL)
+            assert done.state == "FAILED" and "no cgsvc server followed this group" in done.error, done
+    finally:
+        srv.stop()
 
 
 def test_a_replica_whose_lease_lapses_has_its_launches_taken_over(tmp_path: Path) -> None:

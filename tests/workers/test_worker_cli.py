@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +91,35 @@ def test_bench_command(checkpoints: dict[str, str], tmp_path: Path) -> None:
     r = json.loads(out.read_text())
     assert r["workload"]["concurrency"] == 1 and len(r["requests"]) == 3
     assert all(len(x["output_tokens"]) == 4 and x["prompt_tokens"] == 32 for x in r["requests"])
+
+
+def test_a_group_nobody_follows_is_stopped_with_a_report_saying_why(checkpoints: dict[str, str],
+                                                                    tmp_path: Path) -> None:
+    """--unfollowed-after: a group (one rank here, supervised all the same) whose --follow-file
+    nobody touches stops, and its report says why; a file touched recently keeps it going."""
+    out, follow = tmp_path / "bench.json", tmp_path / "followed"
+    proc = worker("bench", "--model-path", checkpoints["tiny"], "--input-len", "8", "--output-len", "100000",
+                  "--requests", "1", "--output", str(out), "--follow-file", str(follow), "--unfollowed-after", "2")
+    assert proc.returncode == 1, proc.stderr
+    r = json.loads(out.read_text())
+    assert r["status"] == "failed" and r["error_kind"] == "Unfollowed", r
+    assert "no cgsvc server followed this group for" in r["error"] and "limit is 2 s" in r["error"]
+    assert "no cgsvc server followed this group" in proc.stderr
+
+
+def test_unfollowed_counts_from_the_last_touch(tmp_path: Path) -> None:
+    from cgsvc_worker.supervisor import Unfollowed
+
+    follow = tmp_path / "followed"
+    watch = Unfollowed(str(follow), 5)
+    assert watch.lapsed() == ""  # just started: counted from the start while there is no file
+    watch.since -= 60
+    assert "for 60 s" in watch.lapsed()
+    follow.touch()
+    assert watch.lapsed() == ""  # touched now
+    os.utime(follow, (time.time() - 30, time.time() - 30))
+    assert "for 30 s" in watch.lapsed() and "limit is 5 s" in watch.lapsed()
+    assert Unfollowed(str(follow), 0).lapsed() == "" and Unfollowed("", 5).lapsed() == ""  # no limit, no file
 
 
 @pytest.mark.parametrize("case", ["missing_tensor", "shape_mismatch", "unsupported_arch", "tp_heads", "other_model",

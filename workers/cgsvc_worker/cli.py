@@ -118,6 +118,11 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--events", help="append JSON-lines state and progress events to this file")
         p.add_argument("--log-dir", help="write each rank's output to DIR/rank{N}.log")
         p.add_argument("--launch-id", help="a tag on the command line by which a supervisor finds this group")
+        p.add_argument("--follow-file", default="",
+                       help="a file the server that follows this group touches about once a second")
+        p.add_argument("--unfollowed-after", type=float, default=0.0,
+                       help="stop the group, reporting why, once --follow-file has gone this many seconds "
+                            "untouched (0: never; a group of one rank is then supervised too)")
         p.add_argument("--devices", default="",
                        help="comma-separated devices, one per rank (GPU ids, or cpu0, cpu1, ... for CPU slots): rank r "
                             "sees only the r-th (its own CUDA_VISIBLE_DEVICES)")
@@ -160,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.tp < 1:
         print("cgsvc-worker: --tp must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if "WORLD_SIZE" in os.environ or ns.tp == 1:
+    if "WORLD_SIZE" in os.environ or (ns.tp == 1 and not ns.unfollowed_after):
         os.environ.setdefault("WORLD_SIZE", str(ns.tp))
         return rank_entry(ns)
     return spawn_group(ns)

@@ -7,11 +7,18 @@ names every failed rank.
 
 The server's local dispatcher runs `cgsvc-worker bench ...` as this supervisor, in its own
 session, so that a restarted server finds the group again and cancels it with one signal.
+
+A group is followed: the server that follows it touches a file in its run directory about once
+a second (`--follow-file`). With `--unfollowed-after SECONDS`, a group whose file nobody has
+touched for that long (its server is down and has not come back, or its replica is gone for
+good) is stopped here, with a report saying so (Unfollowed): a group nobody can reach does not
+hold its devices for ever.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import socket
@@ -50,9 +57,39 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class Unfollowed:
+    """Whether the server still follows this group: the age of the follow file's last touch
+    (counted from the start while it has none)."""
+
+    def __init__(self, path: str, seconds: float) -> None:
+        self.path, self.seconds = path, seconds
+        self.since = time.time()
+
+    def age(self) -> float:
+        try:
+            touched = os.stat(self.path).st_mtime
+        except OSError:
+            touched = 0.0
+        return time.time() - max(self.since, touched)
+
+    def lapsed(self) -> str:
+        """Why the group is to stop, or '' while it is followed (or no limit is set)."""
+        if not self.path or self.seconds <= 0 or (age := self.age()) <= self.seconds:
+            return ""
+        return (f"stopped by its supervisor: no cgsvc server followed this group for {age:.0f} s (the limit is "
+                f"{self.seconds:g} s, the server's unfollowed_group_seconds): the server that started it stopped "
+                "and did not come back, or its replica is gone")
+
+
+def watch_for(ns: argparse.Namespace) -> Unfollowed:
+    return Unfollowed(getattr(ns, "follow_file", "") or "", float(getattr(ns, "unfollowed_after", 0) or 0))
+
+
 def spawn_group(ns: argparse.Namespace) -> int:
-    """Start ns.tp ranks with `spawn`; when one fails, stop the others and report."""
+    """Start ns.tp ranks with `spawn`; when one fails (or nobody follows the group any more:
+    Unfollowed), stop the others and report."""
     ctx = mp.get_context("spawn")
+    watch = watch_for(ns)
     port = free_port()
     if device_list(ns) and len(device_list(ns)) != ns.tp:
         print(f"cgsvc-worker: --devices names {len(device_list(ns))} devices for --tp {ns.tp}", file=sys.stderr)
@@ -60,8 +97,14 @@ def spawn_group(ns: argparse.Namespace) -> int:
     procs = [ctx.Process(target=_spawned, args=(ns, r, ns.tp, port), name=f"rank{r}") for r in range(ns.tp)]
     for p in procs:
         p.start()
-    code = 0
+    code, checked, why = 0, time.monotonic(), ""
     while any(p.is_alive() for p in procs):
+        if time.monotonic() - checked >= 1.0:
+            checked, why = time.monotonic(), watch.lapsed()
+            if why:
+                for p in procs:
+                    p.terminate()
+                break
         dead = [p for p in procs if not p.is_alive() and p.exitcode not in (0, None)]
         if dead:
             code = dead[0].exitcode or EXIT_FAILED
@@ -76,6 +119,14 @@ def spawn_group(ns: argparse.Namespace) -> int:
         if p.is_alive():
             p.kill()
             p.join()
+    if why:
+        print(f"cgsvc-worker: {why}", file=sys.stderr, flush=True)
+        if ns.output:
+            write_report(ns.output, WorkerReport.failed(why, "Unfollowed"))
+            for r in range(ns.tp):  # the ranks' own reports say only that they were stopped
+                with contextlib.suppress(OSError):
+                    os.remove(rank_error_path(ns.output, r))
+        return EXIT_FAILED
     codes = [p.exitcode for p in procs]
     failed: list[tuple[int, int | None]] = [(i, c) for i, c in enumerate(codes) if c not in (0, None)]
     if failed and ns.output:
