@@ -1,8 +1,8 @@
 """Dispatchers: how a launch's worker group is started, found again, and stopped.
 
 The local dispatcher starts `cgsvc-worker` as a supervisor in its own session (never a fork
-of the gRPC server: `subprocess` execs at once); the supervisor spawns one process per rank
-with `spawn`, each on its own device (`--devices`: rank r sees only the r-th, through its
+of the gRPC server: `subprocess` execs at once); the supervisor starts one process per rank,
+forked from a fork server that imported torch once, each on its own device (`--devices`: rank r sees only the r-th, through its
 own CUDA_VISIBLE_DEVICES), stops the whole group when a rank dies, and writes a report.
 Because the group lives in its own session, a restarted server can find it again by pid and
 command line, and cancellation reaches every rank with one signal to the process group.
