@@ -302,7 +302,9 @@ def check_graphs_cuda() -> dict[str, Any]:
 
 
 def generate_cli() -> dict[str, Any]:
-    """`cgsvc-worker generate` end to end on the GPU with a plan that sets every field."""
+    """`cgsvc-worker generate` end to end on the GPU with a plan that sets every field, its one
+    rank supervised as a launch's are (forked from the fork server that preloaded torch: CUDA
+    must start in the rank after the fork)."""
     out = CKPT / "generate"
     out.mkdir(exist_ok=True)
     plan_json = {"plan": {"policy_version": "gpu-check", "plan_hash": "gpu-check",
@@ -315,10 +317,11 @@ def generate_cli() -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run([sys.executable, "-m", "cgsvc_worker.cli", "generate", "--model-path", checkpoint("moe"),
                            "--plan", str(out / "plan.json"), "--prompts", str(out / "prompts.json"),
-                           "--max-new-tokens", "16", "--dtype", "bfloat16", "--output", str(out / "report.json")],
+                           "--max-new-tokens", "16", "--dtype", "bfloat16", "--output", str(out / "report.json"),
+                           "--follow-file", str(out / "followed"), "--unfollowed-after", "600"],
                           capture_output=True, text=True, env=env, timeout=300)
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
-    return {"exit_code": proc.returncode, "stderr_tail": proc.stderr[-1500:],
+    return {"exit_code": proc.returncode, "stderr_tail": proc.stderr[-1500:], "rank": "forked from the fork server",
             "table": report.get("plan_fidelity") or [{"error": report.get("error", "no report")}],
             "steps": report.get("steps"), "modes": report.get("modes"),
             "ttft_ms": report.get("aggregate", {}).get("ttft_ms"), "tpot_ms": report.get("aggregate", {}).get("tpot_ms"),
