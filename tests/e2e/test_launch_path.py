@@ -192,14 +192,15 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
         time.sleep(0.2)
 
 
-def test_a_group_no_server_follows_is_stopped_by_its_supervisor(ckpt: str, tmp_path: Path) -> None:
-    """The server is killed and does not come back within --unfollowed-group-seconds: the group's
-    supervisor stops it and reports why, so it does not hold its devices for ever. The server,
-    restarted later, settles the launch FAILED with that reason."""
-    srv = ServerProcess(tmp_path / "srv", "--unfollowed-group-seconds", "3").start()
+def unfollowed_group_stops(srv: ServerProcess, ckpt: str, dispatcher: str = "local") -> None:
+    """`srv` runs with a short --unfollowed-group-seconds: a long launch is started, the server
+    is killed and stays down, and the group's supervisor stops the group, reporting why; the
+    server, restarted, settles the launch FAILED with that reason."""
+    srv.start()
     try:
         with Client(srv.address) as c:
-            launch = c.create_launch(ckpt, {**SHORT, "output_len": 4000, "requests": 1}, spec=KIMI).metadata
+            launch = c.create_launch(ckpt, {**SHORT, "output_len": 4000, "requests": 1}, spec=KIMI,
+                                     dispatcher=dispatcher).metadata
             wait_state(c, launch.name, ("RUNNING",))
             pid = supervisor_pid(state_records(c, launch.name))
             run = RunDir(run_dirs(srv)[0])
@@ -214,6 +215,12 @@ def test_a_group_no_server_follows_is_stopped_by_its_supervisor(ckpt: str, tmp_p
             assert done.state == "FAILED" and "no cgsvc server followed this group" in done.error, done
     finally:
         srv.stop()
+
+
+def test_a_group_no_server_follows_is_stopped_by_its_supervisor(ckpt: str, tmp_path: Path) -> None:
+    """The server is killed and does not come back within --unfollowed-group-seconds: the group's
+    supervisor stops it and reports why, so it does not hold its devices for ever."""
+    unfollowed_group_stops(ServerProcess(tmp_path / "srv", "--unfollowed-group-seconds", "3"), ckpt)
 
 
 def test_a_replica_whose_lease_lapses_has_its_launches_taken_over(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from cgsvc_worker.supervisor import free_port
 
 from cgsvc.errors import ServiceError
 from tests.e2e.server import ServerProcess
+from tests.e2e.test_launch_path import unfollowed_group_stops
 
 KIMI = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300", "gpu_count": 4},
         "parallelism": {"tp": 4}}
@@ -69,6 +70,12 @@ def test_ray_cpu_bundles_for_a_gpu_plan_are_a_reported_substitution(ray_cluster:
         assert states[-1] == "SUCCEEDED", launch.error
         assert list(launch.devices) == ["cpu"] * 4
         assert "substituted: the plan is for GPUs, the ranks run on CPU bundles" in launch.placement
+
+
+def test_a_ray_group_no_server_follows_is_stopped_by_its_driver(ray_cluster: str, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(str(tmp_path / "kimi"), "tiny-kimi")
+    unfollowed_group_stops(ServerProcess(tmp_path / "srv", "--ray-address", ray_cluster, "--ray-gpus-per-rank", "0",
+                                         "--unfollowed-group-seconds", "3", env=RAY_ENV), ckpt, dispatcher="ray")
 
 
 def test_unreachable_ray_cluster_starts_nothing(tmp_path: Path) -> None:

@@ -33,7 +33,10 @@ from cgsvc_worker.runtime import rank_entry, rank_error_path
 from cgsvc_worker.supervisor import Unfollowed, free_port
 
 
-@ray.remote
+# read_events has a thread of its own: an actor runs one call at a time in its default group,
+# and run() lasts the whole workload, so the driver could read no event (a state, progress)
+# until the run had ended.
+@ray.remote(concurrency_groups={"events": 1})
 class RankActor:
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -42,6 +45,7 @@ class RankActor:
     def endpoint(self) -> tuple[str, int]:
         return ray.util.get_node_ip_address(), free_port()
 
+    @ray.method(concurrency_group="events")
     def read_events(self, offset: int) -> tuple[str, int]:
         try:
             with open(self.events, encoding="utf-8") as fh:
