@@ -36,7 +36,7 @@ from cgsvc_worker.supervisor import Unfollowed, free_port
 # read_events has a thread of its own: an actor runs one call at a time in its default group,
 # and run() lasts the whole workload, so the driver could read no event (a state, progress)
 # until the run had ended.
-@ray.remote(concurrency_groups={"events": 1})
+@ray.remote(concurrency_groups={"events": 1})  # type: ignore[call-overload]  # the stubs omit it
 class RankActor:
     def __init__(self, rank: int) -> None:
         self.rank = rank
