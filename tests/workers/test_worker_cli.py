@@ -107,6 +107,12 @@ def test_a_group_nobody_follows_is_stopped_with_a_report_saying_why(checkpoints:
     assert "no cgsvc server followed this group" in proc.stderr
 
 
+def test_unfollowed_after_without_a_follow_file_is_refused(checkpoints: dict[str, str]) -> None:
+    for extra in (["--unfollowed-after", "5"], ["--unfollowed-after", "-1", "--follow-file", "/tmp/x"]):
+        proc = worker("bench", "--model-path", checkpoints["tiny"], "--requests", "1", *extra)
+        assert proc.returncode == 2 and "--unfollowed-after" in proc.stderr and "--follow-file" in proc.stderr, proc
+
+
 def test_unfollowed_counts_from_the_last_touch(tmp_path: Path) -> None:
     from cgsvc_worker.supervisor import Unfollowed
 

@@ -165,6 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.tp < 1:
         print("cgsvc-worker: --tp must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if ns.unfollowed_after < 0 or (ns.unfollowed_after and not ns.follow_file):
+        print(f"cgsvc-worker: --unfollowed-after {ns.unfollowed_after:g}: give 0 (never) or a number of seconds, "
+              "with --follow-file naming the file whose last touch counts", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if "WORLD_SIZE" in os.environ or (ns.tp == 1 and not ns.unfollowed_after):
         os.environ.setdefault("WORLD_SIZE", str(ns.tp))
         return rank_entry(ns)
