@@ -160,6 +160,8 @@ async def start(cfg: ServerConfig) -> Running:
         raise ConfigError(f"audit_writer must be process or thread, got {cfg.audit_writer!r}")
     if cfg.lease_seconds <= 0:
         raise ConfigError(f"lease_seconds must be more than 0, got {cfg.lease_seconds}")
+    if cfg.unfollowed_group_seconds < 0:
+        raise ConfigError(f"unfollowed_group_seconds must be 0 (never) or more, got {cfg.unfollowed_group_seconds}")
     for name in ("audit_cohort_wait_ms", "audit_cohort_gap_ms"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{name} must be 0 or more, got {getattr(cfg, name)}")
@@ -177,8 +179,6 @@ async def start(cfg: ServerConfig) -> Running:
                ("grpc.so_reuseport", 0)]
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
     plans = Plans(auditor, model_roots)
-    if cfg.unfollowed_group_seconds < 0:
-        raise ConfigError(f"unfollowed_group_seconds must be 0 (never) or more, got {cfg.unfollowed_group_seconds}")
     dispatchers = [LocalDispatcher(inventory, cfg.unfollowed_group_seconds)]
     if cfg.ray_address:
         dispatchers.append(RayDispatcher(cfg.ray_address, cfg.ray_slots, cfg.ray_gpus_per_rank,

@@ -310,3 +310,8 @@ def test_negative_audit_waits_are_refused_by_name(tmp_path: Path) -> None:
 def test_a_lease_of_no_time_is_refused_by_name(tmp_path: Path) -> None:
     """Every replica would take every other's launches at once: refused, naming the option."""
     assert "lease_seconds must be more than 0, got 0.0" in serve_refused(tmp_path, "--lease-seconds", "0")
+
+
+def test_a_negative_unfollowed_limit_is_refused_by_name(tmp_path: Path) -> None:
+    assert ("unfollowed_group_seconds must be 0 (never) or more, got -1.0"
+            in serve_refused(tmp_path, "--unfollowed-group-seconds", "-1"))
