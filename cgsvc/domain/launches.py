@@ -382,17 +382,16 @@ class Launches:
         launch_id = row.launch_id
         polls = 0
         while True:
-            if polls % 10 == 0:  # the group's supervisor stops a group nobody follows (Unfollowed)
-                with contextlib.suppress(OSError):
-                    run.followed.touch()
-            polls += 1
             if polls % 10 == 0:  # about once a second: a cancel asked of another replica, a takeover
+                with contextlib.suppress(OSError):  # followed: its supervisor stops a group nobody follows
+                    run.followed.touch()
                 stored = await asyncio.to_thread(self.store.get, launch_id)
                 if stored is not None and self.shared and stored.owner != self.instance:
                     raise TakenOver(launch_id)
                 if stored is not None and stored.cancel_requested_by and not w.cancel:
                     w.cancel, w.cancel_principal, w.cancel_reason = True, stored.cancel_requested_by, \
                         stored.cancel_reason
+            polls += 1
             row, bad = await self.follow_events(row, run, w)
             if bad:  # the group broke the contract: stop it, say why
                 await asyncio.to_thread(disp.stop, handle)

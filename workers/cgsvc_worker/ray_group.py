@@ -30,7 +30,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from cgsvc.contract import ContractError, RankError, RunDir, WorkerReport, read_report, write_report
 from cgsvc_worker.cli import parser
 from cgsvc_worker.runtime import rank_entry, rank_error_path
-from cgsvc_worker.supervisor import Unfollowed, free_port
+from cgsvc_worker.supervisor import Unfollowed, free_port, watch_for
 
 
 # read_events has a thread of its own: an actor runs one call at a time in its default group,
@@ -74,11 +74,6 @@ class RankActor:
         return code, {}
 
 
-def _value(argv: list[str], flag: str, default: str) -> str:
-    """The value after `flag` in the ranks' arguments, or `default`."""
-    return argv[argv.index(flag) + 1] if flag in argv else default
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--")
@@ -91,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--place-timeout", type=float, default=60.0, help="seconds to wait for the placement group")
     ns = ap.parse_args(argv[:split])
     worker_argv = argv[split + 1:]
-    tp = int(worker_argv[worker_argv.index("--tp") + 1])
-    watch = Unfollowed(_value(worker_argv, "--follow-file", ""), float(_value(worker_argv, "--unfollowed-after", "0")))
+    ranks = parser().parse_args(worker_argv)  # what every rank runs
+    tp, watch = ranks.tp, watch_for(ranks)  # the ranks' own flags say when nobody follows them
     run_dir = Path(ns.run_dir)
     report_path = str(RunDir(run_dir).report)
     stop = {"flag": False}
@@ -128,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 write_report(report_path, WorkerReport.failed("stopped by the supervisor's owner"))
                 return 1
             if why := watch.lapsed():
-                write_report(report_path, WorkerReport.failed(why, "Unfollowed"))
+                write_report(report_path, WorkerReport.failed(why, Unfollowed.KIND))
                 return 1
             try:
                 text, offset = ray.get(actors[0].read_events.remote(offset), timeout=5)

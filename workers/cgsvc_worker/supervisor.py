@@ -68,6 +68,8 @@ class Unfollowed:
     """Whether the server still follows this group: the age of the follow file's last touch
     (counted from the start while it has none)."""
 
+    KIND = "Unfollowed"  # the error_kind of the report of a group stopped for it
+
     def __init__(self, path: str, seconds: float) -> None:
         self.path, self.seconds = path, seconds
         self.since = time.time()
@@ -89,7 +91,8 @@ class Unfollowed:
 
 
 def watch_for(ns: argparse.Namespace) -> Unfollowed:
-    return Unfollowed(getattr(ns, "follow_file", "") or "", float(getattr(ns, "unfollowed_after", 0) or 0))
+    """The watch a group's `--follow-file` and `--unfollowed-after` ask for."""
+    return Unfollowed(ns.follow_file, ns.unfollowed_after)
 
 
 def spawn_group(ns: argparse.Namespace) -> int:
@@ -130,7 +133,7 @@ def spawn_group(ns: argparse.Namespace) -> int:
     if why:
         print(f"cgsvc-worker: {why}", file=sys.stderr, flush=True)
         if ns.output:
-            write_report(ns.output, WorkerReport.failed(why, "Unfollowed"))
+            write_report(ns.output, WorkerReport.failed(why, Unfollowed.KIND))
             for r in range(ns.tp):  # the ranks' own reports say only that they were stopped
                 with contextlib.suppress(OSError):
                     os.remove(rank_error_path(ns.output, r))
