@@ -96,7 +96,8 @@ def test_bench_command(checkpoints: dict[str, str], tmp_path: Path) -> None:
 def test_a_group_nobody_follows_is_stopped_with_a_report_saying_why(checkpoints: dict[str, str],
                                                                     tmp_path: Path) -> None:
     """--unfollowed-after: a group (one rank here, supervised all the same) whose --follow-file
-    nobody touches stops, and its report says why; a file touched recently keeps it going."""
+    nobody touches stops, and its report says why (test_unfollowed_counts_from_the_last_touch: a
+    recent touch keeps it going)."""
     out, follow = tmp_path / "bench.json", tmp_path / "followed"
     proc = worker("bench", "--model-path", checkpoints["tiny"], "--input-len", "8", "--output-len", "100000",
                   "--requests", "1", "--output", str(out), "--follow-file", str(follow), "--unfollowed-after", "2")
