@@ -4,8 +4,11 @@
     .venv/bin/python bench/launch_bench.py [--repeat 3]
 
 First token = the worker's first progress event (written right after the first prefill).
-Where the time goes comes from the worker's events and report: spawn + imports (until the
-"loading" event), process-group init, checkpoint load, capture, first prefill.
+Where the time goes comes from the worker's events and report: ranks_start_s (until the
+"loading" event, less process-group init: spawning the ranks and their imports under torchrun,
+forks from the fork server that imported torch once under cgsvc's supervisor; the RESULTS tables of
+2026-12-03 and before call it spawn_import_s), process-group init, checkpoint load, capture,
+first prefill.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ def breakdown(t0: float, evs: list[dict[str, Any]], report: dict[str, Any]) -> d
     first = next(e["time"] for e in evs if e.get("event") == "progress")
     capture_end = next(e["time"] for e in evs if e.get("state") == "running")
     t = report["timings"]
-    return {"first_token_s": first - t0, "spawn_import_s": loading - t0 - t["process_group_s"],
+    return {"first_token_s": first - t0, "ranks_start_s": loading - t0 - t["process_group_s"],
             "process_group_s": t["process_group_s"], "load_s": t["load_s"], "capture_s": t["capture_s"],
             "first_prefill_s": first - capture_end}
 
@@ -106,7 +109,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(30)
-    keys = ["first_token_s", "spawn_import_s", "process_group_s", "load_s", "capture_s", "first_prefill_s"]
+    keys = ["first_token_s", "ranks_start_s", "process_group_s", "load_s", "capture_s", "first_prefill_s"]
     print(f"# TP4 on {ns.repeat} runs each, medians in seconds; tiny-kimi checkpoint, 16-token prompt")
     print("| start | " + " | ".join(keys) + " |")
     print("|---|" + "---|" * len(keys))
