@@ -230,6 +230,22 @@ def policy_info(policy: Policy) -> plan_service_pb2.PolicyInfo:
                                        rules=len(policy.rules), doc=policy.doc, default=policy.name == DEFAULT_POLICY)
 
 
+def model_infos() -> list[plan_service_pb2.ModelInfo]:
+    """The model catalog as ListModels answers it, in the catalog file's order."""
+    from cgsvc import catalog
+
+    table = catalog.models()
+    out = []
+    for name, aliases in catalog.model_aliases().items():
+        m = table[name]
+        out.append(plan_service_pb2.ModelInfo(
+            name=name, aliases=aliases, architecture=m.architecture, text_architecture=m.text_architecture,
+            mla=m.is_mla, dsa=m.is_dsa, moe=m.is_moe, multimodal=m.is_multimodal,
+            quantization=m.quantization or "", kv_cache_dtype=m.kv_cache_dtype or "", num_layers=m.num_layers,
+            hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads))
+    return out
+
+
 def impact_proto(impact: dict[str, Any]) -> plan_service_pb2.PolicyImpact:
     """The impact dict of cgsvc.domain.impact as its message (the field names are the same)."""
     return json_format.ParseDict(impact, plan_service_pb2.PolicyImpact())

@@ -7,6 +7,7 @@ reader (`model_facts_from_config`) serves catalog models and local checkpoints.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -230,6 +231,46 @@ def facts_for_spec(spec: dict[str, Any]) -> ModelFacts | None:
 
 def canonical_model_names() -> list[str]:
     return sorted({m.name for m in models().values()})
+
+
+def model_aliases() -> dict[str, list[str]]:
+    """Every catalog id with its aliases, in the catalog file's order."""
+    return {n: list(entry.get("aliases", [])) for n, entry in _load("models.json")["models"].items()}
+
+
+def closest_models(name: str, limit: int = 3) -> list[str]:
+    """The catalog ids whose id or alias is nearest to `name` (a mistyped or half-remembered
+    name), best first; none when nothing is close. Compared case-insensitively, and the id's
+    part after the organisation counts as an alias (`Kimi-K2.7` is near `moonshotai/Kimi-K2.6`);
+    names that contain what was typed come first (`qwen3-next`), then those that look alike."""
+    names: dict[str, str] = {}
+    for canonical, aliases in model_aliases().items():
+        for n in (canonical, canonical.rsplit("/", 1)[-1], *aliases):
+            names.setdefault(n.lower(), canonical)
+    want = name.lower().strip()
+    out: list[str] = []
+    # a name that holds what was typed (a prefix, a short form) before any that merely looks alike
+    holding = sorted((n for n in names if len(want) >= 3 and want in n), key=len)
+    for n in (*holding, *difflib.get_close_matches(want, list(names), n=len(names), cutoff=0.6)):
+        if names[n] not in out:
+            out.append(names[n])
+    return out[:limit]
+
+
+def unknown_model(name: str, limit: int = 200) -> str:
+    """What a refusal of an unknown model.name says, in at most `limit` characters (what a
+    field violation may carry on the wire): the nearest catalog ids first, as many as fit, then
+    what would be valid and where the whole list is (the catalog outgrew one line)."""
+    shown = name if len(name) <= 40 else f"{name[:40]}..."
+    valid = (f"valid: the {len(model_aliases())} catalog ids and their aliases (cgsvc-cli models), "
+             "or model.path to a directory with config.json")
+    near = closest_models(name)
+    while True:
+        hint = f"did you mean {' or '.join(repr(n) for n in near)}? " if near else ""
+        text = f"unknown model {shown!r}; {hint}{valid}"
+        if len(text) <= limit or not near:
+            return text
+        near = near[:-1]
 
 
 def find_gpu(name: str) -> GpuInfo | None:

@@ -58,9 +58,7 @@ def _model_facts(spec: LaunchSpec, out: list[FieldViolation],
         return None
     facts = catalog.find_model(m.name)
     if facts is None:
-        out.append(FieldViolation("model.name", f"unknown model {m.name!r}; catalog models: "
-                                                f"{', '.join(catalog.canonical_model_names())}; or give "
-                                                "model.path to a directory with config.json"))
+        out.append(FieldViolation("model.name", catalog.unknown_model(m.name)))
     return facts
 
 

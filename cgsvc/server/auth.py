@@ -27,6 +27,7 @@ PERMISSIONS: dict[str, tuple[str, ...]] = {
     "cgsvc.v1.PlanService/GetPlan": ("resolver", "launcher", "auditor", "admin"),
     "cgsvc.v1.PlanService/ListPlans": ("resolver", "launcher", "auditor", "admin"),
     "cgsvc.v1.PlanService/ListPolicies": ROLES,
+    "cgsvc.v1.PlanService/ListModels": ROLES,
     # Policy impact reads the whole audit history: those who may read the log.
     "cgsvc.v1.PlanService/ComputePolicyImpact": ("auditor", "admin"),
     "cgsvc.v1.AuditService/*": ("auditor", "admin"),

@@ -144,6 +144,10 @@ class PlanService:
                            rc: RequestContext) -> plan_service_pb2.ListPoliciesResponse:
         return plan_service_pb2.ListPoliciesResponse(policies=[codec.policy_info(p) for p in POLICIES.values()])
 
+    async def ListModels(self, request: plan_service_pb2.ListModelsRequest,  # noqa: N802
+                         rc: RequestContext) -> plan_service_pb2.ListModelsResponse:
+        return plan_service_pb2.ListModelsResponse(models=codec.model_infos())
+
     async def ComputePolicyImpact(self, request: plan_service_pb2.ComputePolicyImpactRequest,  # noqa: N802
                                   rc: RequestContext) -> plan_service_pb2.PolicyImpact:
         try:

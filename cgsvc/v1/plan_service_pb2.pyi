@@ -71,6 +71,46 @@ class ListPoliciesResponse(_message.Message):
     policies: _containers.RepeatedCompositeFieldContainer[PolicyInfo]
     def __init__(self, policies: _Optional[_Iterable[_Union[PolicyInfo, _Mapping]]] = ...) -> None: ...
 
+class ModelInfo(_message.Message):
+    __slots__ = ("name", "aliases", "architecture", "text_architecture", "mla", "dsa", "moe", "multimodal", "quantization", "kv_cache_dtype", "num_layers", "hidden_size", "num_attention_heads")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ALIASES_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    MLA_FIELD_NUMBER: _ClassVar[int]
+    DSA_FIELD_NUMBER: _ClassVar[int]
+    MOE_FIELD_NUMBER: _ClassVar[int]
+    MULTIMODAL_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_ATTENTION_HEADS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    aliases: _containers.RepeatedScalarFieldContainer[str]
+    architecture: str
+    text_architecture: str
+    mla: bool
+    dsa: bool
+    moe: bool
+    multimodal: bool
+    quantization: str
+    kv_cache_dtype: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    def __init__(self, name: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., text_architecture: _Optional[str] = ..., mla: _Optional[bool] = ..., dsa: _Optional[bool] = ..., moe: _Optional[bool] = ..., multimodal: _Optional[bool] = ..., quantization: _Optional[str] = ..., kv_cache_dtype: _Optional[str] = ..., num_layers: _Optional[int] = ..., hidden_size: _Optional[int] = ..., num_attention_heads: _Optional[int] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
+
 class ComputePolicyImpactRequest(_message.Message):
     __slots__ = ("candidate", "baseline", "filter")
     CANDIDATE_FIELD_NUMBER: _ClassVar[int]

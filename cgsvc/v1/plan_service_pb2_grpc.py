@@ -56,6 +56,11 @@ class PlanServiceStub:
                 request_serializer=cgsvc_dot_v1_dot_plan__service__pb2.ListPoliciesRequest.SerializeToString,
                 response_deserializer=cgsvc_dot_v1_dot_plan__service__pb2.ListPoliciesResponse.FromString,
                 _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/cgsvc.v1.PlanService/ListModels',
+                request_serializer=cgsvc_dot_v1_dot_plan__service__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=cgsvc_dot_v1_dot_plan__service__pb2.ListModelsResponse.FromString,
+                _registered_method=True)
         self.ComputePolicyImpact = channel.unary_unary(
                 '/cgsvc.v1.PlanService/ComputePolicyImpact',
                 request_serializer=cgsvc_dot_v1_dot_plan__service__pb2.ComputePolicyImpactRequest.SerializeToString,
@@ -92,6 +97,14 @@ class PlanServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListModels(self, request, context):
+        """The model catalog this server resolves model.name against: every id with its aliases and
+        the facts the rules read from its config.json.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ComputePolicyImpact(self, request, context):
         """Re-resolves every distinct spec of the audit history (ResolvePlan and CreateLaunch
         records, refusals included) under a baseline and a candidate policy, and says what would
@@ -123,6 +136,11 @@ def add_PlanServiceServicer_to_server(servicer, server):
                     servicer.ListPolicies,
                     request_deserializer=cgsvc_dot_v1_dot_plan__service__pb2.ListPoliciesRequest.FromString,
                     response_serializer=cgsvc_dot_v1_dot_plan__service__pb2.ListPoliciesResponse.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=cgsvc_dot_v1_dot_plan__service__pb2.ListModelsRequest.FromString,
+                    response_serializer=cgsvc_dot_v1_dot_plan__service__pb2.ListModelsResponse.SerializeToString,
             ),
             'ComputePolicyImpact': grpc.unary_unary_rpc_method_handler(
                     servicer.ComputePolicyImpact,
@@ -239,6 +257,33 @@ class PlanService:
             '/cgsvc.v1.PlanService/ListPolicies',
             cgsvc_dot_v1_dot_plan__service__pb2.ListPoliciesRequest.SerializeToString,
             cgsvc_dot_v1_dot_plan__service__pb2.ListPoliciesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cgsvc.v1.PlanService/ListModels',
+            cgsvc_dot_v1_dot_plan__service__pb2.ListModelsRequest.SerializeToString,
+            cgsvc_dot_v1_dot_plan__service__pb2.ListModelsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -39,6 +39,10 @@ class PlanServiceStub:
     ListPlans: _grpc.UnaryUnaryMultiCallable[_plan_service_pb2.ListPlansRequest, _plan_service_pb2.ListPlansResponse]
     ListPolicies: _grpc.UnaryUnaryMultiCallable[_plan_service_pb2.ListPoliciesRequest, _plan_service_pb2.ListPoliciesResponse]
     """The policies this server resolves with: cgsvc (the default) and the engine profiles."""
+    ListModels: _grpc.UnaryUnaryMultiCallable[_plan_service_pb2.ListModelsRequest, _plan_service_pb2.ListModelsResponse]
+    """The model catalog this server resolves model.name against: every id with its aliases and
+    the facts the rules read from its config.json.
+    """
     ComputePolicyImpact: _grpc.UnaryUnaryMultiCallable[_plan_service_pb2.ComputePolicyImpactRequest, _plan_service_pb2.PolicyImpact]
     """Re-resolves every distinct spec of the audit history (ResolvePlan and CreateLaunch
     records, refusals included) under a baseline and a candidate policy, and says what would
@@ -55,6 +59,10 @@ class PlanServiceAsyncStub(PlanServiceStub):
     ListPlans: _aio.UnaryUnaryMultiCallable[_plan_service_pb2.ListPlansRequest, _plan_service_pb2.ListPlansResponse]  # type: ignore[assignment]
     ListPolicies: _aio.UnaryUnaryMultiCallable[_plan_service_pb2.ListPoliciesRequest, _plan_service_pb2.ListPoliciesResponse]  # type: ignore[assignment]
     """The policies this server resolves with: cgsvc (the default) and the engine profiles."""
+    ListModels: _aio.UnaryUnaryMultiCallable[_plan_service_pb2.ListModelsRequest, _plan_service_pb2.ListModelsResponse]  # type: ignore[assignment]
+    """The model catalog this server resolves model.name against: every id with its aliases and
+    the facts the rules read from its config.json.
+    """
     ComputePolicyImpact: _aio.UnaryUnaryMultiCallable[_plan_service_pb2.ComputePolicyImpactRequest, _plan_service_pb2.PolicyImpact]  # type: ignore[assignment]
     """Re-resolves every distinct spec of the audit history (ResolvePlan and CreateLaunch
     records, refusals included) under a baseline and a candidate policy, and says what would
@@ -92,6 +100,16 @@ class PlanServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_plan_service_pb2.ListPoliciesResponse, _abc.Awaitable[_plan_service_pb2.ListPoliciesResponse]]:
         """The policies this server resolves with: cgsvc (the default) and the engine profiles."""
+
+    @_abc_1.abstractmethod
+    def ListModels(
+        self,
+        request: _plan_service_pb2.ListModelsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_plan_service_pb2.ListModelsResponse, _abc.Awaitable[_plan_service_pb2.ListModelsResponse]]:
+        """The model catalog this server resolves model.name against: every id with its aliases and
+        the facts the rules read from its config.json.
+        """
 
     @_abc_1.abstractmethod
     def ComputePolicyImpact(

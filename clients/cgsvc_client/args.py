@@ -29,7 +29,7 @@ class CliError(Exception):
 
 # Convenience flags: (flag, spec path, type).
 SPEC_FLAGS: tuple[tuple[str, tuple[str, ...], type, str], ...] = (
-    ("--model", ("model", "name"), str, "catalog id or hub repo id"),
+    ("--model", ("model", "name"), str, "catalog id (a hub repo id) or alias; cgsvc-cli models lists them"),
     ("--model-path", ("model", "path"), str, "checkpoint directory with config.json"),
     ("--gpu", ("hardware", "gpu"), str, "GPU name, e.g. GB300, H200, cpu"),
     ("--gpus", ("hardware", "gpu_count"), int, "GPUs per node"),

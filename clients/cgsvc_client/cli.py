@@ -4,6 +4,7 @@
     cgsvc-cli resolve --model nvidia/Kimi-K2.6-NVFP4 --gpu GB300 --gpus 4 --tp 4
     cgsvc-cli rules [--policy NAME] [--output table|json]
     cgsvc-cli policies [--server HOST:PORT]
+    cgsvc-cli models [--server HOST:PORT] [--output table|json]
 
 Exit codes: EXIT_CODES below (also in `cgsvc-cli --help`). JSON output is `{"plan": ...}` or
 `{"error": {"code", "message", "field_violations"}}`.
@@ -74,6 +75,37 @@ def cmd_rules(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models(ns: argparse.Namespace) -> int:
+    from cgsvc import codec
+
+    if ns.server:
+        from cgsvc_client.client import Client
+
+        with Client.from_args(ns) as client:
+            infos = list(client.list_models().models)
+    else:
+        infos = codec.model_infos()
+    fields = [f.name for f in codec.plan_service_pb2.ModelInfo.DESCRIPTOR.fields]
+    rows = []
+    for m in infos:
+        d = codec.json_format.MessageToDict(m, preserving_proto_field_name=True,
+                                            always_print_fields_with_no_presence=True)
+        rows.append({f: d[f] for f in fields})  # in the message's order, every field present
+    if render.output_mode(ns) == "json":
+        render.print_json({"models": rows})
+        return 0
+
+    def attention(r: dict[str, Any]) -> str:
+        return "MLA+DSA" if r["dsa"] else "MLA" if r["mla"] else "other"
+
+    print(render.table(["model", "aliases", "architecture", "attention", "moe", "quantization", "kv cache",
+                        "layers", "heads"],
+                       [(r["name"], ", ".join(r["aliases"]), r["architecture"], attention(r),
+                         "yes" if r["moe"] else "", r["quantization"], r["kv_cache_dtype"], r["num_layers"],
+                         r["num_attention_heads"]) for r in rows]))
+    return 0
+
+
 EXIT_CODES = """exit codes (every command):
   0  success
   1  any other failure: NOT_FOUND, PERMISSION_DENIED, the server unreachable, ...
@@ -102,6 +134,11 @@ def parser() -> argparse.ArgumentParser:
     add_policy(rl)
     add_output(rl)
     rl.set_defaults(func=cmd_rules)
+
+    md = sub.add_parser("models", help="the model catalog model.name is resolved against (ids, aliases, facts)")
+    add_output(md)
+    add_server(md)
+    md.set_defaults(func=cmd_models)
 
     remote_commands.register(sub)
     launch_commands.register(sub)

@@ -130,6 +130,9 @@ class Client:
     def list_policies(self) -> plan_service_pb2.ListPoliciesResponse:
         return self.call(self.plans.ListPolicies, plan_service_pb2.ListPoliciesRequest())  # type: ignore[no-any-return]
 
+    def list_models(self) -> plan_service_pb2.ListModelsResponse:
+        return self.call(self.plans.ListModels, plan_service_pb2.ListModelsRequest())  # type: ignore[no-any-return]
+
     def policy_impact(self, candidate: str, baseline: str = "", filter: str = "") -> dict[str, Any]:
         req = plan_service_pb2.ComputePolicyImpactRequest(candidate=candidate, baseline=baseline, filter=filter)
         return codec.impact_dict(self.call(self.plans.ComputePolicyImpact, req, timeout=max(self.timeout, 600)))

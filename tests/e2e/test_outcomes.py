@@ -38,6 +38,9 @@ class FaultyPlans:
     async def ListPolicies(self, request: Any, rc: Any) -> Any:  # noqa: N802
         return plan_service_pb2.ListPoliciesResponse()
 
+    async def ListModels(self, request: Any, rc: Any) -> Any:  # noqa: N802
+        return plan_service_pb2.ListModelsResponse()
+
     async def ComputePolicyImpact(self, request: Any, rc: Any) -> Any:  # noqa: N802
         return plan_service_pb2.PolicyImpact()
 

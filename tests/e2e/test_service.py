@@ -131,6 +131,20 @@ def test_refusals_carry_rich_details_and_are_audited(client: Client) -> None:
     assert client.verify_audit_log().ok
 
 
+def test_models_over_the_wire_match_the_offline_listing_and_refusals_reach_whole(server: ServerProcess,
+                                                                                 client: Client) -> None:
+    offline = cli("models", "-o", "json")
+    remote = cli("models", "-o", "json", "--server", server.address)
+    assert offline.returncode == remote.returncode == 0, remote.stderr
+    assert remote.stdout == offline.stdout and "nvidia/Kimi-K2.6-NVFP4" in remote.stdout
+    assert [m.name for m in client.list_models().models] == [m["name"] for m in json.loads(remote.stdout)["models"]]
+    bad = ["resolve", "--model", "DeepSeek-V3.1", "--gpu", "H200", "--gpus", "8", "--tp", "8", "-o", "json"]
+    offline, remote = cli(*bad), cli(*bad, "--server", server.address)
+    assert offline.returncode == remote.returncode == 2
+    assert remote.stdout == offline.stdout  # the refusal was not cut on its way (it used to be, mid-list)
+    assert "did you mean 'deepseek-ai/DeepSeek-V3.2'" in remote.stdout and "(cut at" not in remote.stdout
+
+
 def test_audit_cli_list_show_verify(server: ServerProcess, client: Client) -> None:
     client.resolve(KIMI)
     out = cli("audit", "list", "--server", server.address, "--filter", 'rule_id = "breakable.mla"', "-o", "json")

@@ -92,6 +92,24 @@ def test_rules_lists_the_table() -> None:
     assert ids.index("attention.deepseek_v3.blackwell") < ids.index("prefill.upgrade.multimodal_piecewise")
 
 
+def test_models_lists_the_catalog_the_refusal_points_to() -> None:
+    proc = cli("resolve", "--model", "Kimi-K2.7", "--gpu", "GB300", "--gpus", "4", "--tp", "4", "-o", "json")
+    assert proc.returncode == 2
+    description = as_json(proc)["error"]["field_violations"][0]["description"]
+    assert "did you mean 'moonshotai/Kimi-K2.6'" in description and "cgsvc-cli models" in description
+    listed = as_json(cli("models", "-o", "json"))["models"]
+    names = [m["name"] for m in listed]
+    assert "moonshotai/Kimi-K2.6" in names and len(names) == len(set(names))
+    assert f"the {len(names)} catalog ids" in description
+    assert list(listed[0]) == ["name", "aliases", "architecture", "text_architecture", "mla", "dsa", "moe",
+                               "multimodal", "quantization", "kv_cache_dtype", "num_layers", "hidden_size",
+                               "num_attention_heads"]
+    table = cli("models", "-o", "table").stdout
+    assert table.splitlines()[0].split()[:3] == ["model", "aliases", "architecture"]
+    assert len(table.splitlines()) == len(names) + 2  # header, rule, one row a model
+    assert any(line.startswith("deepseek-ai/DeepSeek-V3.2 ") and "MLA+DSA" in line for line in table.splitlines())
+
+
 def test_help_lists_every_exit_code_and_a_refusal_exits_with_the_listed_one(tmp_path: Path) -> None:
     """A script reads the exit codes off `--help`; the one for a refusal is what it gets."""
     help_text = cli("--help").stdout

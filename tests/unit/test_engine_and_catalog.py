@@ -100,6 +100,39 @@ def test_catalog_has_the_required_entries() -> None:
     assert llama is not None and not llama.is_mla and not llama.is_multimodal
 
 
+def test_an_unknown_model_is_refused_with_the_nearest_ids_in_what_fits_on_the_wire() -> None:
+    from cgsvc.server.status import MAX_DESCRIPTION
+
+    cases = {"Kimi-K2.7": "moonshotai/Kimi-K2.6", "nvidia/Kimi-K2.6-FP4": "nvidia/Kimi-K2.6-NVFP4",
+             "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct", "qwen3-next": "Qwen/Qwen3-Next-80B-A3B-Instruct",
+             "DeepSeek-V3.1": "deepseek-ai/DeepSeek-V3.2"}
+    for typed, nearest in cases.items():
+        assert catalog.closest_models(typed)[0] == nearest, typed
+        with pytest.raises(ServiceError) as err:
+            resolve(parse_spec({"model": {"name": typed}, "hardware": {"gpu": "H200"}}))
+        (v,) = err.value.violations
+        assert v.field == "model.name" and f"did you mean {nearest!r}" in v.description, v.description
+        assert "cgsvc-cli models" in v.description and "model.path" in v.description
+        assert len(v.description) <= MAX_DESCRIPTION  # whole on the wire, never cut mid-list
+    assert catalog.closest_models("zzzz") == []
+    far = catalog.unknown_model("z" * 5000)
+    assert "did you mean" not in far and len(far) <= MAX_DESCRIPTION and far.startswith("unknown model 'zzz")
+    n = len(catalog.canonical_model_names())
+    assert f"the {n} catalog ids" in far
+
+
+def test_the_catalog_listing_names_every_id_once_with_its_aliases_and_facts() -> None:
+    infos = {m.name: m for m in codec.model_infos()}
+    assert sorted(infos) == catalog.canonical_model_names()
+    for name, m in infos.items():  # every alias finds its own id
+        assert all(catalog.find_model(a) is catalog.find_model(name) for a in m.aliases), name
+    kimi = infos["nvidia/Kimi-K2.6-NVFP4"]
+    assert kimi.mla and kimi.moe and kimi.multimodal and not kimi.dsa
+    assert (kimi.quantization, kimi.kv_cache_dtype, kimi.num_layers) == ("nvfp4", "fp8_e4m3", 61)
+    assert infos["deepseek-ai/DeepSeek-V3.2"].dsa and not infos["Qwen/Qwen3-8B"].moe
+    assert infos["Qwen/Qwen3-Next-80B-A3B-Instruct"].moe  # 512 routed experts (regression: shown as dense)
+
+
 def test_reader_derives_the_same_facts_from_a_local_config(tmp_path: Path) -> None:
     entry = json.loads((Path(catalog.__file__).parent / "data" / "models.json").read_text())["models"]
     config = dict(entry["nvidia/Kimi-K2.6-NVFP4"]["config"])
