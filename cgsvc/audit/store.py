@@ -14,6 +14,7 @@ import binascii
 import contextlib
 import dataclasses
 import datetime as dt
+import difflib
 import functools
 import hashlib
 import json
@@ -292,7 +293,8 @@ AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principa
 PLAN_FILTER_COLUMNS = {"create_time": "time"}
 PLAN_FILTER_FIELDS = {"model": "str", "gpu": "str", "prefill_backend": "str", "decode_backend": "str",
                       "attention_prefill": "str", "attention_decode": "str", "policy_version": "str",
-                      "plan_hash": "str", "principal": "str", "create_time": "str", "policy": "str"}
+                      "plan_hash": "str", "principal": "str", "create_time": "str", "policy": "str",
+                      "rule_id": "str"}
 MAX_PAGE_SIZE = 1000
 DEFAULT_PAGE_SIZE = 50
 
@@ -560,6 +562,38 @@ def _decode_token(token: str, filter_text: str) -> int:
     return after
 
 
+@functools.cache
+def rpc_methods() -> dict[str, tuple[str, ...]]:
+    """Every RPC of the cgsvc API by its short name in lower case ("createlaunch"), with the
+    full names a record carries ("/cgsvc.v1.LaunchService/CreateLaunch")."""
+    from cgsvc.v1 import audit_pb2, diagnostics_pb2, experiment_pb2, launch_pb2, plan_service_pb2
+
+    out: dict[str, tuple[str, ...]] = {}
+    for module in (plan_service_pb2, audit_pb2, launch_pb2, experiment_pb2, diagnostics_pb2):
+        for service in module.DESCRIPTOR.services_by_name.values():
+            for m in service.methods:
+                out[m.name.lower()] = (*out.get(m.name.lower(), ()), f"/{service.full_name}/{m.name}")
+    return out
+
+
+def _method_term(column: Any, t: filters.Term) -> Any:
+    """`method = "CreateLaunch"`: an RPC named as the listings show it (a bare word,
+    case-insensitively) stands for its full name; a full name or an event the service records
+    itself (`launch.state`, `experiment.state`) is compared as it is."""
+    value = str(t.value)
+    if any(c in value for c in "./"):
+        return None
+    full = rpc_methods().get(value.lower())
+    if full is None:
+        near = difflib.get_close_matches(value.lower(), list(rpc_methods()), n=1)
+        hint = f"did you mean {rpc_methods()[near[0]][0].rsplit('/', 1)[1]!r}? " if near else ""
+        raise filters.FilterError(f"unknown method {value[:40]!r}; {hint}give an RPC by name (ResolvePlan, "
+                                  "CreateLaunch, ...) or in full, or an event: launch.state, experiment.state")
+    if t.op not in ("=", "!="):
+        raise filters.FilterError(f"method {t.op} takes a full name; an RPC by name supports only = and !=")
+    return column.in_(full) if t.op == "=" else column.not_in(full)
+
+
 def _where(table: sa.Table, terms: Sequence[filters.Term], columns: dict[str, str] | None = None) -> list[Any]:
     ops = {"=": "__eq__", "!=": "__ne__", "<": "__lt__", "<=": "__le__", ">": "__gt__", ">=": "__ge__"}
     out: list[Any] = []
@@ -567,8 +601,10 @@ def _where(table: sa.Table, terms: Sequence[filters.Term], columns: dict[str, st
         if t.field == "rule_id":
             if t.op != "=":
                 raise filters.FilterError("rule_id supports only '='")
-            out.append(table.c.rule_set.in_(
-                sa.select(rule_set_members.c.set_id).where(rule_set_members.c.rule_id == t.value)))
+            out.append(table.c.rule_set.in_(rule_sets_with(str(t.value))))
+            continue
+        if t.field == "method" and (clause := _method_term(table.c.method, t)) is not None:
+            out.append(clause)
             continue
         if t.field == "outcome":
             code = CODE_NUMBERS.get(str(t.value).upper())
@@ -578,6 +614,17 @@ def _where(table: sa.Table, terms: Sequence[filters.Term], columns: dict[str, st
             continue
         out.append(getattr(table.c[(columns or {}).get(t.field, t.field)], ops[t.op])(t.value))
     return out
+
+
+def rule_sets_with(rule_id: str) -> Any:
+    """The ids of the rule sets that hold `rule_id` (a subquery)."""
+    return sa.select(rule_set_members.c.set_id).where(rule_set_members.c.rule_id == rule_id)
+
+
+def plans_with_rule(rule_id: str) -> Any:
+    """The ids of the plans whose resolution used `rule_id` (a subquery)."""
+    return sa.select(audit_records.c.plan_id).where(audit_records.c.plan_created == 1,
+                                                    audit_records.c.rule_set.in_(rule_sets_with(rule_id)))
 
 
 class _Checkpointer:

@@ -34,7 +34,7 @@ from typing import Any
 
 import structlog
 
-from cgsvc import __version__, catalog
+from cgsvc import __version__, catalog, codec
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.records import AuditEntry
 from cgsvc.audit.store import StoredPlan, utc_now
@@ -53,7 +53,7 @@ from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
 from cgsvc.ids import new_id
 from cgsvc.launch.dispatch import HOST, DispatchError, LocalDispatcher, RunHandle
 from cgsvc.launch.store import LaunchRow, LaunchStore, Lease, LeaseStore, Workload
-from cgsvc.plan import canonical_json
+from cgsvc.plan import canonical_json, rule_ids
 from cgsvc.resolve import DEFAULT_POLICY, policy_version
 
 log = structlog.get_logger("cgsvc.launch")
@@ -84,6 +84,7 @@ class LaunchOrder:
     wait: bool
     request_id: str = ""
     request_hash: str = ""
+    rule_ids: tuple[str, ...] = ()  # the plan's: its CreateLaunch record carries them (`rule_id = X` finds it)
 
 
 # The most requests one launch runs (a bigger benchmark is several launches, or an experiment).
@@ -139,7 +140,8 @@ def order_for(stored: StoredPlan, ckpt: catalog.ModelFacts, model_path: str, wor
                        plan_audit=f"auditRecords/{stored.sequence}",
                        tp=int(spec.get("parallelism", {}).get("tp", 1)), model_path=model_path,
                        workload=workload, dispatcher=dispatcher, wait=wait, request_id=request_id,
-                       request_hash=request_hash)
+                       request_hash=request_hash,
+                       rule_ids=tuple(rule_ids(codec.plan_from_dict(json.loads(stored.row.plan_json)))))
 
 
 def request_hash(parts: dict[str, Any]) -> str:
@@ -203,14 +205,15 @@ class Launches:
 
     # ------------------------------------------------------------------ audit and state
     async def audit(self, row: LaunchRow | None, principal: str, method: str, code: str, message: str,
-                    caller: Caller | None = None, spec_json: str = "", model: str = "", gpu: str = "") -> str:
+                    caller: Caller | None = None, spec_json: str = "", model: str = "", gpu: str = "",
+                    rule_ids: tuple[str, ...] = ()) -> str:
         policy, version = _plan_policy(row)
         entry = AuditEntry(principal=principal, peer=caller.peer if caller else "", method=method,
                            request_id=caller.request_id if caller else "", trace_id=caller.trace_id if caller else "",
                            launch_id=row.launch_id if row else "", plan_id=row.plan_id if row else "",
                            policy=policy, policy_version=version, service_version=__version__,
                            outcome_code=CODE_NUMBERS[code], outcome_message=message, spec_json=spec_json,
-                           model=model, gpu=gpu)
+                           model=model, gpu=gpu, rule_ids=rule_ids)
         return str((await self.auditor.append(entry)).record.name)
 
     async def transition(self, row: LaunchRow, state: str, reason: str = "", principal: str = "cgsvc",
@@ -311,7 +314,7 @@ class Launches:
         write_plan(run, order.plan_json, order.spec_json)
         await self.audit(created.row, caller.principal, CREATE_METHOD, "OK",
                          f"launch of {order.plan_audit} on {order.tp} {order.dispatcher} ranks", caller=caller,
-                         spec_json=order.spec_json)
+                         spec_json=order.spec_json, rule_ids=order.rule_ids)
         self.watched[launch_id] = Watched()
         await self.schedule()
         got = await asyncio.to_thread(self.store.get, launch_id)

@@ -20,7 +20,7 @@ from cgsvc.audit.store import PlanListing, StoredPlan
 from cgsvc.catalog import ANYWHERE, ModelRoots
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.ids import new_id
-from cgsvc.plan import Plan, canonical_json
+from cgsvc.plan import Plan, canonical_json, rule_ids
 from cgsvc.resolve import DEFAULT_POLICY, resolve
 from cgsvc.spec import parse_spec, spec_to_dict
 
@@ -55,9 +55,8 @@ MEMO_SPEC_JSON = 16384
 def _resolve_canonical(spec_key: str, policy: str = DEFAULT_POLICY, roots: ModelRoots = ANYWHERE) -> Resolution:
     parsed = parse_spec(json.loads(spec_key))
     plan = resolve(parsed, policy, roots)
-    rule_ids = tuple(dict.fromkeys([d.rule_id for d in plan.decisions] + [w.rule_id for w in plan.warnings]))
     canonical = spec_to_dict(parsed)
-    return Resolution(plan, canonical_json(plan.to_dict()), rule_ids, canonical, Auditor.spec_fields(canonical),
+    return Resolution(plan, canonical_json(plan.to_dict()), tuple(rule_ids(plan)), canonical, Auditor.spec_fields(canonical),
                       PlanListing(plan.prefill_backend, plan.decode_backend, plan.attention_prefill,
                                   plan.attention_decode))
 

@@ -23,12 +23,13 @@ from cgsvc.audit.store import (
     experiments,
     launch_requests,
     launches,
+    plans_with_rule,
     replica_leases,
     utc_now,
 )
 
 LAUNCH_FILTER_FIELDS = {"state": "str", "plan": "str", "principal": "str", "dispatcher": "str",
-                        "create_time": "str", "model_path": "str"}
+                        "create_time": "str", "model_path": "str", "rule_id": "str"}
 _LAUNCH_LOCK = 727375  # PostgreSQL advisory lock key for launch creation
 
 
@@ -171,9 +172,16 @@ class LaunchStore:
         return _from_columns(row._mapping) if row is not None else None
 
     def list_rows(self, filter_text: str = "", page_size: int = 0, page_token: str = "") -> tuple[list[LaunchRow], str]:
-        terms = [filters.Term("plan_id", t.op, str(t.value).removeprefix("plans/")) if t.field == "plan" else t
-                 for t in filters.parse_filter(filter_text, LAUNCH_FILTER_FIELDS)]
-        rows, token = self.audit.page(launches, terms, filter_text, page_size, page_token)
+        terms, where = [], []
+        for t in filters.parse_filter(filter_text, LAUNCH_FILTER_FIELDS):
+            if t.field == "rule_id":  # the launches of every plan whose resolution used the rule
+                if t.op != "=":
+                    raise filters.FilterError("rule_id supports only '='")
+                where.append(launches.c.plan_id.in_(plans_with_rule(str(t.value))))
+            else:
+                terms.append(filters.Term("plan_id", t.op, str(t.value).removeprefix("plans/"))
+                             if t.field == "plan" else t)
+        rows, token = self.audit.page(launches, terms, filter_text, page_size, page_token, where=where)
         return [_from_columns(r._mapping) for r in rows], token
 
     def in_states(self, states: Sequence[str]) -> list[LaunchRow]:

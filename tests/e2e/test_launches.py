@@ -98,6 +98,15 @@ def test_launch_watch_succeeds_and_matches_offline_run(srv: ServerProcess, ckpt:
         assert ended.time.ToDatetime() <= launch.update_time.ToDatetime(), (ended.time, launch.update_time)
         assert all(r.plan_id == launch.plan.split("/")[1] for r in recs)
         assert c.get_audit_record(launch.plan_audit_record).method.endswith("ResolvePlan")
+        # every launch that used a rule, found by the rule: the CreateLaunch record carries its
+        # plan's rules, and launches filter by them (through the plan, so older launches too)
+        plan_rules = list(c.get_audit_record(launch.plan_audit_record).rule_ids)
+        assert "breakable.mla" in plan_rules and list(recs[0].rule_ids) == plan_rules
+        assert [x.name for x in c.list_launches('rule_id = "breakable.mla"').launches] == [launch.name]
+        assert not c.list_launches('rule_id = "attention.cpu"').launches
+        used = c.list_audit_records('rule_id = "breakable.mla" AND method = "CreateLaunch"').records
+        assert [r.name for r in used] == [recs[0].name]  # by the RPC's name, as the listings show it
+        assert [p.name for p in c.list_plans('rule_id = "breakable.mla"').plans] == [launch.plan]
         assert c.verify_audit_log().ok
         logs = c.launch_logs(launch.name)
         assert {x.name for x in logs.logs} >= {"rank0.log", "rank3.log", "supervisor.log"}

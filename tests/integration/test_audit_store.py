@@ -114,6 +114,18 @@ def test_filters_and_pagination(store: AuditStore) -> None:
         store.list_records('model = "x" OR gpu = "y"')
     with pytest.raises(filters.FilterError, match="outcome"):
         store.list_records("outcome = MAYBE")
+    # an RPC by the name the listings show stands for its full name; a misspelt one is refused
+    store.append(entry(12, method="/cgsvc.v1.LaunchService/CreateLaunch"))
+    store.append(entry(13, method="launch.state", rule_ids=()))
+    for text in ('method = "CreateLaunch"', 'method = createlaunch', 'method = "/cgsvc.v1.LaunchService/CreateLaunch"'):
+        assert [r.sequence for r in store.list_records(text)[0]] == [12], text
+    assert [r.sequence for r in store.list_records('method != "ResolvePlan"')[0]] == [12, 13]
+    assert [r.sequence for r in store.list_records('method = "launch.state"')[0]] == [13]
+    assert store.list_records('method = "/cgsvc.v1.Other/CreateLaunch"')[0] == []  # a full name as it is
+    with pytest.raises(filters.FilterError, match="did you mean 'CreateLaunch'"):
+        store.list_records('method = "CreateLanch"')
+    with pytest.raises(filters.FilterError, match="only = and !="):
+        store.list_records('method > "CreateLaunch"')
     with pytest.raises(PageTokenError):
         store.list_records("", page_token="garbage!")
     _, tok = store.list_records("", page_size=1)
