@@ -17,7 +17,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from cgsvc.errors import FieldViolation, ServiceError
+from cgsvc.errors import FieldViolation, ServiceError, clip
 
 # Architecture sets, compared after `normalize_arch` (underscores dropped), as prefixes.
 DEEPSEEK_V3_FAMILY = ("DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration", "DeepseekV32",
@@ -248,6 +248,8 @@ def closest_models(name: str, limit: int = 3) -> list[str]:
         for n in (canonical, canonical.rsplit("/", 1)[-1], *aliases):
             names.setdefault(n.lower(), canonical)
     want = name.lower().strip()
+    if len(want) > 200:  # far longer than any id: nothing is near, and a caller's value costs no more
+        return []
     out: list[str] = []
     # a name that holds what was typed (a prefix, a short form) before any that merely looks alike
     holding = sorted((n for n in names if len(want) >= 3 and want in n), key=len)
@@ -261,9 +263,9 @@ def unknown_model(name: str, limit: int = 200) -> str:
     """What a refusal of an unknown model.name says, in at most `limit` characters (what a
     field violation may carry on the wire): the nearest catalog ids first, as many as fit, then
     what would be valid and where the whole list is (the catalog outgrew one line)."""
-    shown = name if len(name) <= 40 else f"{name[:40]}..."
-    valid = (f"valid: the {len(model_aliases())} catalog ids and their aliases (cgsvc-cli models), "
-             "or model.path to a directory with config.json")
+    shown = clip(name, 32)  # the spec in the audit record keeps it whole
+    valid = (f"valid: one of {len(model_aliases())} catalog ids or their aliases (cgsvc-cli models), or "
+             "model.path, a directory with config.json")
     near = closest_models(name)
     while True:
         hint = f"did you mean {' or '.join(repr(n) for n in near)}? " if near else ""

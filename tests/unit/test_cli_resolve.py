@@ -100,7 +100,7 @@ def test_models_lists_the_catalog_the_refusal_points_to() -> None:
     listed = as_json(cli("models", "-o", "json"))["models"]
     names = [m["name"] for m in listed]
     assert "moonshotai/Kimi-K2.6" in names and len(names) == len(set(names))
-    assert f"the {len(names)} catalog ids" in description
+    assert f"one of {len(names)} catalog ids" in description
     assert list(listed[0]) == ["name", "aliases", "architecture", "text_architecture", "mla", "dsa", "moe",
                                "multimodal", "quantization", "kv_cache_dtype", "num_layers", "hidden_size",
                                "num_attention_heads"]

@@ -118,7 +118,7 @@ def test_an_unknown_model_is_refused_with_the_nearest_ids_in_what_fits_on_the_wi
     far = catalog.unknown_model("z" * 5000)
     assert "did you mean" not in far and len(far) <= MAX_DESCRIPTION and far.startswith("unknown model 'zzz")
     n = len(catalog.canonical_model_names())
-    assert f"the {n} catalog ids" in far
+    assert f"one of {n} catalog ids" in far and "(cut at 32 of 5000 characters)" in far
 
 
 def test_the_catalog_listing_names_every_id_once_with_its_aliases_and_facts() -> None:
