@@ -247,9 +247,9 @@ def closest_models(name: str, limit: int = 3) -> list[str]:
     for canonical, aliases in model_aliases().items():
         for n in (canonical, canonical.rsplit("/", 1)[-1], *aliases):
             names.setdefault(n.lower(), canonical)
-    want = name.lower().strip()
-    if len(want) > 200:  # far longer than any id: nothing is near, and a caller's value costs no more
+    if len(name) > 200:  # far longer than any id: nothing is near, and a caller's value costs no more
         return []
+    want = name.lower().strip()
     out: list[str] = []
     # a name that holds what was typed (a prefix, a short form) before any that merely looks alike
     holding = sorted((n for n in names if len(want) >= 3 and want in n), key=len)
