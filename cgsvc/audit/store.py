@@ -31,7 +31,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from cgsvc.audit import filters, merkle
 from cgsvc.audit.records import GENESIS, AuditEntry, AuditRecord, chain
-from cgsvc.errors import CODE_NUMBERS
+from cgsvc.errors import CODE_NUMBERS, clip
 
 log = logging.getLogger("cgsvc.audit.store")
 metadata = sa.MetaData()
@@ -585,9 +585,9 @@ def _method_term(column: Any, t: filters.Term) -> Any:
         return None
     full = rpc_methods().get(value.lower())
     if full is None:
-        near = difflib.get_close_matches(value.lower(), list(rpc_methods()), n=1)
+        near = difflib.get_close_matches(value.lower(), list(rpc_methods()), n=1) if len(value) <= 100 else []
         hint = f"did you mean {rpc_methods()[near[0]][0].rsplit('/', 1)[1]!r}? " if near else ""
-        raise filters.FilterError(f"unknown method {value[:40]!r}; {hint}give an RPC by name (ResolvePlan, "
+        raise filters.FilterError(f"unknown method {clip(value, 32)!r}; {hint}give an RPC by name (ResolvePlan, "
                                   "CreateLaunch, ...) or in full, or an event: launch.state, experiment.state")
     if t.op not in ("=", "!="):
         raise filters.FilterError(f"method {t.op} takes a full name; an RPC by name supports only = and !=")
