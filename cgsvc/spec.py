@@ -235,12 +235,19 @@ def parse_spec(data: Any) -> LaunchSpec:
     spec = _parse_section(LaunchSpec, data, "", violations)
     if violations:
         raise ServiceError.invalid(violations)
-    if spec.hardware.gpu is not None:  # GPU names are the catalog's closed set: its spelling
-        from cgsvc.catalog import find_gpu
+    from cgsvc.catalog import find_gpu, find_model
 
+    if spec.hardware.gpu is not None:  # GPU names are the catalog's closed set: its spelling
         gpu = find_gpu(spec.hardware.gpu)
         if gpu is not None and gpu.name != spec.hardware.gpu:
             spec = dataclasses.replace(spec, hardware=dataclasses.replace(spec.hardware, gpu=gpu.name))
+    # A catalog model by an alias or in another case is kept as its id, so that one filter
+    # (`model = "moonshotai/Kimi-K2.6"`) finds every plan and launch of it. With model.path
+    # the name is only a label and stays as given.
+    if spec.model.name is not None and spec.model.path is None:
+        model = find_model(spec.model.name)
+        if model is not None and model.name != spec.model.name:
+            spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, name=model.name))
     return spec
 
 

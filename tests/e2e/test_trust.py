@@ -191,12 +191,16 @@ def test_reflection_v1_for_a_client_that_asks_only_v1(tmp_path: Path) -> None:
 
 
 def test_closed_sets_are_case_insensitive_and_recorded_in_one_spelling(tmp_path: Path) -> None:
-    spec = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "gb300", "gpu_count": 4},
+    spec = {"model": {"name": "kimi-k2.6-nvfp4"}, "hardware": {"gpu": "gb300", "gpu_count": 4},
             "parallelism": {"tp": 4}, "features": {"speculative_algorithm": "ngram", "kv_cache_dtype": "FP8_E4M3"},
             "overrides": {"cuda_graph": {"decode": {"backend": "FULL"}}}}
     with ServerProcess(tmp_path / "srv") as srv, Client(srv.address) as c:
         plan = c.resolve_proto(spec)
         stored = json.loads(c.get_audit_record(plan.audit_record).spec_json)
+        # a catalog model by an alias, in any case, is recorded by its id: one filter finds it
+        assert stored["model"]["name"] == "nvidia/Kimi-K2.6-NVFP4"
+        assert [p.name for p in c.list_plans('model = "nvidia/Kimi-K2.6-NVFP4"').plans] == [plan.name]
+        assert c.get_audit_record(plan.audit_record).model == "nvidia/Kimi-K2.6-NVFP4"
         assert stored["hardware"]["gpu"] == "GB300" and stored["features"]["speculative_algorithm"] == "NGRAM"
         assert stored["features"]["kv_cache_dtype"] == "fp8_e4m3" and plan.decode.backend == "full"
         assert plan.spec.hardware.gpu == "GB300" and plan.kv_cache_dtype == "fp8_e4m3"
