@@ -46,6 +46,7 @@ def test_tokens_and_roles(tmp_path: Path) -> None:
                 c.verify_audit_log()
             assert e.value.code == "PERMISSION_DENIED" and "resolver-bot" in e.value.message
             assert len(c.list_policies().policies) == 4  # anyone authenticated
+            assert "moonshotai/Kimi-K2.6" in [m.name for m in c.list_models().models]
             for denied_call in (lambda: c.policy_impact("sglang-0.5.17"),  # the whole history: auditors only
                                 lambda: c.create_experiment([plan.name, plan.name], "/tmp", {}, 1)):
                 with pytest.raises(ServiceError) as e:
@@ -56,6 +57,7 @@ def test_tokens_and_roles(tmp_path: Path) -> None:
                 c.resolve(KIMI)
             assert e.value.code == "PERMISSION_DENIED"
             assert c.get_plan(plan.name).plan_hash == plan.plan_hash
+            assert c.list_models().models  # anyone authenticated
             assert c.policy_impact("sglang-0.5.17")["specs_examined"] == 1  # every attempt carried the one spec
             denied = c.list_audit_records("outcome = PERMISSION_DENIED").records
             assert {r.principal for r in denied} == {"resolver-bot", "auditor-bot"}
