@@ -621,10 +621,10 @@ def rule_sets_with(rule_id: str) -> Any:
     return sa.select(rule_set_members.c.set_id).where(rule_set_members.c.rule_id == rule_id)
 
 
-def plans_with_rule(rule_id: str) -> Any:
-    """The ids of the plans whose resolution used `rule_id` (a subquery)."""
-    return sa.select(audit_records.c.plan_id).where(audit_records.c.plan_created == 1,
-                                                    audit_records.c.rule_set.in_(rule_sets_with(rule_id)))
+def plans_where(terms: Sequence[filters.Term]) -> Any:
+    """The ids of the plans whose creating record matches every term (a subquery): `rule_id`
+    (their resolution used the rule), `model`, `gpu`, ... as the audit filter reads them."""
+    return sa.select(audit_records.c.plan_id).where(audit_records.c.plan_created == 1, *_where(audit_records, terms))
 
 
 class _Checkpointer:

@@ -312,9 +312,11 @@ class Launches:
         if not created.new:
             return created.row, False
         write_plan(run, order.plan_json, order.spec_json)
+        described = Auditor.spec_fields(json.loads(order.spec_json)) if order.spec_json else {}
         await self.audit(created.row, caller.principal, CREATE_METHOD, "OK",
                          f"launch of {order.plan_audit} on {order.tp} {order.dispatcher} ranks", caller=caller,
-                         spec_json=order.spec_json, rule_ids=order.rule_ids)
+                         spec_json=order.spec_json, model=described.get("model", ""), gpu=described.get("gpu", ""),
+                         rule_ids=order.rule_ids)
         self.watched[launch_id] = Watched()
         await self.schedule()
         got = await asyncio.to_thread(self.store.get, launch_id)

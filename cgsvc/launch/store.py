@@ -23,13 +23,15 @@ from cgsvc.audit.store import (
     experiments,
     launch_requests,
     launches,
-    plans_with_rule,
+    plans_where,
     replica_leases,
     utc_now,
 )
 
+# model, gpu and rule_id are the plan's: a launch matches when the plan it ran does
+LAUNCH_PLAN_FIELDS = {"rule_id": "str", "model": "str", "gpu": "str"}
 LAUNCH_FILTER_FIELDS = {"state": "str", "plan": "str", "principal": "str", "dispatcher": "str",
-                        "create_time": "str", "model_path": "str", "rule_id": "str"}
+                        "create_time": "str", "model_path": "str", **LAUNCH_PLAN_FIELDS}
 _LAUNCH_LOCK = 727375  # PostgreSQL advisory lock key for launch creation
 
 
@@ -172,15 +174,15 @@ class LaunchStore:
         return _from_columns(row._mapping) if row is not None else None
 
     def list_rows(self, filter_text: str = "", page_size: int = 0, page_token: str = "") -> tuple[list[LaunchRow], str]:
-        terms, where = [], []
+        terms, of_plan = [], []
         for t in filters.parse_filter(filter_text, LAUNCH_FILTER_FIELDS):
-            if t.field == "rule_id":  # the launches of every plan whose resolution used the rule
-                if t.op != "=":
-                    raise filters.FilterError("rule_id supports only '='")
-                where.append(launches.c.plan_id.in_(plans_with_rule(str(t.value))))
+            if t.field in LAUNCH_PLAN_FIELDS:
+                of_plan.append(t)
             else:
                 terms.append(filters.Term("plan_id", t.op, str(t.value).removeprefix("plans/"))
                              if t.field == "plan" else t)
+        # the launches of every plan that matches (older launches too: their records carry no rules)
+        where = [launches.c.plan_id.in_(plans_where(of_plan))] if of_plan else []
         rows, token = self.audit.page(launches, terms, filter_text, page_size, page_token, where=where)
         return [_from_columns(r._mapping) for r in rows], token
 

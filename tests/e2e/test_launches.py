@@ -104,6 +104,10 @@ def test_launch_watch_succeeds_and_matches_offline_run(srv: ServerProcess, ckpt:
         assert "breakable.mla" in plan_rules and list(recs[0].rule_ids) == plan_rules
         assert [x.name for x in c.list_launches('rule_id = "breakable.mla"').launches] == [launch.name]
         assert not c.list_launches('rule_id = "attention.cpu"').launches
+        assert [x.name for x in c.list_launches('model = "nvidia/Kimi-K2.6-NVFP4" AND gpu = "GB300"').launches] == [
+            launch.name]
+        assert not c.list_launches('gpu = "H200"').launches
+        assert (recs[0].model, recs[0].gpu) == ("nvidia/Kimi-K2.6-NVFP4", "GB300")  # the launch record says what ran
         used = c.list_audit_records('rule_id = "breakable.mla" AND method = "CreateLaunch"').records
         assert [r.name for r in used] == [recs[0].name]  # by the RPC's name, as the listings show it
         assert [p.name for p in c.list_plans('rule_id = "breakable.mla"').plans] == [launch.plan]
