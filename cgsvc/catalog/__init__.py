@@ -233,9 +233,10 @@ def canonical_model_names() -> list[str]:
     return sorted({m.name for m in models().values()})
 
 
-def model_aliases() -> dict[str, list[str]]:
+@cache
+def model_aliases() -> dict[str, tuple[str, ...]]:
     """Every catalog id with its aliases, in the catalog file's order."""
-    return {n: list(entry.get("aliases", [])) for n, entry in _load("models.json")["models"].items()}
+    return {n: tuple(entry.get("aliases", [])) for n, entry in _load("models.json")["models"].items()}
 
 
 def closest_models(name: str, limit: int = 3) -> list[str]:
@@ -243,12 +244,12 @@ def closest_models(name: str, limit: int = 3) -> list[str]:
     name), best first; none when nothing is close. Compared case-insensitively, and the id's
     part after the organisation counts as an alias (`Kimi-K2.7` is near `moonshotai/Kimi-K2.6`);
     names that contain what was typed come first (`qwen3-next`), then those that look alike."""
+    if len(name) > 200:  # far longer than any id: nothing is near, and a caller's value costs no more
+        return []
     names: dict[str, str] = {}
     for canonical, aliases in model_aliases().items():
         for n in (canonical, canonical.rsplit("/", 1)[-1], *aliases):
             names.setdefault(n.lower(), canonical)
-    if len(name) > 200:  # far longer than any id: nothing is near, and a caller's value costs no more
-        return []
     want = name.lower().strip()
     out: list[str] = []
     # a name that holds what was typed (a prefix, a short form) before any that merely looks alike
