@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck protos protos-check bench gpu-check clean
+.PHONY: setup demo test lint typecheck protos protos-check bench gpu-check device-wheels clean
 
 setup: $(STAMP)
 
@@ -46,6 +46,11 @@ bench: $(STAMP)
 # `python3 bench/gpu_check.py --out DIR` directly.
 gpu-check: $(STAMP)
 	$(PY) bench/gpu_check.py --out var/gpu-check
+
+# Wheels the lent GPU machine cannot fetch (it has no network): carry .whl and run
+# `bash bench/device_run.sh OUT` there (scripts/device_wheels.sh says what each set is for).
+device-wheels: $(STAMP)
+	scripts/device_wheels.sh .whl
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

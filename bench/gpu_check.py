@@ -24,12 +24,10 @@ packages are put on sys.path here. FlashInfer compiles its kernels on first use 
 the budget is checked before every section, and a section that would start too late is
 listed as skipped, never half-reported.
 
-On a GPU machine without network, FlashInfer travels as wheels: fetch them here with
-`pip download flashinfer-python==0.6.18.post1 apache-tvm-ffi==0.1.15.post2 --no-deps
---only-binary :all: --python-version 3.12 --platform manylinux_2_28_x86_64 -d .whl` (match the
-GPU machine's Python), carry `.whl`, and there run
-`python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl`, then
-`PYTHONPATH=/tmp/site CUDA_HOME=<the CUDA toolkit> python3 bench/gpu_check.py --out $OUT --budget 420`.
+On a GPU machine without network, FlashInfer travels as wheels: `make device-wheels` here
+(scripts/device_wheels.sh: .whl/gpu for the GPU machine's Python 3.12), carry `.whl`, and there
+run `bash bench/device_run.sh $OUT 600`, which installs them, measures the durable path on that
+machine's cores, and runs this script with the time left (CUDA_HOME from `nvcc` when unset).
 """
 
 from __future__ import annotations
