@@ -171,8 +171,18 @@ def audit_prove(ns: argparse.Namespace) -> int:
     except checkpoint.CheckpointError as exc:
         return _answer(ns, "inclusion", {"ok": False, "reason": str(exc)}, f"NOT proven: {exc}")
     name = ns.name if ns.name.startswith("auditRecords/") else f"auditRecords/{ns.name}"
+    raw = name.removeprefix("auditRecords/")
+    if raw.isascii() and raw.isdigit() and int(raw) > cp.tree_size:  # known without asking: leaves 1..tree_size
+        return _not_included(ns, name, cp, f"the checkpoint's tree holds auditRecords/1..{cp.tree_size}")
     with Client.from_args(ns) as c:
-        p = c.inclusion_proof(name, cp.tree_size)
+        try:
+            p = c.inclusion_proof(name, cp.tree_size)
+        except ServiceError as exc:
+            if exc.code != "NOT_FOUND":
+                raise
+            # the checkpoint signed a tree that held this record: a log that cannot prove it lost it
+            return _not_included(ns, name, cp, f"the log no longer holds it ({exc.message}), though the checkpoint's "
+                                               f"tree of {cp.tree_size} records did: records were removed")
     content_hash = hashlib.sha256(p.record.hashed_json.encode()).hexdigest()  # from its contents, not its claim
     leaf = merkle.leaf_hash(bytes.fromhex(content_hash))
     ok = (content_hash == p.record.record_hash and merkle.verify_inclusion(
@@ -183,6 +193,11 @@ def audit_prove(ns: argparse.Namespace) -> int:
     text = (f"{name} is in the checkpointed tree of {cp.tree_size} records (root {cp.root_hash[:16]}): "
             f"inclusion proof of {len(p.hashes)} hashes verified" if ok else f"{name}: NOT proven: {result['reason']}")
     return _answer(ns, "inclusion", result, text)
+
+
+def _not_included(ns: argparse.Namespace, name: str, cp: checkpoint.Checkpoint, reason: str) -> int:
+    result = {"ok": False, "record": name, "tree_size": cp.tree_size, "root_hash": cp.root_hash, "reason": reason}
+    return _answer(ns, "inclusion", result, f"{name}: NOT proven: {reason}")
 
 
 def register(sub: Any) -> None:

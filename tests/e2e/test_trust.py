@@ -145,6 +145,13 @@ def test_a_checkpoint_catches_a_truncated_rewritten_or_forked_log(tmp_path: Path
         assert bad.returncode == 3 and not result["ok"]
         expected = "shorter than the checkpoint" if how == "truncated" else "inconsistent history"
         assert expected in result["reason"], result
+        # a record the checkpoint signed: removed (6) or rewritten (3) is not proven, exit 3
+        n = {"truncated": 6, "rewritten": 3, "forked": 6}[how]
+        proof = cli(srv, "audit", "prove", f"auditRecords/{n}", "--checkpoint", str(tmp_path / "cp.json"))
+        inclusion = json.loads(proof.stdout)["inclusion"]
+        assert proof.returncode == 3 and not inclusion["ok"], proof.stdout + proof.stderr
+        if how == "truncated":
+            assert "records were removed" in inclusion["reason"], inclusion
     finally:
         srv.stop()
 
@@ -158,10 +165,14 @@ def test_inclusion_proofs_and_bad_checkpoints(tmp_path: Path) -> None:
             proc = cli(srv, "audit", "prove", f"auditRecords/{n}", "--checkpoint", str(tmp_path / "cp.json"))
             assert proc.returncode == 0, proc.stdout + proc.stderr
             assert json.loads(proc.stdout)["inclusion"]["tree_size"] == cp["tree_size"]
-        beyond = cli(srv, "audit", "prove", "auditRecords/8", "--checkpoint", str(tmp_path / "cp.json"))
-        assert beyond.returncode != 0 and "not in the tree of 6" in beyond.stdout
-        missing = cli(srv, "audit", "prove", "auditRecords/999", "--checkpoint", str(tmp_path / "cp.json"))
-        assert missing.returncode != 0 and "NOT_FOUND" in missing.stdout
+        # in the log but not in the checkpointed tree, and in neither: a definite "no", exit 3
+        for n in (8, 999):
+            beyond = cli(srv, "audit", "prove", f"auditRecords/{n}", "--checkpoint", str(tmp_path / "cp.json"))
+            result = json.loads(beyond.stdout)["inclusion"]
+            assert beyond.returncode == 3 and not result["ok"], beyond.stdout + beyond.stderr
+            assert result["reason"] == "the checkpoint's tree holds auditRecords/1..6", result
+        bad_name = cli(srv, "audit", "prove", "auditRecords/x", "--checkpoint", str(tmp_path / "cp.json"))
+        assert bad_name.returncode == 2 and "name" in bad_name.stdout, bad_name.stdout
         (tmp_path / "junk.json").write_text('{"tree_size": "seven"}')
         junk = cli(srv, "audit", "verify", "--checkpoint", str(tmp_path / "junk.json"))
         assert junk.returncode == 2 and "checkpoint" in json.loads(junk.stdout)["error"]["field_violations"][0]["field"]
