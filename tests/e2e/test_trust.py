@@ -185,6 +185,8 @@ def test_inclusion_proofs_and_bad_checkpoints(tmp_path: Path) -> None:
             foreign = cli(other, "audit", "verify", "--checkpoint", str(tmp_path / "cp.json"))
             reason = json.loads(foreign.stdout)["verification"]["reason"]
             assert foreign.returncode == 3 and f"expected {cp['key_id'][:16]}" in reason
+        after = cli(srv, "audit", "checkpoint")  # bad checkpoints and missing records wrote nothing
+        assert json.loads(after.stdout)["checkpoint"]["tree_size"] == 9, after.stdout
 
 
 def test_reflection_v1_for_a_client_that_asks_only_v1(tmp_path: Path) -> None:
