@@ -6,7 +6,9 @@ import asyncio
 import fcntl
 import ipaddress
 import os
+import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -51,14 +53,29 @@ class ConfigError(ValueError):
     """A configuration the server refuses to start with."""
 
 
-def is_loopback(address: str) -> bool:
+Resolver = Callable[[str], list[str]]
+
+
+def _resolve(host: str) -> list[str]:
+    try:
+        return [str(info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)]
+    except (OSError, UnicodeError):
+        return []
+
+
+def is_loopback(address: str, resolve: Resolver = _resolve) -> bool:
+    """Whether every address the server would bind for `address` is a loopback one. A name
+    (`localhost`, a host name) counts by what it resolves to, as the bind does: a hosts file
+    that maps `localhost` beyond the machine must not earn it loopback's trust."""
     host = address.rsplit(":", 1)[0].strip("[]")
-    if host in ("localhost", ""):
-        return host == "localhost"
+    if not host:
+        return False  # ":PORT" binds every interface
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        return False
+        pass
+    addresses = resolve(host)
+    return bool(addresses) and all(ipaddress.ip_address(a.split("%", 1)[0]).is_loopback for a in addresses)
 
 
 def check_exposure(cfg: ServerConfig) -> None:

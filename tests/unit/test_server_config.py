@@ -30,6 +30,15 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
 def test_loopback_detection() -> None:
     assert is_loopback("127.0.0.1:0") and is_loopback("[::1]:50051") and is_loopback("localhost:1")
     assert not is_loopback("0.0.0.0:50051") and not is_loopback("[::]:1") and not is_loopback("10.0.0.1:1")
+    assert not is_loopback(":50051")
+
+
+def test_a_name_is_loopback_by_what_it_resolves_to() -> None:
+    # what this machine's resolver says of localhost, and what a hosts file could make it say
+    assert is_loopback("localhost:1", resolve=lambda host: ["127.0.0.1", "::1"])
+    assert not is_loopback("localhost:1", resolve=lambda host: ["127.0.0.1", "192.0.2.7"])
+    assert not is_loopback("no-such-host.invalid:1")  # the real resolver: unresolvable is not loopback
+    assert not is_loopback("localhost:1", resolve=lambda host: [])
 
 
 def test_authenticator(tmp_path: Path) -> None:
