@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import ipaddress
 import os
-import socket
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -29,6 +26,7 @@ from cgsvc.launch.devices import DeviceListError, Inventory
 from cgsvc.launch.dispatch import HOST, LocalDispatcher, RayDispatcher
 from cgsvc.launch.store import ExperimentStore, LaunchStore
 from cgsvc.server import metrics, reflection
+from cgsvc.server.addresses import is_loopback
 from cgsvc.server.auth import Authenticator
 from cgsvc.server.config import ServerConfig
 from cgsvc.server.experiment_service import ExperimentService
@@ -51,31 +49,6 @@ log = structlog.get_logger("cgsvc.server")
 
 class ConfigError(ValueError):
     """A configuration the server refuses to start with."""
-
-
-Resolver = Callable[[str], list[str]]
-
-
-def _resolve(host: str) -> list[str]:
-    try:
-        return [str(info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)]
-    except (OSError, UnicodeError):
-        return []
-
-
-def is_loopback(address: str, resolve: Resolver = _resolve) -> bool:
-    """Whether every address the server would bind for `address` is a loopback one. A name
-    (`localhost`, a host name) counts by what it resolves to, as the bind does: a hosts file
-    that maps `localhost` beyond the machine must not earn it loopback's trust."""
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if not host:
-        return False  # ":PORT" binds every interface
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    addresses = resolve(host)
-    return bool(addresses) and all(ipaddress.ip_address(a.split("%", 1)[0]).is_loopback for a in addresses)
 
 
 def check_exposure(cfg: ServerConfig) -> None:

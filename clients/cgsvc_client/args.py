@@ -134,7 +134,7 @@ def add_listing(p: argparse.ArgumentParser, example: str) -> None:
 
 def add_server(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument("--server", required=required, help="HOST:PORT of a cgsvc server")
-    p.add_argument("--token", help="bearer token (or set CGSVC_TOKEN)")
+    p.add_argument("--token", help="bearer token (or set CGSVC_TOKEN); sent beyond loopback only over TLS (--tls-ca)")
     p.add_argument("--tls-ca", help="CA certificate (PEM) to verify the server; enables TLS")
     p.add_argument("--tls-cert", help="client certificate (PEM) for mutual TLS")
     p.add_argument("--tls-key", help="client key (PEM) for mutual TLS")

@@ -22,8 +22,9 @@ import grpc
 from grpc_status import rpc_status
 
 from cgsvc import codec
-from cgsvc.errors import CODE_NUMBERS, ServiceError
+from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
 from cgsvc.plan import Plan
+from cgsvc.server.addresses import target_is_local
 from cgsvc.server.status import from_status
 from cgsvc.v1 import (
     audit_pb2,
@@ -79,6 +80,12 @@ class Client:
                  server_name: str | None = None) -> None:
         self.timeout = timeout
         self.token = token if token is not None else os.environ.get("CGSVC_TOKEN") or None
+        if self.token and not (tls_ca or tls_cert) and not target_is_local(target):
+            # the server refuses to take tokens in plaintext beyond loopback; so does its client, before the
+            # token leaves (to a wrong address, a proxy, or someone else's server)
+            raise ServiceError.invalid([FieldViolation("token", (
+                f"a bearer token is sent to {target} only over TLS (its address is not loopback): pass --tls-ca "
+                "(and --tls-cert/--tls-key for client certificates), or reach the server on a loopback address"))])
         options: list[tuple[str, Any]] = [("grpc.service_config", SERVICE_CONFIG), ("grpc.enable_retries", 1)]
         if server_name:
             options.append(("grpc.ssl_target_name_override", server_name))

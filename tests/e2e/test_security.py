@@ -144,3 +144,50 @@ def test_model_roots_confine_checkpoint_paths(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError) as err:
         ServerProcess(tmp_path / "srv2", "--model-roots", str(tmp_path / "nowhere")).start()
     assert "model_roots" in str(err.value) and "nowhere" in str(err.value)
+
+
+def _this_machines_address() -> str | None:
+    """An IPv4 address of this machine that is not loopback (a UDP connect sends nothing)."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))
+        except OSError:
+            return None
+        host = str(s.getsockname()[0])
+    return None if host.startswith("127.") else host
+
+
+def test_the_client_sends_no_token_in_plaintext_beyond_loopback(tmp_path: Path) -> None:
+    import json
+    import select
+    import socket
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    host = _this_machines_address()
+    if host is None:
+        pytest.skip("this machine has no IPv4 address beyond loopback to listen on")
+    with socket.socket() as listener:  # a plaintext listener beyond loopback: someone else's, for all we know
+        listener.bind((host, 0))
+        listener.listen()
+        target = f"{host}:{listener.getsockname()[1]}"
+
+        def cli(*extra: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "audit", "list", "--server", target,
+                                   "--timeout", "2", "-o", "json", *extra], capture_output=True, text=True,
+                                  timeout=60, cwd=ROOT, env={"PATH": "/usr/bin:/bin"})
+
+        refused = cli("--token", TOKENS["admin"])
+        error = json.loads(refused.stdout)["error"]
+        assert refused.returncode == 2 and error["field_violations"][0]["field"] == "token", refused.stdout
+        assert "only over TLS" in error["message"] and target in error["message"]
+        assert select.select([listener], [], [], 0.5)[0] == [], "the refused client must not even connect"
+        cli()  # without a token the client connects (and times out on a listener that speaks no gRPC)
+        assert select.select([listener], [], [], 0.5)[0] == [listener]
+    with pytest.raises(ServiceError) as err:  # the library refuses the same way
+        Client(target, token=TOKENS["admin"])
+    assert err.value.code == "INVALID_ARGUMENT"
+    with Client("127.0.0.1:1", token=TOKENS["admin"]) as c:
+        assert c.token == TOKENS["admin"]  # loopback: allowed, as the server allows it

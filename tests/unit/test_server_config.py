@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cgsvc.audit.filters import FilterError, Term, parse_filter
-from cgsvc.server.app import is_loopback
+from cgsvc.server.addresses import is_loopback, target_is_local
 from cgsvc.server.auth import Authenticator, AuthError, hash_token
 from cgsvc.server.config import load_config
 
@@ -80,3 +80,13 @@ def test_filter_parser_bounds_what_reaches_sql() -> None:
     assert len(parse_filter(" AND ".join(['model = "a"'] * MAX_TERMS), fields)) == MAX_TERMS
     with pytest.raises(FilterError, match=f"at most {MAX_TERMS} terms"):
         parse_filter(" AND ".join(['model = "a"'] * (MAX_TERMS + 1)), fields)
+
+
+def test_a_client_target_is_local_by_its_addresses() -> None:
+    local = lambda host: ["127.0.0.1"]  # noqa: E731
+    remote = lambda host: ["192.0.2.7"]  # noqa: E731
+    assert target_is_local("127.0.0.1:50051") and target_is_local("[::1]:1") and target_is_local("unix:/tmp/s")
+    assert target_is_local("dns:///svc:1", resolve=local) and not target_is_local("dns:///svc:1", resolve=remote)
+    assert target_is_local("dns:svc:1", resolve=local) and not target_is_local("dns://8.8.8.8/svc:1", resolve=remote)
+    assert target_is_local("ipv4:127.0.0.1:1,127.0.0.2:2") and not target_is_local("ipv4:127.0.0.1:1,10.0.0.1:2")
+    assert not target_is_local("10.0.0.1:50051") and not target_is_local("svc:1", resolve=remote)
