@@ -83,10 +83,14 @@ def _raw_public(key: Ed25519PrivateKey | Ed25519PublicKey) -> bytes:
 def load_or_create_key(path: str | Path) -> Ed25519PrivateKey:
     """The signing key at path (PEM, PKCS8); created (mode 0600) when the file is absent."""
     path = Path(path)
+    valid = "an unencrypted Ed25519 private key in PEM (PKCS8, as `openssl genpkey -algorithm ed25519` writes)"
     if path.exists():
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        try:
+            key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        except (ValueError, TypeError) as exc:  # not PEM, not a key, or encrypted
+            raise CheckpointError(f"{path}: cannot read it as {valid}: {exc}") from None
         if not isinstance(key, Ed25519PrivateKey):
-            raise CheckpointError(f"{path}: not an Ed25519 private key")
+            raise CheckpointError(f"{path}: a {type(key).__name__.removeprefix('_')}, not {valid}")
         return key
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,

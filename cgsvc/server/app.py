@@ -137,9 +137,12 @@ async def start(cfg: ServerConfig) -> Running:
     creds = server_credentials(cfg)
     try:
         inventory = Inventory.local(cfg.local_devices, cfg.local_slots)
-        signing_key = checkpoint.load_or_create_key(cfg.signing_key or Path(cfg.data_dir) / "signing_key.pem")
-    except (DeviceListError, checkpoint.CheckpointError, OSError, ValueError) as exc:
+    except (DeviceListError, OSError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
+    try:
+        signing_key = checkpoint.load_or_create_key(cfg.signing_key or Path(cfg.data_dir) / "signing_key.pem")
+    except (checkpoint.CheckpointError, OSError) as exc:
+        raise ConfigError(f"signing_key: {exc}") from None
     try:
         model_roots = catalog.ModelRoots.of([r.strip() for r in cfg.model_roots.split(",") if r.strip()])
     except ValueError as exc:

@@ -4,6 +4,7 @@ their one spelling."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sqlite3
@@ -333,3 +334,29 @@ def test_a_lease_of_no_time_is_refused_by_name(tmp_path: Path) -> None:
 def test_a_negative_unfollowed_limit_is_refused_by_name(tmp_path: Path) -> None:
     assert ("unfollowed_group_seconds must be 0 (never) or more, got -1.0"
             in serve_refused(tmp_path, "--unfollowed-group-seconds", "-1"))
+
+
+def test_a_given_signing_key_signs_and_a_bad_one_is_refused_by_name(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+    def pem(key: Any, encryption: Any = None) -> bytes:
+        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,  # type: ignore[no-any-return]
+                                 encryption or serialization.NoEncryption())
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    (tmp_path / "ours.pem").write_bytes(pem(key))
+    public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    with ServerProcess(tmp_path / "srv", "--signing-key", str(tmp_path / "ours.pem")) as srv:
+        resolve_n(srv, 1)
+        cp = checkpoint_file(srv, tmp_path / "cp.json")
+    assert cp["key_id"] == hashlib.sha256(public).hexdigest() and cp["tree_size"] == 1
+    assert not (tmp_path / "srv" / "signing_key.pem").exists(), "a given key is used, none generated"
+    bad = {"junk.pem": b"not a key\n",
+           "ecdsa.pem": pem(ec.generate_private_key(ec.SECP256R1())),
+           "locked.pem": pem(ed25519.Ed25519PrivateKey.generate(), serialization.BestAvailableEncryption(b"pw"))}
+    for name, body in bad.items():
+        (tmp_path / name).write_bytes(body)
+        err = serve_refused(tmp_path, "--signing-key", str(tmp_path / name))
+        assert f"signing_key: {tmp_path / name}" in err and "unencrypted Ed25519 private key in PEM" in err, (name, err)
+    assert "signing_key:" in serve_refused(tmp_path, "--signing-key", str(tmp_path / "no-such-dir" / "k.pem"))
