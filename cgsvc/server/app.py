@@ -27,7 +27,7 @@ from cgsvc.launch.dispatch import HOST, LocalDispatcher, RayDispatcher
 from cgsvc.launch.store import ExperimentStore, LaunchStore
 from cgsvc.server import metrics, reflection
 from cgsvc.server.addresses import is_loopback
-from cgsvc.server.auth import Authenticator
+from cgsvc.server.auth import Authenticator, TokenFileError
 from cgsvc.server.config import ServerConfig
 from cgsvc.server.experiment_service import ExperimentService
 from cgsvc.server.interceptors import Pipeline
@@ -139,6 +139,11 @@ async def start(cfg: ServerConfig) -> Running:
         inventory = Inventory.local(cfg.local_devices, cfg.local_slots)
     except (DeviceListError, OSError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
+    try:  # before anything is opened: a bad token file touches no database
+        authenticator = Authenticator(cfg.token_file, require=cfg.authenticated,
+                                      anonymous="local" if is_loopback(cfg.address) else "anonymous")
+    except TokenFileError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         signing_key = checkpoint.load_or_create_key(cfg.signing_key or Path(cfg.data_dir) / "signing_key.pem")
     except (checkpoint.CheckpointError, OSError) as exc:
@@ -163,9 +168,7 @@ async def start(cfg: ServerConfig) -> Running:
                            cfg.audit_cohort_gap_ms / 1000)
         if cfg.audit_writer == "process" else AuditWriter(store, cfg.audit_max_batch, metrics.observe_batch))
     auditor = Auditor(store, writer)
-    anonymous = "local" if is_loopback(cfg.address) else "anonymous"
-    pipeline = Pipeline(Authenticator(cfg.token_file, require=cfg.authenticated, anonymous=anonymous),
-                        on_rejected=rejection_auditor(auditor))
+    pipeline = Pipeline(authenticator, on_rejected=rejection_auditor(auditor))
 
     options = [("grpc.max_receive_message_length", cfg.max_message_bytes),
                ("grpc.max_send_message_length", cfg.max_message_bytes),

@@ -68,6 +68,66 @@ class AuthError(Exception):
         self.message = message
 
 
+class TokenFileError(ValueError):
+    """A token file the server refuses to start with; the message names the file and the entry."""
+
+
+_ENTRY_KEYS = {"tokens": ("principal", "roles", "sha256"), "certificates": ("common_name", "roles")}
+
+
+def load_token_file(path: str) -> tuple[dict[str, Principal], dict[str, Principal]]:
+    """(principals by token SHA-256, principals by certificate common name), every entry checked:
+    a typo must not leave a principal silently without its token, its roles, or at all."""
+    def bad(where: str, what: str) -> TokenFileError:
+        return TokenFileError(f"token_file {path}: {where}: {what}")
+
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise TokenFileError(f"token_file {path}: not TOML: {exc}") from None
+    except OSError as exc:
+        raise TokenFileError(f"token_file {path}: {exc.strerror or exc}") from None
+    unknown = sorted(set(data) - set(_ENTRY_KEYS))
+    if unknown:
+        raise bad(unknown[0], "unknown key; a token file holds [[tokens]] and [[certificates]] tables only")
+    tokens: dict[str, Principal] = {}
+    certificates: dict[str, Principal] = {}
+    for table, keys in _ENTRY_KEYS.items():
+        entries = data.get(table, [])
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise bad(table, f"must be an array of tables ([[{table}]]), got {type(entries).__name__}")
+        for i, entry in enumerate(entries):
+            where = f"{table}[{i}]"
+            extra = sorted(set(entry) - set(keys))
+            if extra:
+                raise bad(f"{where}.{extra[0]}", f"unknown key; an entry holds {', '.join(keys)}")
+            for key in keys:
+                if key not in entry:
+                    raise bad(f"{where}.{key}", "missing")
+            roles = entry["roles"]
+            if not isinstance(roles, list) or any(r not in ROLES for r in roles):
+                raise bad(f"{where}.roles", f"a list of roles, each one of {', '.join(ROLES)}; got {roles!r}")
+            name_key = "principal" if table == "tokens" else "common_name"
+            name = entry[name_key]
+            if not isinstance(name, str) or not name.strip():
+                raise bad(f"{where}.{name_key}", f"a non-empty string, got {name!r}")
+            principal = Principal(name, tuple(roles))
+            if table == "certificates":
+                if name in certificates:
+                    raise bad(f"{where}.common_name", f"{name!r} is given twice")
+                certificates[name] = principal
+                continue
+            digest = entry["sha256"]
+            if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdefABCDEF" for c in digest)):
+                raise bad(f"{where}.sha256", "the token's SHA-256 as 64 hex digits (`cgsvc token hash TOKEN` prints "
+                                             "it), never the token itself")
+            if digest.lower() in tokens:
+                raise bad(f"{where}.sha256", f"the same token as {tokens[digest.lower()].name!r}'s")
+            tokens[digest.lower()] = principal
+    return tokens, certificates
+
+
 class Authenticator:
     """Maps request credentials to a Principal, or raises AuthError."""
 
@@ -79,20 +139,7 @@ class Authenticator:
         self.certificates: dict[str, Principal] = {}
         self.require = require or bool(token_file)
         if token_file:
-            with open(token_file, "rb") as fh:
-                data = tomllib.load(fh)
-            for i, t in enumerate(data.get("tokens", [])):
-                self.tokens[str(t["sha256"]).lower()] = Principal(str(t["principal"]), self._roles(t, f"tokens[{i}]"))
-            for i, c in enumerate(data.get("certificates", [])):
-                self.certificates[str(c["common_name"])] = Principal(str(c["common_name"]),
-                                                                     self._roles(c, f"certificates[{i}]"))
-
-    @staticmethod
-    def _roles(entry: dict[str, object], where: str) -> tuple[str, ...]:
-        roles = entry.get("roles", [])
-        if not isinstance(roles, list) or any(r not in ROLES for r in roles):
-            raise ValueError(f"token file {where}.roles: each role must be one of {', '.join(ROLES)}")
-        return tuple(str(r) for r in roles)
+            self.tokens, self.certificates = load_token_file(token_file)
 
     def authenticate(self, metadata: dict[str, str], cert_common_name: str | None) -> Principal:
         auth = metadata.get("authorization", "")

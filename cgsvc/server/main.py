@@ -3,6 +3,7 @@
     cgsvc serve [--config FILE.toml] [--address HOST:PORT] [--data-dir DIR] [--database-url URL]
                 [--tls-cert F --tls-key F [--tls-client-ca F]] [--token-file F] [--metrics-address HOST:PORT]
     cgsvc token hash [TOKEN]        print the SHA-256 to put in a token file (reads stdin without TOKEN)
+    cgsvc token check FILE [-o json] check a token file as `serve` would; list who it admits
 
 Every setting can also come from the environment as CGSVC_<NAME> (e.g. CGSVC_DATABASE_URL).
 """
@@ -13,6 +14,7 @@ import argparse
 import asyncio
 import dataclasses
 import gc
+import json
 import logging
 import signal
 import sys
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 import structlog
 
 from cgsvc import __version__
-from cgsvc.server.auth import hash_token
+from cgsvc.server.auth import TokenFileError, hash_token, load_token_file
 from cgsvc.server.config import ServerConfig, load_config
 
 # The server itself (gRPC, the stores, the services) is imported where it is served, not here:
@@ -105,6 +107,33 @@ def _redact(url: str) -> str:
     return str(mask_secrets(url))
 
 
+def _check_token_file(path: str, output: str) -> int:
+    """Exit 0 and list the file's principals, or exit 2 naming the entry `serve` would refuse."""
+    try:
+        tokens, certificates = load_token_file(path)
+    except TokenFileError as exc:
+        if output == "json":
+            print(json.dumps({"error": {"code": "INVALID_ARGUMENT", "message": str(exc),
+                                        "field_violations": [{"field": "token_file", "description": str(exc)}]}}))
+        else:
+            print(f"cgsvc: {exc}", file=sys.stderr)
+        return 2
+    rows = ([{"kind": "token", "principal": p.name, "roles": list(p.roles), "sha256": digest}
+             for digest, p in tokens.items()]
+            + [{"kind": "certificate", "principal": p.name, "roles": list(p.roles), "sha256": ""}
+               for p in certificates.values()])
+    if output == "json":
+        print(json.dumps({"token_file": path, "principals": rows}, indent=2))
+        return 0
+    table = [("kind", "principal", "roles", "sha256")] + [
+        (str(r["kind"]), str(r["principal"]), ",".join(r["roles"]) or "-", str(r["sha256"])[:16] or "-") for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    print(f"{path}: {len(tokens)} tokens, {len(certificates)} certificate names")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="cgsvc", description="The cgsvc plan, audit and launch service.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -122,8 +151,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     tsub = t.add_subparsers(dest="token_command", required=True)
     h = tsub.add_parser("hash", help="print the SHA-256 of a token for the token file")
     h.add_argument("token", nargs="?", help="the token (read from stdin when absent)")
+    c = tsub.add_parser("check", help="check a token file as `serve` would, and list who it admits")
+    c.add_argument("file", help="the token file (TOML: [[tokens]] and [[certificates]])")
+    c.add_argument("-o", "--output", choices=("table", "json"), default="table", help="table (default) or json")
     ns = ap.parse_args(argv)
 
+    if ns.command == "token" and ns.token_command == "check":
+        return _check_token_file(ns.file, ns.output)
     if ns.command == "token":
         token = ns.token if ns.token is not None else sys.stdin.readline().strip()
         print(hash_token(token))

@@ -191,3 +191,42 @@ def test_the_client_sends_no_token_in_plaintext_beyond_loopback(tmp_path: Path) 
     assert err.value.code == "INVALID_ARGUMENT"
     with Client("127.0.0.1:1", token=TOKENS["admin"]) as c:
         assert c.token == TOKENS["admin"]  # loopback: allowed, as the server allows it
+
+
+def test_a_bad_token_file_stops_the_start_by_name_and_touches_nothing(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    tf = tmp_path / "tokens.toml"
+    tf.write_text('[[tokens]]\nprincipal = "ci-bot"\nroles = ["resolver"]\nsha256 = "tok-resolver-3f9a"\n')
+    proc = subprocess.run([sys.executable, "-m", "cgsvc.server.main", "serve", "--address", "127.0.0.1:0",
+                           "--data-dir", str(tmp_path / "d"), "--token-file", str(tf)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"token_file {tf}: tokens[0].sha256: the token's SHA-256 as 64 hex digits" in proc.stderr
+    assert not (tmp_path / "d" / "cgsvc.db").exists(), "refused before the database was opened"
+
+
+def test_token_check_lists_who_a_file_admits_or_names_the_bad_entry(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    def check(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cgsvc.server.main", "token", "check", str(path), *extra],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+    good = Path(token_file(tmp_path / "good.toml", certificates={"orchestrator": ["launcher"]}))
+    listed = check(good, "-o", "json")
+    principals = {(p["kind"], p["principal"]): p for p in json.loads(listed.stdout)["principals"]}
+    assert listed.returncode == 0 and principals[("token", "admin-bot")]["sha256"] == hash_token(TOKENS["admin"])
+    assert principals[("certificate", "orchestrator")]["roles"] == ["launcher"] and len(principals) == 4
+    table = check(good)
+    assert table.returncode == 0 and "resolver-bot" in table.stdout and "3 tokens, 1 certificate names" in table.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text(good.read_text().replace('roles = ["auditor"]', 'roles = ["auditors"]'))
+    refused = check(bad, "-o", "json")
+    assert refused.returncode == 2 and "tokens[1].roles" in json.loads(refused.stdout)["error"]["message"]

@@ -8,7 +8,7 @@ import pytest
 
 from cgsvc.audit.filters import FilterError, Term, parse_filter
 from cgsvc.server.addresses import is_loopback, target_is_local
-from cgsvc.server.auth import Authenticator, AuthError, hash_token
+from cgsvc.server.auth import Authenticator, AuthError, TokenFileError, hash_token
 from cgsvc.server.config import load_config
 
 
@@ -56,6 +56,31 @@ def test_authenticator(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="roles"):
         Authenticator(str(tf))
     assert Authenticator("").authenticate({}, None).roles == ("admin",)
+
+
+GOOD = hash_token("s3cret")
+
+
+@pytest.mark.parametrize(("body", "names"), [
+    ('[[tokens]]\nprincipal = "bot"\nroles = ["admin"]\n', "tokens[0].sha256: missing"),
+    ('[[tokens]]\nprincipal = "bot"\nroles = ["admin"]\nsha256 = "s3cret"\n', "tokens[0].sha256: the token's SHA-256"),
+    (f'[[tokens]]\nprincipal = "bot"\nrole = ["admin"]\nsha256 = "{GOOD}"\n', "tokens[0].role: unknown key"),
+    (f'[[tokens]]\nprincipal = ""\nroles = ["admin"]\nsha256 = "{GOOD}"\n', "tokens[0].principal: a non-empty"),
+    (f'[[token]]\nprincipal = "bot"\nroles = ["admin"]\nsha256 = "{GOOD}"\n', "token: unknown key"),
+    ('tokens = "x"\n', "tokens: must be an array of tables"),
+    (f'[[tokens]]\nprincipal = "a"\nroles = []\nsha256 = "{GOOD}"\n'
+     f'[[tokens]]\nprincipal = "b"\nroles = []\nsha256 = "{GOOD.upper()}"\n', "tokens[1].sha256: the same token as 'a'"),
+    ('[[certificates]]\ncommon_name = "o"\nroles = []\n[[certificates]]\ncommon_name = "o"\nroles = []\n',
+     "certificates[1].common_name: 'o' is given twice"),
+    ('[[certificates]]\nroles = ["launcher"]\n', "certificates[0].common_name: missing"),
+    ("[[tokens]\n", "not TOML"),
+])
+def test_a_bad_token_file_is_refused_naming_the_entry(tmp_path: Path, body: str, names: str) -> None:
+    tf = tmp_path / "t.toml"
+    tf.write_text(body)
+    with pytest.raises(TokenFileError) as err:
+        Authenticator(str(tf))
+    assert str(err.value).startswith(f"token_file {tf}: ") and names in str(err.value), str(err.value)
 
 
 def test_filter_parser() -> None:
