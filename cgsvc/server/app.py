@@ -14,7 +14,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from cgsvc import catalog
+from cgsvc import catalog, tls
 from cgsvc.audit import checkpoint
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.store import AuditStore
@@ -69,11 +69,6 @@ def check_exposure(cfg: ServerConfig) -> None:
                           "this")
 
 
-def _read(path: str) -> bytes:
-    with open(path, "rb") as fh:
-        return fh.read()
-
-
 def server_instance(data_dir: Path) -> tuple[str, IO[str]]:
     """This server's name as the owner of the launches it supervises, made once and kept in the
     data directory so that the same server started again knows its launches from other
@@ -102,9 +97,15 @@ def server_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
         if cfg.tls_client_ca:
             raise ConfigError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
         return None
-    ca = _read(cfg.tls_client_ca) if cfg.tls_client_ca else None
-    return grpc.ssl_server_credentials([(_read(cfg.tls_key), _read(cfg.tls_cert))], root_certificates=ca,
-                                       require_client_auth=ca is not None)
+    try:
+        cert, key = tls.read_pem(cfg.tls_cert, "tls_cert"), tls.read_pem(cfg.tls_key, "tls_key")
+        tls.check_pair(cert, key)
+        ca = tls.read_pem(cfg.tls_client_ca, "tls_client_ca") if cfg.tls_client_ca else None
+        if ca is not None:
+            tls.certificates(ca, "tls_client_ca")
+    except tls.TlsFileError as exc:
+        raise ConfigError(str(exc)) from None
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import grpc
 from grpc_status import rpc_status
 
-from cgsvc import codec
+from cgsvc import codec, tls
 from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
 from cgsvc.plan import Plan
 from cgsvc.server.addresses import target_is_local
@@ -56,11 +56,22 @@ SERVICE_CONFIG = json.dumps({"methodConfig": [{
 T = TypeVar("T")
 
 
-def _read(path: str | None) -> bytes | None:
-    if not path:
-        return None
-    with open(path, "rb") as fh:
-        return fh.read()
+def _tls_files(ca: str | None, cert: str | None, key: str | None) -> tuple[bytes | None, bytes | None, bytes | None]:
+    """(root CA, client key, client certificate) read and checked, or INVALID_ARGUMENT naming the flag."""
+    try:
+        ca_pem = tls.read_pem(ca, "tls_ca") if ca else None
+        if ca_pem is not None:
+            tls.certificates(ca_pem, "tls_ca")
+        if bool(cert) != bool(key):
+            raise tls.TlsFileError("tls_key" if cert else "tls_cert", "a client certificate needs both --tls-cert "
+                                                                      "and --tls-key")
+        cert_pem = tls.read_pem(cert, "tls_cert") if cert else None
+        key_pem = tls.read_pem(key, "tls_key") if key else None
+        if cert_pem is not None and key_pem is not None:
+            tls.check_pair(cert_pem, key_pem)
+    except tls.TlsFileError as exc:
+        raise ServiceError.invalid([FieldViolation(exc.name, exc.message)]) from None
+    return ca_pem, key_pem, cert_pem
 
 
 def error_from_rpc(err: grpc.RpcError) -> ServiceError:
@@ -90,7 +101,7 @@ class Client:
         if server_name:
             options.append(("grpc.ssl_target_name_override", server_name))
         if tls_ca or tls_cert:
-            creds = grpc.ssl_channel_credentials(_read(tls_ca), _read(tls_key), _read(tls_cert))
+            creds = grpc.ssl_channel_credentials(*_tls_files(tls_ca, tls_cert, tls_key))
             self.channel = grpc.secure_channel(target, creds, options=options)
         else:
             self.channel = grpc.insecure_channel(target, options=options)

@@ -360,3 +360,35 @@ def test_a_given_signing_key_signs_and_a_bad_one_is_refused_by_name(tmp_path: Pa
         err = serve_refused(tmp_path, "--signing-key", str(tmp_path / name))
         assert f"signing_key: {tmp_path / name}" in err and "unencrypted Ed25519 private key in PEM" in err, (name, err)
     assert "signing_key:" in serve_refused(tmp_path, "--signing-key", str(tmp_path / "no-such-dir" / "k.pem"))
+
+
+def test_tls_files_that_are_missing_or_wrong_are_refused_by_name(tmp_path: Path) -> None:
+    pki = ThrowawayPKI(tmp_path)
+    cert, key = pki.issue("server", "localhost", server=True)
+    _, other_key = pki.issue("other", "other", server=True)
+    (tmp_path / "junk.pem").write_text("not a certificate\n")
+    junk = str(tmp_path / "junk.pem")
+    cases = {  # what gRPC said of each: a traceback, or "Failed to bind to address"
+        "tls_cert: /no/such/cert.pem: No such file or directory": ("--tls-cert", "/no/such/cert.pem", "--tls-key", key),
+        "tls_cert: not a PEM certificate": ("--tls-cert", junk, "--tls-key", key),
+        "tls_key: not an unencrypted PEM private key": ("--tls-cert", cert, "--tls-key", junk),
+        "tls_key: not the key of tls_cert's certificate": ("--tls-cert", cert, "--tls-key", other_key),
+        "tls_client_ca: not a PEM certificate": ("--tls-cert", cert, "--tls-key", key, "--tls-client-ca", junk),
+    }
+    for expected, args in cases.items():
+        err = serve_refused(tmp_path, "--address", "127.0.0.1:0", *args)
+        assert expected in err and "Traceback" not in err, (expected, err)
+    assert not (tmp_path / "x" / "cgsvc.db").exists(), "refused before the database was opened"
+    # the client's flags the same way, before it connects (gRPC answered UNAVAILABLE, or a traceback)
+    client_cases = {
+        ("tls_ca", "No such file or directory"): ("--tls-ca", "/no/such/ca.pem"),
+        ("tls_ca", "not a PEM certificate"): ("--tls-ca", junk),
+        ("tls_key", "needs both --tls-cert and --tls-key"): ("--tls-ca", pki.ca_path, "--tls-cert", cert),
+        ("tls_key", "not the key of tls_cert's certificate"): ("--tls-cert", cert, "--tls-key", other_key),
+    }
+    for (field, expected), args in client_cases.items():
+        proc = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "audit", "list", "--server", "127.0.0.1:1",
+                               *args, "-o", "json"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        error = json.loads(proc.stdout)["error"]
+        assert proc.returncode == 2 and error["field_violations"][0]["field"] == field, proc.stdout + proc.stderr
+        assert expected in error["field_violations"][0]["description"], error

@@ -1,0 +1,43 @@
+"""TLS files, checked before gRPC sees them: gRPC reports a missing, malformed or mismatched
+certificate or key as "Failed to bind to address" (server) or UNAVAILABLE (client). Each error
+names the setting (`tls_cert`, `tls_key`, `tls_client_ca`, `tls_ca`) and what would be valid."""
+
+from __future__ import annotations
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+
+class TlsFileError(ValueError):
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"{name}: {message}")
+        self.name = name
+        self.message = message
+
+
+def read_pem(path: str, name: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise TlsFileError(name, f"{path}: {exc.strerror or exc}") from None
+
+
+def certificates(data: bytes, name: str) -> list[x509.Certificate]:
+    try:
+        return x509.load_pem_x509_certificates(data)
+    except ValueError as exc:
+        raise TlsFileError(name, f"not a PEM certificate (-----BEGIN CERTIFICATE-----): {exc}") from None
+
+
+def check_pair(cert: bytes, key: bytes, cert_name: str = "tls_cert", key_name: str = "tls_key") -> None:
+    """The certificate file is PEM, the key file an unencrypted PEM private key, and the key the
+    first certificate's."""
+    first = certificates(cert, cert_name)[0]
+    try:
+        private = serialization.load_pem_private_key(key, password=None)
+    except (ValueError, TypeError) as exc:
+        raise TlsFileError(key_name, f"not an unencrypted PEM private key: {exc}") from None
+    der, spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if private.public_key().public_bytes(der, spki) != first.public_key().public_bytes(der, spki):
+        raise TlsFileError(key_name, f"not the key of {cert_name}'s certificate (the first in the file): give the pair")
