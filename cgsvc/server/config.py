@@ -102,9 +102,14 @@ def load_config(file: str | None = None, env: Mapping[str, str] | None = None,
     fields = {f.name: f for f in dataclasses.fields(ServerConfig)}
     values: dict[str, Any] = {}
     if file:
-        with open(file, "rb") as fh:
-            data = tomllib.load(fh)
+        try:
+            with open(file, "rb") as fh:
+                data = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{file}: not TOML: {exc}") from None
         section = data.get("server", data)
+        if not isinstance(section, dict):
+            raise ValueError(f"{file}: server must be a table ([server]) of the settings")
         unknown = sorted(set(section) - set(fields))
         if unknown:
             raise ValueError(f"{file}: unknown keys {unknown}; valid: {', '.join(fields)}")

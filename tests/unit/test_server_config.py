@@ -23,6 +23,10 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     f.write_text('[server]\nadress = "x"\n')
     with pytest.raises(ValueError, match="unknown keys \\['adress'\\]"):
         load_config(str(f), env={})
+    for body, names in (("[server\n", "not TOML"), ('server = "x"\n', "server must be a table")):
+        f.write_text(body)  # the file is named, and what is wrong with it
+        with pytest.raises(ValueError, match=f"^{f}: {names}"):
+            load_config(str(f), env={})
     with pytest.raises(ValueError, match="CGSVC_MAX_MESSAGE_BYTES: max_message_bytes must be a int"):
         load_config(None, env={"CGSVC_MAX_MESSAGE_BYTES": "lots"})
 
