@@ -16,6 +16,7 @@ import dataclasses
 import gc
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -78,6 +79,10 @@ async def serve(cfg: ServerConfig) -> int:
     inventory = running.extras["devices"]
     print(f"local devices: {', '.join(inventory.devices)} ({inventory.source})", flush=True)
     print(f"audit checkpoints signed with Ed25519 key {running.extras['key_id']}", flush=True)
+    key_path = cfg.signing_key or os.path.join(cfg.data_dir, "signing_key.pem")
+    if (key_mode := os.stat(key_path).st_mode & 0o777) & 0o077:
+        print(f"WARNING: signing key {key_path} is readable beyond its owner (mode {key_mode:04o}): whoever can read it "
+              "can sign checkpoints of a rewritten log; chmod 600 it.", flush=True)
     if roots := running.extras["model_roots"].dirs:
         print(f"checkpoint paths: under {', '.join(roots)} (--model-roots)", flush=True)
     elif not app.is_loopback(cfg.address):

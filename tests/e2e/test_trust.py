@@ -347,9 +347,15 @@ def test_a_given_signing_key_signs_and_a_bad_one_is_refused_by_name(tmp_path: Pa
     key = ed25519.Ed25519PrivateKey.generate()
     (tmp_path / "ours.pem").write_bytes(pem(key))
     public = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    (tmp_path / "ours.pem").chmod(0o644)
     with ServerProcess(tmp_path / "srv", "--signing-key", str(tmp_path / "ours.pem")) as srv:
         resolve_n(srv, 1)
         cp = checkpoint_file(srv, tmp_path / "cp.json")
+        assert any(line.startswith(f"WARNING: signing key {tmp_path / 'ours.pem'} is readable beyond its owner "
+                                   "(mode 0644)") for line in srv.output), srv.output
+    with ServerProcess(tmp_path / "own") as srv:  # the generated key: 0600, no warning
+        assert (srv.data_dir / "signing_key.pem").stat().st_mode & 0o777 == 0o600
+        assert not any("signing key" in line for line in srv.output), srv.output
     assert cp["key_id"] == hashlib.sha256(public).hexdigest() and cp["tree_size"] == 1
     assert not (tmp_path / "srv" / "signing_key.pem").exists(), "a given key is used, none generated"
     bad = {"junk.pem": b"not a key\n",
