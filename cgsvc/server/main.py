@@ -47,8 +47,13 @@ def start_metrics(address: str) -> str:
 
     from cgsvc.server import metrics
 
-    host, _, port = address.rpartition(":")
-    server, _thread = start_http_server(int(port), addr=host, registry=metrics.REGISTRY)
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise ValueError(f"must be HOST:PORT (port 0-65535, 0 picks one; empty turns it off), got {address!r}")
+    try:
+        server, _thread = start_http_server(int(port), addr=host.strip("[]"), registry=metrics.REGISTRY)
+    except OSError as exc:
+        raise ValueError(f"cannot listen on {address}: {exc.strerror or exc}") from None
     return f"http://{host}:{server.server_port}/metrics"
 
 
@@ -56,8 +61,12 @@ async def serve(cfg: ServerConfig) -> int:
     from cgsvc.server import app, metrics
 
     log = structlog.get_logger("cgsvc")
+    try:  # before the server: a bad address must stop the start before anything is opened
+        metrics_url = start_metrics(cfg.metrics_address)
+    except ValueError as exc:
+        print(f"cgsvc: metrics_address: {exc}", file=sys.stderr)
+        return 2
     running = await app.start(cfg)
-    metrics_url = start_metrics(cfg.metrics_address)
     # What start-up made (every module's objects: protobuf, gRPC, SQLAlchemy, scipy) lives as long
     # as the process; out of the collector's sight, a full collection walks only what serving
     # made since. Before, it walked them all every few seconds under load and held the event loop,
@@ -88,6 +97,10 @@ async def serve(cfg: ServerConfig) -> int:
     elif not app.is_loopback(cfg.address):
         print("WARNING: checkpoint paths unconfined: a caller's model.path or model_path may name any directory "
               "this server can read; --model-roots confines them.", flush=True)
+    if metrics_url and not app.is_loopback(cfg.metrics_address):
+        print(f"WARNING: metrics at {metrics_url} are served beyond loopback with no authentication (Prometheus's "
+              "way): anyone who reaches it sees RPC and audit counts; firewall it or bind a loopback address.",
+              flush=True)
     print(f"transport: {mode}; authentication: {auth}; database: "
           f"{running.store.dialect} ({_redact(cfg.effective_database_url)}); metrics: {metrics_url or 'off'}",
           flush=True)

@@ -398,3 +398,16 @@ def test_tls_files_that_are_missing_or_wrong_are_refused_by_name(tmp_path: Path)
         error = json.loads(proc.stdout)["error"]
         assert proc.returncode == 2 and error["field_violations"][0]["field"] == field, proc.stdout + proc.stderr
         assert expected in error["field_violations"][0]["description"], error
+
+
+def test_a_bad_metrics_address_stops_the_start_and_one_beyond_loopback_is_warned_of(tmp_path: Path) -> None:
+    # it was a traceback after the gRPC port was bound and the audit writer started
+    for address, expected in (("nonsense", "must be HOST:PORT"), ("127.0.0.1:99999", "must be HOST:PORT"),
+                              ("203.0.113.99:0", "cannot listen on 203.0.113.99:0")):
+        err = serve_refused(tmp_path, "--address", "127.0.0.1:0", "--metrics-address", address)
+        assert f"metrics_address: {expected}" in err and "Traceback" not in err, err
+    assert not (tmp_path / "x").exists(), "refused before the data directory was made"
+    with ServerProcess(tmp_path / "open", "--metrics-address", "0.0.0.0:0") as srv:
+        assert any(line.startswith("WARNING: metrics at http://0.0.0.0:") for line in srv.output), srv.output
+    with ServerProcess(tmp_path / "closed") as srv:  # the default: loopback, no warning
+        assert not any("WARNING: metrics" in line for line in srv.output), srv.output
