@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import dataclasses
 import gc
-import json
 import logging
 import os
 import signal
@@ -24,6 +23,7 @@ from collections.abc import Sequence
 import structlog
 
 from cgsvc import __version__
+from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.server.auth import TokenFileError, hash_token, load_token_file
 from cgsvc.server.config import ServerConfig, load_config
 
@@ -127,12 +127,14 @@ def _redact(url: str) -> str:
 
 def _check_token_file(path: str, output: str) -> int:
     """Exit 0 and list the file's principals, or exit 2 naming the entry `serve` would refuse."""
+    from cgsvc_client import render
+
     try:
         tokens, certificates = load_token_file(path)
     except TokenFileError as exc:
         if output == "json":
-            print(json.dumps({"error": {"code": "INVALID_ARGUMENT", "message": str(exc),
-                                        "field_violations": [{"field": "token_file", "description": str(exc)}]}}))
+            error = ServiceError("INVALID_ARGUMENT", str(exc), [FieldViolation("token_file", str(exc))])
+            render.print_json({"error": error.to_dict()})
         else:
             print(f"cgsvc: {exc}", file=sys.stderr)
         return 2
@@ -141,13 +143,10 @@ def _check_token_file(path: str, output: str) -> int:
             + [{"kind": "certificate", "principal": p.name, "roles": list(p.roles), "sha256": ""}
                for p in certificates.values()])
     if output == "json":
-        print(json.dumps({"token_file": path, "principals": rows}, indent=2))
+        render.print_json({"token_file": path, "principals": rows})
         return 0
-    table = [("kind", "principal", "roles", "sha256")] + [
-        (str(r["kind"]), str(r["principal"]), ",".join(r["roles"]) or "-", str(r["sha256"])[:16] or "-") for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(4)]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    print(render.table(["kind", "principal", "roles", "sha256"],
+                       [(r["kind"], r["principal"], ",".join(r["roles"]) or "-", r["sha256"][:16] or "-") for r in rows]))
     print(f"{path}: {len(tokens)} tokens, {len(certificates)} certificate names")
     return 0
 
