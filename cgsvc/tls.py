@@ -41,3 +41,17 @@ def check_pair(cert: bytes, key: bytes, cert_name: str = "tls_cert", key_name: s
     der, spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     if private.public_key().public_bytes(der, spki) != first.public_key().public_bytes(der, spki):
         raise TlsFileError(key_name, f"not the key of {cert_name}'s certificate (the first in the file): give the pair")
+
+
+def read_certificates(path: str, name: str) -> bytes:
+    """A CA file's bytes, checked to hold PEM certificates."""
+    data = read_pem(path, name)
+    certificates(data, name)
+    return data
+
+
+def read_pair(cert_path: str, key_path: str, cert_name: str = "tls_cert", key_name: str = "tls_key") -> tuple[bytes, bytes]:
+    """(certificate, key) bytes, checked to be a matching PEM pair."""
+    cert, key = read_pem(cert_path, cert_name), read_pem(key_path, key_name)
+    check_pair(cert, key, cert_name, key_name)
+    return cert, key

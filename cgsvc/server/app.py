@@ -98,11 +98,8 @@ def server_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
             raise ConfigError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
         return None
     try:
-        cert, key = tls.read_pem(cfg.tls_cert, "tls_cert"), tls.read_pem(cfg.tls_key, "tls_key")
-        tls.check_pair(cert, key)
-        ca = tls.read_pem(cfg.tls_client_ca, "tls_client_ca") if cfg.tls_client_ca else None
-        if ca is not None:
-            tls.certificates(ca, "tls_client_ca")
+        cert, key = tls.read_pair(cfg.tls_cert, cfg.tls_key)
+        ca = tls.read_certificates(cfg.tls_client_ca, "tls_client_ca") if cfg.tls_client_ca else None
     except tls.TlsFileError as exc:
         raise ConfigError(str(exc)) from None
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)

@@ -59,16 +59,11 @@ T = TypeVar("T")
 def _tls_files(ca: str | None, cert: str | None, key: str | None) -> tuple[bytes | None, bytes | None, bytes | None]:
     """(root CA, client key, client certificate) read and checked, or INVALID_ARGUMENT naming the flag."""
     try:
-        ca_pem = tls.read_pem(ca, "tls_ca") if ca else None
-        if ca_pem is not None:
-            tls.certificates(ca_pem, "tls_ca")
+        ca_pem = tls.read_certificates(ca, "tls_ca") if ca else None
         if bool(cert) != bool(key):
             raise tls.TlsFileError("tls_key" if cert else "tls_cert", "a client certificate needs both --tls-cert "
                                                                       "and --tls-key")
-        cert_pem = tls.read_pem(cert, "tls_cert") if cert else None
-        key_pem = tls.read_pem(key, "tls_key") if key else None
-        if cert_pem is not None and key_pem is not None:
-            tls.check_pair(cert_pem, key_pem)
+        cert_pem, key_pem = tls.read_pair(cert, key) if cert and key else (None, None)
     except tls.TlsFileError as exc:
         raise ServiceError.invalid([FieldViolation(exc.name, exc.message)]) from None
     return ca_pem, key_pem, cert_pem
