@@ -51,11 +51,11 @@ class ConfigError(ValueError):
     """A configuration the server refuses to start with."""
 
 
-def check_exposure(cfg: ServerConfig) -> None:
+def check_exposure(cfg: ServerConfig, loopback: bool) -> None:
     """The authentication rules (README, "Who may call"): beyond loopback every caller is
     authenticated, and bearer tokens travel only over TLS. --allow-insecure-remote is the one
-    escape, and only from the first rule."""
-    if is_loopback(cfg.address):
+    escape, and only from the first rule. `loopback`: is_loopback(cfg.address), resolved once."""
+    if loopback:
         return
     if not cfg.authenticated and not cfg.allow_insecure_remote:
         raise ConfigError(
@@ -130,7 +130,8 @@ class Running:
 
 async def start(cfg: ServerConfig) -> Running:
     """Start serving; returns once the port is bound. Raises ConfigError on a bad configuration."""
-    check_exposure(cfg)
+    loopback = is_loopback(cfg.address)  # resolved once: every rule and warning of this start sees one answer
+    check_exposure(cfg, loopback)
     os.makedirs(cfg.data_dir, exist_ok=True)
     creds = server_credentials(cfg)
     try:
@@ -139,11 +140,12 @@ async def start(cfg: ServerConfig) -> Running:
         raise ConfigError(str(exc)) from None
     try:  # before anything is opened: a bad token file touches no database
         authenticator = Authenticator(cfg.token_file, require=cfg.authenticated,
-                                      anonymous="local" if is_loopback(cfg.address) else "anonymous")
+                                      anonymous="local" if loopback else "anonymous")
     except TokenFileError as exc:
         raise ConfigError(str(exc)) from None
+    key_path = Path(cfg.signing_key or Path(cfg.data_dir) / "signing_key.pem")
     try:
-        signing_key = checkpoint.load_or_create_key(cfg.signing_key or Path(cfg.data_dir) / "signing_key.pem")
+        signing_key = checkpoint.load_or_create_key(key_path)
     except (checkpoint.CheckpointError, OSError) as exc:
         raise ConfigError(f"signing_key: {exc}") from None
     try:
@@ -210,7 +212,7 @@ async def start(cfg: ServerConfig) -> Running:
     return Running(server, port, store, writer, health_servicer,
                    {"servicers": servicers, "auditor": auditor, "launches": launches, "experiments": experiments,
                     "lease": lease, "recovered": recovered, "devices": inventory, "model_roots": model_roots,
-                    "instance_lock": instance_lock,
+                    "instance_lock": instance_lock, "loopback": loopback, "signing_key_path": key_path,
                     "key_id": checkpoint.key_id(signing_key.public_key().public_bytes_raw())})
 
 

@@ -79,7 +79,8 @@ async def serve(cfg: ServerConfig) -> int:
     auth = "bearer tokens" if cfg.token_file else ("client certificates" if cfg.tls_client_ca else "none")
     # The first line is for people and scripts alike (port 0 prints the port picked).
     print(f"cgsvc {__version__} listening on {host}:{running.port}", flush=True)
-    if not cfg.authenticated and not app.is_loopback(cfg.address):
+    loopback = running.extras["loopback"]
+    if not cfg.authenticated and not loopback:
         print(f"WARNING: --allow-insecure-remote: serving {cfg.address} with no authentication; every remote caller "
               "is admin, audited as 'anonymous'. Configure token_file (with TLS) or tls_client_ca.", flush=True)
     elif not cfg.authenticated:
@@ -88,13 +89,13 @@ async def serve(cfg: ServerConfig) -> int:
     inventory = running.extras["devices"]
     print(f"local devices: {', '.join(inventory.devices)} ({inventory.source})", flush=True)
     print(f"audit checkpoints signed with Ed25519 key {running.extras['key_id']}", flush=True)
-    key_path = cfg.signing_key or os.path.join(cfg.data_dir, "signing_key.pem")
+    key_path = running.extras["signing_key_path"]
     if (key_mode := os.stat(key_path).st_mode & 0o777) & 0o077:
         print(f"WARNING: signing key {key_path} is readable beyond its owner (mode {key_mode:04o}): whoever can read it "
               "can sign checkpoints of a rewritten log; chmod 600 it.", flush=True)
     if roots := running.extras["model_roots"].dirs:
         print(f"checkpoint paths: under {', '.join(roots)} (--model-roots)", flush=True)
-    elif not app.is_loopback(cfg.address):
+    elif not loopback:
         print("WARNING: checkpoint paths unconfined: a caller's model.path or model_path may name any directory "
               "this server can read; --model-roots confines them.", flush=True)
     if metrics_url and not app.is_loopback(cfg.metrics_address):
