@@ -14,7 +14,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from cgsvc import catalog, tls
+from cgsvc import catalog
 from cgsvc.audit import checkpoint
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.store import AuditStore
@@ -25,9 +25,9 @@ from cgsvc.domain.plans import Plans
 from cgsvc.launch.devices import DeviceListError, Inventory
 from cgsvc.launch.dispatch import HOST, LocalDispatcher, RayDispatcher
 from cgsvc.launch.store import ExperimentStore, LaunchStore
-from cgsvc.server import metrics, reflection
+from cgsvc.server import credentials, metrics, reflection
 from cgsvc.server.addresses import is_loopback
-from cgsvc.server.auth import Authenticator, TokenFileError
+from cgsvc.server.auth import Authenticator
 from cgsvc.server.config import ServerConfig
 from cgsvc.server.experiment_service import ExperimentService
 from cgsvc.server.interceptors import Pipeline
@@ -90,19 +90,12 @@ def server_instance(data_dir: Path) -> tuple[str, IO[str]]:
     return name, handle
 
 
-def server_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
+def check_tls_settings(cfg: ServerConfig) -> None:
     if not cfg.secure:
         if cfg.tls_cert or cfg.tls_key:
             raise ConfigError("TLS needs both tls_cert and tls_key")
         if cfg.tls_client_ca:
             raise ConfigError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
-        return None
-    try:
-        cert, key = tls.read_pair(cfg.tls_cert, cfg.tls_key)
-        ca = tls.read_certificates(cfg.tls_client_ca, "tls_client_ca") if cfg.tls_client_ca else None
-    except tls.TlsFileError as exc:
-        raise ConfigError(str(exc)) from None
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
 
 
 @dataclass
@@ -120,6 +113,8 @@ class Running:
         self.health.enter_graceful_shutdown()
         if (lease := self.extras.get("lease")) is not None:
             lease.cancel()  # its row stays: a server restarted in time takes its launches back itself
+        if (poll := self.extras.get("credentials_poll")) is not None:
+            poll.cancel()
         await self.server.stop(grace)
         await self.extras["experiments"].close()
         await self.extras["launches"].close()
@@ -132,17 +127,21 @@ async def start(cfg: ServerConfig) -> Running:
     """Start serving; returns once the port is bound. Raises ConfigError on a bad configuration."""
     loopback = is_loopback(cfg.address)  # resolved once: every rule and warning of this start sees one answer
     check_exposure(cfg, loopback)
+    check_tls_settings(cfg)
+    if cfg.credentials_poll_seconds < 0:
+        raise ConfigError(f"credentials_poll_seconds must be 0 (only on SIGHUP) or more, got "
+                          f"{cfg.credentials_poll_seconds}")
     os.makedirs(cfg.data_dir, exist_ok=True)
-    creds = server_credentials(cfg)
     try:
         inventory = Inventory.local(cfg.local_devices, cfg.local_slots)
     except (DeviceListError, OSError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
-    try:  # before anything is opened: a bad token file touches no database
-        authenticator = Authenticator(cfg.token_file, require=cfg.authenticated,
-                                      anonymous="local" if loopback else "anonymous")
-    except TokenFileError as exc:
+    authenticator = Authenticator(require=cfg.authenticated, anonymous="local" if loopback else "anonymous")
+    try:  # before anything is opened: a bad token file or TLS file touches no database
+        admits = credentials.Credentials(cfg, authenticator)
+    except credentials.CredentialsError as exc:
         raise ConfigError(str(exc)) from None
+    creds = admits.server_credentials()
     key_path = Path(cfg.signing_key or Path(cfg.data_dir) / "signing_key.pem")
     try:
         signing_key = checkpoint.load_or_create_key(key_path)
@@ -209,10 +208,14 @@ async def start(cfg: ServerConfig) -> Running:
         await asyncio.to_thread(launches.leases.renew, instance, HOST)
         lease = asyncio.create_task(keep_lease(launches, experiments))
     recovered = await launches.recover() + await experiments.recover()
+    poll = None
+    if cfg.credentials_poll_seconds > 0 and admits.paths:
+        poll = asyncio.create_task(admits.poll(auditor, cfg.credentials_poll_seconds))
     return Running(server, port, store, writer, health_servicer,
                    {"servicers": servicers, "auditor": auditor, "launches": launches, "experiments": experiments,
                     "lease": lease, "recovered": recovered, "devices": inventory, "model_roots": model_roots,
                     "instance_lock": instance_lock, "loopback": loopback, "signing_key_path": key_path,
+                    "credentials": admits, "credentials_poll": poll,
                     "key_id": checkpoint.key_id(signing_key.public_key().public_bytes_raw())})
 
 

@@ -139,7 +139,11 @@ class Authenticator:
         self.certificates: dict[str, Principal] = {}
         self.require = require or bool(token_file)
         if token_file:
-            self.tokens, self.certificates = load_token_file(token_file)
+            self.admit(*load_token_file(token_file))
+
+    def admit(self, tokens: dict[str, Principal], certificates: dict[str, Principal]) -> None:
+        """Serve these principals from the next call on (a credentials reload)."""
+        self.tokens, self.certificates = tokens, certificates
 
     def authenticate(self, metadata: dict[str, str], cert_common_name: str | None) -> Principal:
         auth = metadata.get("authorization", "")

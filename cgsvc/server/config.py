@@ -28,6 +28,9 @@ class ServerConfig:
     tls_client_ca: str = _opt("", "PEM CA bundle: require client certificates signed by it (mutual TLS)")
     token_file: str = _opt("", "file of bearer-token hashes, principals and roles (cgsvc token hash); requires "
                                "tokens")
+    credentials_poll_seconds: float = _opt(0.0, "how often to look for a changed token file or TLS file and reload "
+                                                "it (as SIGHUP does), e.g. 30 where a Kubernetes Secret or "
+                                                "cert-manager rewrites them; 0: only on SIGHUP")
     metrics_address: str = _opt("127.0.0.1:0", "HOST:PORT of the Prometheus endpoint; empty turns it off")
     max_message_bytes: int = _opt(4 * 1024 * 1024, "largest gRPC message accepted or sent, bytes")
     max_concurrent_rpcs: int = _opt(1000, "RPCs served at once; more wait")

@@ -19,12 +19,13 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 
 from cgsvc import __version__
 from cgsvc.errors import FieldViolation, ServiceError
-from cgsvc.server.auth import TokenFileError, hash_token, load_token_file
+from cgsvc.server.auth import Principal, TokenFileError, hash_token, load_token_file
 from cgsvc.server.config import ServerConfig, load_config
 
 # The server itself (gRPC, the stores, the services) is imported where it is served, not here:
@@ -102,6 +103,13 @@ async def serve(cfg: ServerConfig) -> int:
         print(f"WARNING: metrics at {metrics_url} are served beyond loopback with no authentication (Prometheus's "
               "way): anyone who reaches it sees RPC and audit counts; firewall it or bind a loopback address.",
               flush=True)
+    admits = running.extras["credentials"]
+    for who in unroled(admits.admitted.tokens, admits.admitted.certificates):
+        print(f"WARNING: {who} has no roles: {NO_ROLES}", flush=True)
+    if admits.paths:
+        poll = cfg.credentials_poll_seconds
+        print(f"credentials: SIGHUP reloads {', '.join(admits.paths)}"
+              + (f" (and a change is looked for every {poll:g} s)" if poll > 0 else ""), flush=True)
     print(f"transport: {mode}; authentication: {auth}; database: "
           f"{running.store.dialect} ({_redact(cfg.effective_database_url)}); metrics: {metrics_url or 'off'}",
           flush=True)
@@ -109,15 +117,42 @@ async def serve(cfg: ServerConfig) -> int:
     for note in running.extras["recovered"]:
         print(f"launch recovery: {note}", flush=True)
 
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    reloads: set[asyncio.Task[Any]] = set()
+
+    async def reload() -> None:
+        try:
+            _applied, message = await admits.reload(running.extras["auditor"], "reloaded on SIGHUP")
+            print(f"credentials {message}", flush=True)
+        except Exception:  # noqa: BLE001 - the audit store may be away: the set in use stays, say so
+            log.exception("credentials reload failed; the credentials in use stay")
+
+    def on_hup() -> None:
+        task = asyncio.create_task(reload())
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    if admits.paths:
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
     await stop.wait()
     log.info("stopping", grace_seconds=cfg.shutdown_grace_seconds)
     await running.stop(cfg.shutdown_grace_seconds)
     log.info("stopped")
     return 0
+
+
+NO_ROLES = "it is authenticated but may call no cgsvc method (health and reflection need no token)"
+
+
+def unroled(tokens: dict[str, Principal], certificates: dict[str, Principal]) -> list[str]:
+    """The entries of a token file that admit a principal with no roles (a typo, or an account
+    switched off by hand: either way it can call nothing of cgsvc's)."""
+    return sorted({f"token principal {p.name!r}" for p in tokens.values() if not p.roles}
+                  | {f"certificate {cn!r}" for cn, p in certificates.items() if not p.roles})
 
 
 def _redact(url: str) -> str:
@@ -143,12 +178,15 @@ def _check_token_file(path: str, output: str) -> int:
              for digest, p in tokens.items()]
             + [{"kind": "certificate", "principal": p.name, "roles": list(p.roles), "sha256": ""}
                for p in certificates.values()])
+    warnings = [f"{who} has no roles: {NO_ROLES}" for who in unroled(tokens, certificates)]
     if output == "json":
-        render.print_json({"token_file": path, "principals": rows})
+        render.print_json({"token_file": path, "principals": rows, "warnings": warnings})
         return 0
     print(render.table(["kind", "principal", "roles", "sha256"],
                        [(r["kind"], r["principal"], ",".join(r["roles"]) or "-", r["sha256"][:16] or "-") for r in rows]))
     print(f"{path}: {len(tokens)} tokens, {len(certificates)} certificate names")
+    for warning in warnings:
+        print(f"WARNING: {warning}")
     return 0
 
 

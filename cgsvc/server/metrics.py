@@ -30,6 +30,8 @@ LEASE_LAPSES = Counter("cgsvc_replica_lease_lapses", "Times this replica, renewi
                        "replicas may have taken over its launches)", registry=REGISTRY)
 LEASE_GAP = Gauge("cgsvc_replica_lease_renewal_gap_seconds", "Seconds between this replica's last two lease renewals, "
                   "on the database's clock (a lease lapses at --lease-seconds)", registry=REGISTRY)
+CREDENTIAL_RELOADS = Counter("cgsvc_credential_reloads", "Reloads of the token file and TLS files (SIGHUP, or "
+                             "--credentials-poll-seconds), applied or refused", ["outcome"], registry=REGISTRY)
 PLANS_TOTAL = Counter("cgsvc_plans_total", "Plans resolved", ["prefill_backend", "decode_backend"],
                       registry=REGISTRY)
 

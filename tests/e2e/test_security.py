@@ -230,3 +230,12 @@ def test_token_check_lists_who_a_file_admits_or_names_the_bad_entry(tmp_path: Pa
     bad.write_text(good.read_text().replace('roles = ["auditor"]', 'roles = ["auditors"]'))
     refused = check(bad, "-o", "json")
     assert refused.returncode == 2 and "tokens[1].roles" in json.loads(refused.stdout)["error"]["message"]
+    # a principal with no roles is admitted, and said to be able to call nothing
+    unroled = tmp_path / "unroled.toml"
+    unroled.write_text(good.read_text().replace('roles = ["auditor"]', "roles = []"))
+    warned = check(unroled, "-o", "json")
+    assert warned.returncode == 0 and json.loads(warned.stdout)["warnings"] == [
+        "token principal 'auditor-bot' has no roles: it is authenticated but may call no cgsvc method (health and "
+        "reflection need no token)"]
+    assert "WARNING: token principal 'auditor-bot' has no roles" in check(unroled).stdout
+    assert json.loads(listed.stdout)["warnings"] == []

@@ -119,3 +119,18 @@ def test_a_client_target_is_local_by_its_addresses() -> None:
     assert target_is_local("dns:svc:1", resolve=local) and not target_is_local("dns://8.8.8.8/svc:1", resolve=remote)
     assert target_is_local("ipv4:127.0.0.1:1,127.0.0.2:2") and not target_is_local("ipv4:127.0.0.1:1,10.0.0.1:2")
     assert not target_is_local("10.0.0.1:50051") and not target_is_local("svc:1", resolve=remote)
+
+
+def test_a_credentials_reload_names_who_gained_lost_or_changed_access() -> None:
+    from cgsvc.server.auth import Principal
+    from cgsvc.server.credentials import Admitted, changes
+
+    old = Admitted({"a" * 64: Principal("alice", ("resolver",)), "b" * 64: Principal("ops", ("admin",))},
+                   {"orchestrator": Principal("orchestrator", ("launcher",))})
+    new = Admitted({"c" * 64: Principal("ops", ("admin",)), "d" * 64: Principal("ops", ("admin",))},
+                   {"orchestrator": Principal("orchestrator", ("launcher", "auditor")),
+                    "batch": Principal("batch", ())})
+    assert changes(old, new) == [
+        "added certificate 'batch' (no roles)", "removed token principal 'alice' (had resolver)",
+        "certificate 'orchestrator': roles launcher -> auditor, launcher", "token principal 'ops': tokens replaced"]
+    assert changes(new, new) == []
