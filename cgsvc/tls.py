@@ -55,3 +55,13 @@ def read_pair(cert_path: str, key_path: str, cert_name: str = "tls_cert", key_na
     cert, key = read_pem(cert_path, cert_name), read_pem(key_path, key_name)
     check_pair(cert, key, cert_name, key_name)
     return cert, key
+
+
+def expiry(data: bytes) -> float:
+    """When the first certificate of a PEM file stops being valid (seconds since the epoch)."""
+    return x509.load_pem_x509_certificates(data)[0].not_valid_after_utc.timestamp()
+
+
+def earliest_expiry(data: bytes) -> float:
+    """When the first of a PEM bundle's certificates stops being valid (a CA bundle's weakest link)."""
+    return min(c.not_valid_after_utc.timestamp() for c in x509.load_pem_x509_certificates(data))

@@ -6,6 +6,7 @@ Token file (TOML):
     principal = "ci-bot"
     roles = ["resolver"]
     sha256 = "<hex digest of the token>"      # `cgsvc token hash` prints it
+    expires = 2027-01-31T00:00:00Z            # optional: refused from then on (a date-time with an offset)
 
     [[certificates]]                           # mutual TLS: certificate common name -> roles
     common_name = "orchestrator"
@@ -14,8 +15,10 @@ Token file (TOML):
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
+import time
 import tomllib
 from dataclasses import dataclass
 
@@ -46,6 +49,11 @@ PUBLIC_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerRefle
 class Principal:
     name: str
     roles: tuple[str, ...]
+    expires: float = 0.0  # seconds since the epoch from which its token is refused; 0: never
+
+    def expiry(self) -> str:
+        """When its token expires (ISO 8601, UTC), or "" for never."""
+        return dt.datetime.fromtimestamp(self.expires, dt.UTC).isoformat() if self.expires else ""
 
     def may_call(self, method: str) -> bool:
         """method is "/package.Service/Method"."""
@@ -73,6 +81,7 @@ class TokenFileError(ValueError):
 
 
 _ENTRY_KEYS = {"tokens": ("principal", "roles", "sha256"), "certificates": ("common_name", "roles")}
+_OPTIONAL_KEYS = {"tokens": ("expires",), "certificates": ()}
 
 
 def load_token_file(path: str) -> tuple[dict[str, Principal], dict[str, Principal]]:
@@ -99,9 +108,10 @@ def load_token_file(path: str) -> tuple[dict[str, Principal], dict[str, Principa
             raise bad(table, f"must be an array of tables ([[{table}]]), got {type(entries).__name__}")
         for i, entry in enumerate(entries):
             where = f"{table}[{i}]"
-            extra = sorted(set(entry) - set(keys))
+            extra = sorted(set(entry) - set(keys) - set(_OPTIONAL_KEYS[table]))
             if extra:
-                raise bad(f"{where}.{extra[0]}", f"unknown key; an entry holds {', '.join(keys)}")
+                raise bad(f"{where}.{extra[0]}", f"unknown key; an entry holds {', '.join(keys)}"
+                          + "".join(f" and optionally {k}" for k in _OPTIONAL_KEYS[table]))
             for key in keys:
                 if key not in entry:
                     raise bad(f"{where}.{key}", "missing")
@@ -112,7 +122,11 @@ def load_token_file(path: str) -> tuple[dict[str, Principal], dict[str, Principa
             name = entry[name_key]
             if not isinstance(name, str) or not name.strip():
                 raise bad(f"{where}.{name_key}", f"a non-empty string, got {name!r}")
-            principal = Principal(name, tuple(roles))
+            expires = entry.get("expires")
+            if expires is not None and not (isinstance(expires, dt.datetime) and expires.tzinfo is not None):
+                raise bad(f"{where}.expires", "a TOML date-time with an offset, e.g. 2027-01-31T00:00:00Z (unquoted); "
+                                              f"got {expires!r}")
+            principal = Principal(name, tuple(roles), expires.timestamp() if expires else 0.0)
             if table == "certificates":
                 if name in certificates:
                     raise bad(f"{where}.common_name", f"{name!r} is given twice")
@@ -154,6 +168,9 @@ class Authenticator:
             digest = hash_token(token.strip())
             for known, principal in self.tokens.items():
                 if hmac.compare_digest(known, digest):
+                    if principal.expires and time.time() >= principal.expires:
+                        raise AuthError("UNAUTHENTICATED", f"the bearer token of principal {principal.name!r} "
+                                                           f"expired at {principal.expiry()}")
                     return principal
             raise AuthError("UNAUTHENTICATED", "unknown bearer token")
         if cert_common_name is not None and cert_common_name in self.certificates:

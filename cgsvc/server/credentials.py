@@ -51,6 +51,13 @@ class Admitted:
     certificates: dict[str, Principal] = field(default_factory=dict)
     tls: tuple[bytes, bytes, bytes | None] | None = None
 
+    def expiries(self) -> dict[str, float]:
+        """When the TLS certificates in this set stop being valid, by setting."""
+        if self.tls is None:
+            return {}
+        cert, _key, ca = self.tls
+        return {"tls_cert": tls.expiry(cert), **({"tls_client_ca": tls.earliest_expiry(ca)} if ca else {})}
+
     def tls_configuration(self) -> grpc.ServerCertificateConfiguration:
         assert self.tls is not None
         cert, key, ca = self.tls
@@ -90,14 +97,22 @@ def read(cfg: ServerConfig) -> Admitted:
     return Admitted(tokens, certificates, tls_files)
 
 
-def _access(admitted: Admitted) -> dict[str, tuple[tuple[str, ...], frozenset[str]]]:
-    """Who is admitted: "token principal NAME" or "certificate CN" -> (roles, token hashes)."""
-    out: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {}
+@dataclass(frozen=True)
+class _Access:
+    roles: tuple[str, ...]
+    tokens: frozenset[str] = frozenset()  # the SHA-256s (compared, never written out)
+    expiries: tuple[str, ...] = ()
+
+
+def _access(admitted: Admitted) -> dict[str, _Access]:
+    """Who is admitted: "token principal NAME" or "certificate CN" -> roles, tokens, expiries."""
+    out: dict[str, _Access] = {}
     for digest, p in admitted.tokens.items():
-        roles, digests = out.get(f"token principal {p.name!r}", ((), frozenset()))
-        out[f"token principal {p.name!r}"] = (tuple(sorted({*roles, *p.roles})), digests | {digest})
+        was = out.get(f"token principal {p.name!r}", _Access(()))
+        out[f"token principal {p.name!r}"] = _Access(tuple(sorted({*was.roles, *p.roles})), was.tokens | {digest},
+                                                     tuple(sorted({*was.expiries, p.expiry() or "never"})))
     for cn, p in admitted.certificates.items():
-        out[f"certificate {cn!r}"] = (tuple(sorted(p.roles)), frozenset())
+        out[f"certificate {cn!r}"] = _Access(tuple(sorted(p.roles)))
     return out
 
 
@@ -117,16 +132,21 @@ def changes(old: Admitted, new: Admitted) -> list[str]:
     """What a reload from `old` to `new` changes, one phrase each: the audit record's message."""
     out: list[str] = []
     before, after = _access(old), _access(new)
+    def until(a: _Access) -> str:
+        return "" if a.expiries in ((), ("never",)) else f", expires {', '.join(a.expiries)}"
+
     for who in sorted(after.keys() - before.keys()):
-        out.append(f"added {who} ({_roles(after[who][0])})")
+        out.append(f"added {who} ({_roles(after[who].roles)}{until(after[who])})")
     for who in sorted(before.keys() - after.keys()):
-        out.append(f"removed {who} (had {_roles(before[who][0])})")
+        out.append(f"removed {who} (had {_roles(before[who].roles)})")
     for who in sorted(before.keys() & after.keys()):
-        (old_roles, old_tokens), (new_roles, new_tokens) = before[who], after[who]
-        if old_roles != new_roles:
-            out.append(f"{who}: roles {_roles(old_roles)} -> {_roles(new_roles)}")
-        if old_tokens != new_tokens:
-            out.append(f"{who}: token{'s' if len(new_tokens) > 1 else ''} replaced")
+        was, now = before[who], after[who]
+        if was.roles != now.roles:
+            out.append(f"{who}: roles {_roles(was.roles)} -> {_roles(now.roles)}")
+        if was.tokens != now.tokens:
+            out.append(f"{who}: token{'s' if len(now.tokens) > 1 else ''} replaced")
+        if was.expiries != now.expiries:
+            out.append(f"{who}: expires {', '.join(was.expiries)} -> {', '.join(now.expiries)}")
     if old.tls is not None and new.tls is not None:
         if old.tls[0] != new.tls[0]:
             out.append(f"tls_cert: {_certificate(old.tls[0])} -> {_certificate(new.tls[0])}")
@@ -148,9 +168,14 @@ class Credentials:
         self.admitted = read(cfg)
         self.authenticator = authenticator
         authenticator.admit(self.admitted.tokens, self.admitted.certificates)
+        self._observe()
         self._lock = asyncio.Lock()
         self._tls_lock = threading.Lock()  # the fetcher runs on gRPC's threads
         self._tls_next: grpc.ServerCertificateConfiguration | None = None
+
+    def _observe(self) -> None:
+        for setting, when in self.admitted.expiries().items():
+            metrics.TLS_EXPIRY.labels(setting).set(when)
 
     def server_credentials(self) -> grpc.ServerCredentials | None:
         """TLS whose certificate and client CA a reload can replace; None without TLS."""
@@ -193,6 +218,7 @@ class Credentials:
                 with self._tls_lock:
                     self._tls_next = new.tls_configuration()
             self.admitted = new
+            self._observe()
             log.info("credentials reloaded", changes=message)
             return True, message
 

@@ -13,11 +13,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import datetime as dt
 import gc
 import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -104,8 +106,16 @@ async def serve(cfg: ServerConfig) -> int:
               "way): anyone who reaches it sees RPC and audit counts; firewall it or bind a loopback address.",
               flush=True)
     admits = running.extras["credentials"]
-    for who in unroled(admits.admitted.tokens, admits.admitted.certificates):
-        print(f"WARNING: {who} has no roles: {NO_ROLES}", flush=True)
+    now = time.time()
+    for warning in token_warnings(admits.admitted.tokens, admits.admitted.certificates, now):
+        print(f"WARNING: {warning}", flush=True)
+    for setting, when in admits.admitted.expiries().items():
+        if when - now < EXPIRY_WARNING_DAYS * 86400:
+            stamp = dt.datetime.fromtimestamp(when, dt.UTC).isoformat()
+            print(f"WARNING: {setting}: " + (f"the certificate expired at {stamp}: clients will refuse the handshake"
+                                             if when <= now else
+                                             f"the certificate expires at {stamp}, in {(when - now) / 86400:.1f} days")
+                  + "; renew it and reload (SIGHUP)", flush=True)
     if admits.paths:
         poll = cfg.credentials_poll_seconds
         print(f"credentials: SIGHUP reloads {', '.join(admits.paths)}"
@@ -146,13 +156,22 @@ async def serve(cfg: ServerConfig) -> int:
 
 
 NO_ROLES = "it is authenticated but may call no cgsvc method (health and reflection need no token)"
+EXPIRY_WARNING_DAYS = 7
 
 
-def unroled(tokens: dict[str, Principal], certificates: dict[str, Principal]) -> list[str]:
-    """The entries of a token file that admit a principal with no roles (a typo, or an account
-    switched off by hand: either way it can call nothing of cgsvc's)."""
-    return sorted({f"token principal {p.name!r}" for p in tokens.values() if not p.roles}
-                  | {f"certificate {cn!r}" for cn, p in certificates.items() if not p.roles})
+def token_warnings(tokens: dict[str, Principal], certificates: dict[str, Principal], now: float) -> list[str]:
+    """What a token file admits that is likely a mistake or about to bite: a principal with no
+    roles (a typo, or an account switched off by hand: either way it can call nothing of
+    cgsvc's), a token already expired, one that expires within EXPIRY_WARNING_DAYS."""
+    out = sorted({f"token principal {p.name!r} has no roles: {NO_ROLES}" for p in tokens.values() if not p.roles}
+                 | {f"certificate {cn!r} has no roles: {NO_ROLES}" for cn, p in certificates.items() if not p.roles})
+    for p in sorted(tokens.values(), key=lambda p: (p.name, p.expires)):
+        if p.expires and p.expires <= now:
+            out.append(f"a token of principal {p.name!r} expired at {p.expiry()}: it is refused")
+        elif p.expires and p.expires - now < EXPIRY_WARNING_DAYS * 86400:
+            out.append(f"a token of principal {p.name!r} expires at {p.expiry()}, in "
+                       f"{(p.expires - now) / 86400:.1f} days")
+    return out
 
 
 def _redact(url: str) -> str:
@@ -174,16 +193,17 @@ def _check_token_file(path: str, output: str) -> int:
         else:
             print(f"cgsvc: {exc}", file=sys.stderr)
         return 2
-    rows = ([{"kind": "token", "principal": p.name, "roles": list(p.roles), "sha256": digest}
+    rows = ([{"kind": "token", "principal": p.name, "roles": list(p.roles), "sha256": digest, "expires": p.expiry()}
              for digest, p in tokens.items()]
-            + [{"kind": "certificate", "principal": p.name, "roles": list(p.roles), "sha256": ""}
+            + [{"kind": "certificate", "principal": p.name, "roles": list(p.roles), "sha256": "", "expires": ""}
                for p in certificates.values()])
-    warnings = [f"{who} has no roles: {NO_ROLES}" for who in unroled(tokens, certificates)]
+    warnings = token_warnings(tokens, certificates, time.time())
     if output == "json":
         render.print_json({"token_file": path, "principals": rows, "warnings": warnings})
         return 0
-    print(render.table(["kind", "principal", "roles", "sha256"],
-                       [(r["kind"], r["principal"], ",".join(r["roles"]) or "-", r["sha256"][:16] or "-") for r in rows]))
+    print(render.table(["kind", "principal", "roles", "sha256", "expires"],
+                       [(r["kind"], r["principal"], ",".join(r["roles"]) or "-", r["sha256"][:16] or "-",
+                         r["expires"] or "-") for r in rows]))
     print(f"{path}: {len(tokens)} tokens, {len(certificates)} certificate names")
     for warning in warnings:
         print(f"WARNING: {warning}")

@@ -32,6 +32,9 @@ LEASE_GAP = Gauge("cgsvc_replica_lease_renewal_gap_seconds", "Seconds between th
                   "on the database's clock (a lease lapses at --lease-seconds)", registry=REGISTRY)
 CREDENTIAL_RELOADS = Counter("cgsvc_credential_reloads", "Reloads of the token file and TLS files (SIGHUP, or "
                              "--credentials-poll-seconds), applied or refused", ["outcome"], registry=REGISTRY)
+TLS_EXPIRY = Gauge("cgsvc_tls_certificate_expiry_timestamp_seconds", "When the certificate in use stops being valid: "
+                   "tls_cert's first certificate, and tls_client_ca's earliest (alert well before it)", ["setting"],
+                   registry=REGISTRY)
 PLANS_TOTAL = Counter("cgsvc_plans_total", "Plans resolved", ["prefill_backend", "decode_backend"],
                       registry=REGISTRY)
 

@@ -32,18 +32,19 @@ class ThrowawayPKI:
         now = dt.datetime.now(dt.UTC)
         self.ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(self.ca_key.public_key())
                    .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(days=1))
-                   .not_valid_after(now + dt.timedelta(days=2))
+                   .not_valid_after(now + dt.timedelta(days=60))
                    .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
                    .sign(self.ca_key, hashes.SHA256()))
         self.ca_path, _ = _write(directory / "ca", self.ca, self.ca_key)
 
-    def issue(self, stem: str, common_name: str, server: bool) -> tuple[str, str]:
+    def issue(self, stem: str, common_name: str, server: bool, days: float = 30) -> tuple[str, str]:
+        """A certificate valid from yesterday for `days` (the server warns of one expiring within 7)."""
         key = _key()
         now = dt.datetime.now(dt.UTC)
         builder = (x509.CertificateBuilder()
                    .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
                    .issuer_name(self.ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - dt.timedelta(days=1)).not_valid_after(now + dt.timedelta(days=2)))
+                   .not_valid_before(now - dt.timedelta(days=1)).not_valid_after(now + dt.timedelta(days=days)))
         if server:
             builder = builder.add_extension(x509.SubjectAlternativeName(
                 [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)

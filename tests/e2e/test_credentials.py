@@ -102,8 +102,13 @@ def test_a_changed_file_is_reloaded_without_a_signal_when_polling(tmp_path: Path
         assert record.outcome_message == ("reloaded: a credential file changed: added token principal "
                                           "'dave' (no roles)")
         assert resolves(srv, "tok-dave") == "PERMISSION_DENIED"
+        tf.write_text(tf.read_text() + "expires = 2999-01-01T00:00:00Z\n")  # dave's entry is the last
+        assert reloads(srv, 2)[1].outcome_message == ("reloaded: a credential file changed: token principal 'dave': "
+                                                      "expires never -> 2999-01-01T00:00:00+00:00")
+        tf.write_text(tf.read_text() + "\n")  # a change to the file, none to what it admits
+        assert reloads(srv, 3)[2].outcome_message == "reloaded: a credential file changed: no change"
         time.sleep(0.6)
-        assert len(reloads(srv, 1)) == 1  # looked at again, unchanged: no second reload
+        assert len(reloads(srv, 3)) == 3  # looked at again, unchanged: no fourth reload
 
 
 def _served_serial(port: int, ca: str) -> int:
@@ -117,13 +122,22 @@ def _served_serial(port: int, ca: str) -> int:
     return x509.load_der_x509_certificate(der).serial_number
 
 
+def _expiry(path: str) -> float:
+    return x509.load_pem_x509_certificate(Path(path).read_bytes()).not_valid_after_utc.timestamp()
+
+
+def _cert_expiry_metric(srv: ServerProcess) -> float:
+    name = 'cgsvc_tls_certificate_expiry_timestamp_seconds{setting="tls_cert"} '
+    return float(next(line for line in srv.metrics_text().splitlines() if line.startswith(name)).split()[-1])
+
+
 def _serial(path: str) -> int:
     return x509.load_pem_x509_certificate(Path(path).read_bytes()).serial_number
 
 
 def test_sighup_serves_a_renewed_certificate_to_new_connections_and_refuses_a_mismatched_pair(tmp_path: Path) -> None:
     pki = ThrowawayPKI(tmp_path)
-    old_cert, old_key = pki.issue("old", "localhost", server=True)
+    old_cert, old_key = pki.issue("old", "localhost", server=True, days=2)
     new_cert, new_key = pki.issue("new", "localhost", server=True)
     cert, key = str(tmp_path / "served.crt"), str(tmp_path / "served.key")
     shutil.copy(old_cert, cert)
@@ -131,6 +145,9 @@ def test_sighup_serves_a_renewed_certificate_to_new_connections_and_refuses_a_mi
     tf = write_tokens(tmp_path / "tokens.toml", {})
     with ServerProcess(tmp_path / "srv", "--tls-cert", cert, "--tls-key", key, "--token-file", tf) as srv:
         assert _served_serial(srv.port, pki.ca_path) == _serial(old_cert)
+        # the old certificate expires in two days: the start says so, and the metric says when
+        assert any(line.startswith("WARNING: tls_cert: the certificate expires at ") for line in srv.output)
+        assert _cert_expiry_metric(srv) == _expiry(old_cert)
         with Client(srv.address, token=ADMIN, tls_ca=pki.ca_path) as kept:  # a connection open across the reload
             kept.echo(b"before")
             shutil.copy(new_cert, cert)
@@ -142,6 +159,7 @@ def test_sighup_serves_a_renewed_certificate_to_new_connections_and_refuses_a_mi
             assert record.outcome_message.startswith("reloaded on SIGHUP: tls_cert: 'localhost' (SHA-256 ")
             assert _served_serial(srv.port, pki.ca_path) == _serial(new_cert)
             assert kept.echo(b"after") == b"after"
+            assert _cert_expiry_metric(srv) == _expiry(new_cert)
 
             shutil.copy(old_cert, cert)  # the old certificate with the new key: not a pair
             srv.proc.send_signal(signal.SIGHUP)

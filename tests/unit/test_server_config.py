@@ -78,6 +78,12 @@ GOOD = hash_token("s3cret")
      "certificates[1].common_name: 'o' is given twice"),
     ('[[certificates]]\nroles = ["launcher"]\n', "certificates[0].common_name: missing"),
     ("[[tokens]\n", "not TOML"),
+    (f'[[tokens]]\nprincipal = "a"\nroles = []\nsha256 = "{GOOD}"\nexpires = 2027-01-31T00:00:00\n',
+     "tokens[0].expires: a TOML date-time with an offset"),  # a local time: whose clock?
+    (f'[[tokens]]\nprincipal = "a"\nroles = []\nsha256 = "{GOOD}"\nexpires = "2027-01-31T00:00:00Z"\n',
+     "tokens[0].expires: a TOML date-time with an offset, e.g. 2027-01-31T00:00:00Z (unquoted)"),
+    ('[[certificates]]\ncommon_name = "o"\nroles = []\nexpires = 2027-01-31T00:00:00Z\n',
+     "certificates[0].expires: unknown key"),
 ])
 def test_a_bad_token_file_is_refused_naming_the_entry(tmp_path: Path, body: str, names: str) -> None:
     tf = tmp_path / "t.toml"
@@ -134,3 +140,28 @@ def test_a_credentials_reload_names_who_gained_lost_or_changed_access() -> None:
         "added certificate 'batch' (no roles)", "removed token principal 'alice' (had resolver)",
         "certificate 'orchestrator': roles launcher -> auditor, launcher", "token principal 'ops': tokens replaced"]
     assert changes(new, new) == []
+
+
+def test_a_token_past_its_expiry_is_refused_naming_when(tmp_path: Path) -> None:
+    import time
+
+    from cgsvc.server.main import token_warnings
+
+    tf = tmp_path / "t.toml"
+    tf.write_text(f'[[tokens]]\nprincipal = "old"\nroles = ["resolver"]\nsha256 = "{hash_token("t-old")}"\n'
+                  f'expires = 2026-01-01T00:00:00Z\n'
+                  f'[[tokens]]\nprincipal = "soon"\nroles = ["resolver"]\nsha256 = "{hash_token("t-soon")}"\n'
+                  f'expires = 2999-01-01T00:00:00+02:00\n')
+    auth = Authenticator(str(tf))
+    with pytest.raises(AuthError) as e:
+        auth.authenticate({"authorization": "Bearer t-old"}, None)
+    assert (e.value.code, e.value.message) == (
+        "UNAUTHENTICATED", "the bearer token of principal 'old' expired at 2026-01-01T00:00:00+00:00")
+    soon = auth.authenticate({"authorization": "Bearer t-soon"}, None)
+    assert soon.name == "soon" and soon.expiry() == "2998-12-31T22:00:00+00:00"
+    now = soon.expires - 2.5 * 86400  # two and a half days before the second expires
+    assert token_warnings(auth.tokens, {}, now) == [
+        "a token of principal 'old' expired at 2026-01-01T00:00:00+00:00: it is refused",
+        "a token of principal 'soon' expires at 2998-12-31T22:00:00+00:00, in 2.5 days"]
+    assert token_warnings(auth.tokens, {}, time.time()) == [
+        "a token of principal 'old' expired at 2026-01-01T00:00:00+00:00: it is refused"]
