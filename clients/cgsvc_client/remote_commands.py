@@ -1,4 +1,5 @@
-"""`cgsvc-cli` commands that talk to a server: plans list|show, audit list|show|verify."""
+"""`cgsvc-cli` commands that talk to a server: plans list|show, audit list|show|verify|checkpoint|prove
+(and audit witness, from witness.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from google.protobuf.message import Message
 
 from cgsvc import codec
 from cgsvc.audit import checkpoint, merkle
-from cgsvc.errors import CODE_NAMES, FieldViolation, ServiceError
-from cgsvc_client import evidence_commands, render
-from cgsvc_client.args import CliError, add_listing, add_output, add_server
+from cgsvc.errors import CODE_NAMES, ServiceError
+from cgsvc_client import checkpoints, evidence_commands, render, witness
+from cgsvc_client.args import add_listing, add_output, add_server
 from cgsvc_client.client import Client
 
 
@@ -83,21 +84,6 @@ def audit_show(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _checkpoint_file(path: str) -> checkpoint.Checkpoint:
-    """A checkpoint file (`audit checkpoint -o json` output); bad input is a CliError (exit 2)."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return checkpoint.Checkpoint.from_dict(json.load(fh))
-    except OSError as exc:
-        raise _bad("checkpoint", f"cannot read {path!r}: {exc.strerror}") from None
-    except (ValueError, checkpoint.CheckpointError) as exc:
-        raise _bad("checkpoint", f"{path!r} is not a cgsvc checkpoint: {exc}") from None
-
-
-def _bad(field: str, message: str) -> CliError:
-    return CliError.from_resolve(ServiceError.invalid([FieldViolation(field, message)]))
-
-
 def _answer(ns: argparse.Namespace, key: str, result: dict[str, Any], text: str) -> int:
     if render.output_mode(ns) == "json":
         render.print_json({key: result})
@@ -118,14 +104,14 @@ def audit_checkpoint(ns: argparse.Namespace) -> int:
 
 
 def audit_verify(ns: argparse.Namespace) -> int:
-    old = _checkpoint_file(ns.checkpoint) if ns.checkpoint else None
+    old = checkpoints.read_file(ns.checkpoint) if ns.checkpoint else None
     with Client.from_args(ns) as c:
         v = c.verify_audit_log()
         result: dict[str, Any] = {"ok": v.ok, "records_checked": v.records_checked,
                                   "first_bad_sequence": v.first_bad_sequence, "reason": v.reason,
                                   "head_hash": v.head_hash}
         if old is not None and v.ok:
-            result.update(_extends(c, old))
+            result.update(checkpoints.extends(c, old).fields(old))
     if old is None:
         text = (f"audit chain OK: {v.records_checked} records, head {v.head_hash[:16]}" if v.ok else
                 f"audit chain BROKEN at auditRecords/{v.first_bad_sequence}: {v.reason} "
@@ -138,34 +124,8 @@ def audit_verify(ns: argparse.Namespace) -> int:
     return _answer(ns, "verification", result, text)
 
 
-def _extends(c: Client, old: checkpoint.Checkpoint) -> dict[str, Any]:
-    """Whether the log today extends `old`: its signature, the server's key, the size, and an
-    RFC 9162 consistency proof checked here, not on the server."""
-    try:
-        checkpoint.verify(old)
-    except checkpoint.CheckpointError as exc:
-        return {"ok": False, "reason": str(exc)}
-    new = codec.checkpoint_from_proto(c.get_checkpoint())
-    try:
-        checkpoint.verify(new, expected_key_id=old.key_id)
-    except checkpoint.CheckpointError as exc:
-        return {"ok": False, "reason": f"the server's checkpoint does not verify: {exc}"}
-    out: dict[str, Any] = {"checkpoint_size": old.tree_size, "tree_size": new.tree_size, "root_hash": new.root_hash}
-    if new.tree_size < old.tree_size:
-        return {**out, "ok": False, "reason": f"the log is shorter than the checkpoint ({new.tree_size} records, "
-                                              f"the checkpoint has {old.tree_size}): records were removed"}
-    if old.tree_size == 0:
-        return {**out, "ok": True, "reason": ""}
-    proof = c.consistency_proof(old.tree_size, new.tree_size)
-    ok = merkle.verify_consistency(old.tree_size, new.tree_size, bytes.fromhex(old.root_hash),
-                                   bytes.fromhex(new.root_hash), [bytes.fromhex(h) for h in proof.hashes])
-    return {**out, "ok": ok, "reason": "" if ok else
-            f"inconsistent history: the first {old.tree_size} records are not the ones the checkpoint signed "
-            "(a record was rewritten, or the log forked)"}
-
-
 def audit_prove(ns: argparse.Namespace) -> int:
-    cp = _checkpoint_file(ns.checkpoint)
+    cp = checkpoints.read_file(ns.checkpoint)
     try:
         checkpoint.verify(cp)
     except checkpoint.CheckpointError as exc:
@@ -228,6 +188,7 @@ def register(sub: Any) -> None:
     a5.add_argument("name", help="auditRecords/N or N")
     a5.add_argument("--checkpoint", required=True, help="a checkpoint file saved earlier (audit checkpoint -o json)")
     a5.set_defaults(func=audit_prove)
-    for parser in (p, p2, a, a2, a3, a4, a5):
+    a6 = witness.register(audit)
+    for parser in (p, p2, a, a2, a3, a4, a5, a6):
         add_output(parser)
         add_server(parser, required=True)

@@ -1,0 +1,80 @@
+"""Checkpoints on the client's side: reading a saved one, and deciding whether the log a server
+holds today extends it. `audit verify --checkpoint`, `audit prove` and `audit witness` share
+these, so the three answer the same question the same way: every check is done here, from the
+signed checkpoints and the proof, never taken on the server's word."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from cgsvc import codec
+from cgsvc.audit import checkpoint, merkle
+from cgsvc.errors import FieldViolation, ServiceError
+from cgsvc_client.args import CliError
+from cgsvc_client.client import Client
+
+
+def bad(name: str, message: str) -> CliError:
+    """Bad input on the command line or in a file it names: exit 2, naming the field."""
+    return CliError.from_resolve(ServiceError.invalid([FieldViolation(name, message)]))
+
+
+def read_file(path: str, name: str = "checkpoint") -> checkpoint.Checkpoint:
+    """A checkpoint file (`audit checkpoint -o json` output, or a bare checkpoint object); bad
+    input is a CliError naming `name`."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return checkpoint.Checkpoint.from_dict(json.load(fh))
+    except OSError as exc:
+        raise bad(name, f"cannot read {path!r}: {exc.strerror}") from None
+    except (ValueError, checkpoint.CheckpointError) as exc:
+        raise bad(name, f"{path!r} is not a cgsvc checkpoint: {exc}") from None
+
+
+@dataclass
+class Extension:
+    """Whether the server's log today extends `old`: `new` is the server's signed checkpoint
+    (None when the check stopped before one was had), `proof` the consistency proof checked."""
+
+    ok: bool
+    reason: str = ""
+    new: checkpoint.Checkpoint | None = None
+    proof: list[str] = field(default_factory=list)
+
+    def fields(self, old: checkpoint.Checkpoint) -> dict[str, Any]:
+        """What `audit verify --checkpoint -o json` reports of it."""
+        if self.new is None:
+            return {"ok": self.ok, "reason": self.reason}
+        return {"checkpoint_size": old.tree_size, "tree_size": self.new.tree_size, "root_hash": self.new.root_hash,
+                "ok": self.ok, "reason": self.reason}
+
+
+def extends(c: Client, old: checkpoint.Checkpoint, key_id: str = "") -> Extension:
+    """Whether the log today extends `old`: the old checkpoint's signature (and key, when
+    `key_id` pins one), a fresh checkpoint from the server signed by the same key, its size,
+    and an RFC 9162 consistency proof from the old tree to the new, checked here."""
+    try:
+        checkpoint.verify(old, expected_key_id=key_id)
+    except checkpoint.CheckpointError as exc:
+        return Extension(False, str(exc))
+    new = codec.checkpoint_from_proto(c.get_checkpoint())
+    try:
+        checkpoint.verify(new, expected_key_id=old.key_id)
+    except checkpoint.CheckpointError as exc:
+        return Extension(False, f"the server's checkpoint does not verify: {exc}", new)
+    if new.origin != old.origin:
+        return Extension(False, f"the server's checkpoint is of log {new.origin!r}, not {old.origin!r}", new)
+    if new.tree_size < old.tree_size:
+        return Extension(False, f"the log is shorter than the checkpoint ({new.tree_size} records, the checkpoint "
+                                f"has {old.tree_size}): records were removed", new)
+    hashes: list[str] = []
+    if 0 < old.tree_size < new.tree_size:
+        hashes = list(c.consistency_proof(old.tree_size, new.tree_size).hashes)
+    ok = old.tree_size == 0 or merkle.verify_consistency(
+        old.tree_size, new.tree_size, bytes.fromhex(old.root_hash), bytes.fromhex(new.root_hash),
+        [bytes.fromhex(h) for h in hashes])
+    return Extension(ok, "" if ok else f"inconsistent history: the first {old.tree_size} records are not the ones "
+                                       "the checkpoint signed (a record was rewritten, or the log forked)",
+                     new, hashes)

@@ -1,0 +1,244 @@
+"""`cgsvc-cli audit witness`: keep the log's signed checkpoints where the server cannot rewrite
+them, and accept each new one only if the log extends the last one kept.
+
+A checkpoint proves something only when it is kept out of the reach of whoever can write the
+database. A witness does that keeping without anyone remembering to: run on another machine
+(once from cron, or `--every SECONDS`), it fetches the server's signed checkpoint, checks on
+this side that the log today extends the last checkpoint it kept (the same key, not shorter,
+an RFC 9162 consistency proof from the kept tree to the new one), and only then keeps the new
+one. A truncated, rewritten or forked log fails the next check, whenever it happened.
+
+Its directory:
+
+    latest.json          the last checkpoint accepted, as `audit checkpoint -o json` writes it,
+                         so `audit verify --checkpoint DIR/latest.json` and `audit prove` take it
+    history.jsonl        every accepted checkpoint whose tree differs from the one before, one
+                         {"witnessed_at", "checkpoint"} a line, oldest first
+    evidence-TIME.json   written when a check fails: the kept checkpoint, the server's, the proof
+                         and the reason. Both are signed, so anyone can check offline that the
+                         key's owner signed a smaller tree after a larger one, or one it could
+                         not prove extends the earlier (docs/audit.md)
+    .lock                held while a witness runs, so that two never interleave their files
+
+A check that fails leaves latest.json as it was: the next check compares against the same kept
+checkpoint, so a witness never comes to accept a history it refused once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from cgsvc import codec
+from cgsvc.audit import checkpoint
+from cgsvc.errors import ServiceError
+from cgsvc_client import checkpoints, render
+from cgsvc_client.client import Client
+
+LATEST = "latest.json"
+HISTORY = "history.jsonl"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Replace `path` with `text`, durably: a crash leaves the old file or the new, never half."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _sync_dir(path.parent)
+
+
+def _sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _append_line(path: Path, value: Any) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(value, ensure_ascii=False) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+class Witness:
+    """A witness directory, held (locked) for as long as the object is open."""
+
+    def __init__(self, directory: str, key_id: str = "") -> None:
+        self.dir = Path(directory)
+        self.pin = key_id
+        if self.dir.exists() and not self.dir.is_dir():
+            raise checkpoints.bad("dir", f"{directory!r} is not a directory")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._lock = open(self.dir / ".lock", "a+")  # noqa: SIM115 - held until close()
+        except OSError as exc:
+            raise checkpoints.bad("dir", f"cannot use {directory!r}: {exc.strerror}") from None
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock.close()
+            raise checkpoints.bad("dir", f"another witness is using {directory!r} (it holds {self.dir / '.lock'})") \
+                from None
+        latest = self.dir / LATEST
+        self.kept = checkpoints.read_file(str(latest), "dir") if latest.exists() else None
+
+    def close(self) -> None:
+        self._lock.close()  # releases the lock
+
+    def __enter__(self) -> Witness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _keep(self, cp: checkpoint.Checkpoint, at: str, changed: bool) -> None:
+        if changed:  # the history first: a crash between the two leaves latest.json the older one
+            _append_line(self.dir / HISTORY, {"witnessed_at": at, "checkpoint": cp.to_dict()})
+        _write_atomically(self.dir / LATEST, json.dumps({"checkpoint": cp.to_dict()}, indent=2) + "\n")
+        self.kept = cp
+
+    def _evidence(self, at: str, presented: checkpoint.Checkpoint | None, reason: str, proof: list[str]) -> Path:
+        stamp = at.replace("-", "").replace(":", "")[:15] + "Z"
+        path = self.dir / f"evidence-{stamp}.json"
+        n = 1
+        while path.exists():
+            n += 1
+            path = self.dir / f"evidence-{stamp}-{n}.json"
+        body = {"reason": reason, "witnessed_at": at,
+                "kept": self.kept.to_dict() if self.kept else None,
+                "presented": presented.to_dict() if presented else None,
+                "consistency_proof": proof}
+        _write_atomically(path, json.dumps(body, indent=2) + "\n")
+        return path
+
+    def check(self, c: Client) -> dict[str, Any]:
+        """One check: the server's checkpoint against the kept one; kept when it extends it."""
+        at = _now()
+        out: dict[str, Any] = {"witnessed_at": at, "dir": str(self.dir), "latest": str(self.dir / LATEST)}
+        kept = self.kept
+        if kept is None:
+            new = codec.checkpoint_from_proto(c.get_checkpoint())
+            try:
+                checkpoint.verify(new, expected_key_id=self.pin)
+            except checkpoint.CheckpointError as exc:
+                reason = f"the server's checkpoint does not verify: {exc}"
+                return {**out, "ok": False, "reason": reason, "evidence": str(self._evidence(at, new, reason, []))}
+            self._keep(new, at, changed=True)
+            return {**out, "ok": True, "first": True, "trust": "pinned by --key-id" if self.pin else
+                    "trusted on first use", **_fields(new), "previous_size": None, "grew_by": None, "reason": ""}
+        ext = checkpoints.extends(c, kept, self.pin)
+        if not ext.ok or ext.new is None:
+            evidence = self._evidence(at, ext.new, ext.reason, ext.proof)
+            return {**out, "ok": False, **(_fields(ext.new) if ext.new else {}), "previous_size": kept.tree_size,
+                    "reason": ext.reason, "evidence": str(evidence)}
+        new = ext.new
+        self._keep(new, at, changed=(new.tree_size, new.root_hash) != (kept.tree_size, kept.root_hash))
+        return {**out, "ok": True, "first": False, **_fields(new), "previous_size": kept.tree_size,
+                "grew_by": new.tree_size - kept.tree_size, "proof_hashes": len(ext.proof), "reason": ""}
+
+
+def _fields(cp: checkpoint.Checkpoint) -> dict[str, Any]:
+    return {"tree_size": cp.tree_size, "root_hash": cp.root_hash, "key_id": cp.key_id, "checkpoint_time": cp.time}
+
+
+def _line(result: dict[str, Any]) -> str:
+    """One check, for a person."""
+    at = result["witnessed_at"]
+    if result.get("reachable") is False:
+        return f"{at}  server not answering: {result['reason']}"
+    if not result["ok"]:
+        return f"{at}  FAILED: {result['reason']}; evidence kept in {result['evidence']}"
+    size, root, key = result["tree_size"], result["root_hash"][:16], result["key_id"][:16]
+    if result["first"]:
+        pin = "" if result["trust"].startswith("pinned") else f"; pin it with --key-id {result['key_id']}"
+        return f"{at}  first checkpoint kept: {size} records, root {root}, key {key} ({result['trust']}{pin})"
+    grew = (f"+{result['grew_by']}, consistency proof of {result['proof_hashes']} hashes verified"
+            if result["grew_by"] else "unchanged")
+    return f"{at}  OK: {size} records ({grew}), root {root}; kept in {result['latest']}"
+
+
+def _positive(value: float | None, name: str, what: str) -> None:
+    if value is not None and value <= 0:
+        raise checkpoints.bad(name, f"must be more than 0 {what}, got {value:g}")
+
+
+def _key_id(text: str | None) -> str:
+    if not text:
+        return ""
+    key = text.strip().lower()
+    if len(key) != 64 or any(ch not in "0123456789abcdef" for ch in key):
+        raise checkpoints.bad("key_id", "expected 64 hex digits, the key_id that `audit checkpoint` prints")
+    return key
+
+
+def audit_witness(ns: argparse.Namespace) -> int:
+    _positive(ns.every, "every", "seconds")
+    _positive(ns.count, "count", "checks")
+    if ns.count and ns.count > 1 and not ns.every:
+        raise checkpoints.bad("count", f"{ns.count} checks need --every SECONDS between them")
+    pin = _key_id(ns.key_id)
+    count = ns.count or (0 if ns.every else 1)  # 0: until stopped
+    as_json = render.output_mode(ns) == "json"
+    rc, done = 0, 0
+    with Witness(ns.dir, pin) as w, Client.from_args(ns) as c, _stopped_quietly():
+        while True:
+            try:
+                result = w.check(c)
+                rc = 0
+            except ServiceError as exc:
+                if not ns.every:
+                    raise
+                # a server that restarts, or a network that drops, is not a verdict: say so and go on
+                result = {"witnessed_at": _now(), "ok": False, "reachable": False, "reason": f"{exc.code}: {exc.message}"}
+                rc = 1
+            print(json.dumps({"witness": result}, ensure_ascii=False) if as_json else _line(result), flush=True)
+            if not result["ok"] and result.get("reachable") is not False:
+                return 3
+            done += 1
+            if count and done >= count:
+                return rc
+            time.sleep(ns.every)
+    return rc  # stopped (Ctrl-C) between or during checks
+
+
+@contextlib.contextmanager
+def _stopped_quietly() -> Iterator[None]:
+    try:
+        yield
+    except KeyboardInterrupt:
+        print("witness stopped", file=sys.stderr)
+
+
+def register(audit: Any) -> argparse.ArgumentParser:
+    w = audit.add_parser(
+        "witness", help="keep the log's checkpoints in a directory of your own, each accepted only if the log "
+                        "extends the last one kept (exit 3, with evidence, when not)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    w.add_argument("--dir", required=True, help="the witness's directory (created if absent): latest.json, "
+                                                "history.jsonl, evidence-*.json")
+    w.add_argument("--key-id", metavar="HEX", help="the signing key's id (64 hex digits) every checkpoint must carry; without it "
+                                    "the first checkpoint's key is trusted on first use")
+    w.add_argument("--every", type=float, metavar="SECONDS", help="check again every SECONDS until stopped (or --count checks); "
+                                               "a server not answering is reported and retried, not a failure")
+    w.add_argument("--count", type=int, metavar="N", help="stop after this many checks (default: 1, or until stopped with --every)")
+    w.set_defaults(func=audit_witness)
+    return w
+

@@ -1,0 +1,135 @@
+"""`cgsvc-cli audit witness`: a directory of checkpoints kept away from the server, each accepted
+only when the log extends the last one kept. Tried as an attacker would: the log truncated or
+forked between two checks, a checkpoint from another key; and with bad input."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cgsvc.audit import checkpoint, merkle
+from tests.conftest import ROOT
+from tests.e2e.server import ServerProcess
+from tests.e2e.test_trust import attack, cli, resolve_n
+
+
+def witness(srv: ServerProcess | str, directory: Path | str, *args: str) -> tuple[int, list[dict[str, Any]]]:
+    """Run the witness with -o json: its exit code and one result a check (JSON lines)."""
+    address = srv if isinstance(srv, str) else srv.address
+    proc = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "audit", "witness", "--dir", str(directory),
+                           *args, "--server", address, "-o", "json"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    if proc.returncode == 2:  # refused as bad input: {"error": ...}, as every command answers
+        return 2, [json.loads(proc.stdout)]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert all("witness" in x for x in lines), proc.stdout + proc.stderr
+    return proc.returncode, [x["witness"] for x in lines]
+
+
+def history(directory: Path) -> list[int]:
+    return [json.loads(line)["checkpoint"]["tree_size"] for line in (directory / "history.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("how", ["truncated", "forked"])
+def test_a_witness_keeps_growing_checkpoints_and_refuses_a_log_cut_back_or_forked(tmp_path: Path, how: str) -> None:
+    kept = tmp_path / "witness"
+    srv = ServerProcess(tmp_path / "srv").start()
+    try:
+        resolve_n(srv, 4)
+        rc, [first] = witness(srv, kept)
+        assert rc == 0 and first["ok"] and first["first"] and first["tree_size"] == 4, first
+        assert first["trust"] == "trusted on first use"
+        resolve_n(srv, 3)
+        rc, [grown] = witness(srv, kept)
+        assert rc == 0 and grown["ok"] and not grown["first"], grown
+        assert (grown["previous_size"], grown["tree_size"], grown["grew_by"]) == (4, 7, 3)
+        assert grown["proof_hashes"] > 0
+        rc, [same] = witness(srv, kept)  # nothing new: checked, kept fresher, no history line
+        assert rc == 0 and same["grew_by"] == 0 and history(kept) == [4, 7], same
+        # latest.json is a checkpoint file the other commands take as it is
+        ok = cli(srv, "audit", "verify", "--checkpoint", str(kept / "latest.json"))
+        assert ok.returncode == 0 and json.loads(ok.stdout)["verification"]["ok"], ok.stdout
+        latest = (kept / "latest.json").read_text()
+
+        srv.stop()
+        attack(srv.data_dir / "cgsvc.db", keep=5)  # repaired to be self-consistent, as in test_trust
+        srv.start()
+        if how == "forked":
+            resolve_n(srv, 4)  # another history from record 5 on, longer than the kept tree
+        assert cli(srv, "audit", "verify").returncode == 0, "only a checkpoint kept elsewhere can tell"
+        rc, [refused] = witness(srv, kept)
+        assert rc == 3 and not refused["ok"], refused
+        expected = "shorter than the checkpoint" if how == "truncated" else "inconsistent history"
+        assert expected in refused["reason"], refused
+        # the evidence: two checkpoints signed by the one key that no append-only log can both have made
+        evidence = json.loads(Path(refused["evidence"]).read_text())
+        old, new = (checkpoint.Checkpoint.from_dict(evidence[k]) for k in ("kept", "presented"))
+        for cp in (old, new):
+            checkpoint.verify(cp, expected_key_id=first["key_id"])  # both genuine
+        if how == "truncated":
+            assert (old.tree_size, new.tree_size) == (7, 5)
+        else:
+            assert (old.tree_size, new.tree_size) == (7, 9)
+            assert not merkle.verify_consistency(old.tree_size, new.tree_size, bytes.fromhex(old.root_hash),
+                                                 bytes.fromhex(new.root_hash),
+                                                 [bytes.fromhex(h) for h in evidence["consistency_proof"]])
+        # refused once, refused again: the kept checkpoint is not replaced by the history it refused
+        assert (kept / "latest.json").read_text() == latest
+        rc, [again] = witness(srv, kept)
+        assert rc == 3 and expected in again["reason"] and again["evidence"] != refused["evidence"]
+        assert history(kept) == [4, 7]
+    finally:
+        srv.stop()
+
+
+def test_a_witness_loop_reports_each_check_and_rides_out_a_server_that_is_down(tmp_path: Path) -> None:
+    kept = tmp_path / "witness"
+    with ServerProcess(tmp_path / "srv") as srv:
+        resolve_n(srv, 2)
+        rc, checks = witness(srv, kept, "--every", "0.2", "--count", "3")
+        assert rc == 0 and [c["ok"] for c in checks] == [True, True, True], checks
+        assert [c["first"] for c in checks] == [True, False, False]
+        address = srv.address
+    # the server is gone: each check says so and the witness goes on; the last one decides the exit code
+    rc, checks = witness(address, kept, "--every", "0.1", "--count", "2", "--timeout", "1")
+    assert rc == 1 and [c["reachable"] for c in checks] == [False, False], checks
+    assert "UNAVAILABLE" in checks[0]["reason"] or "DEADLINE_EXCEEDED" in checks[0]["reason"], checks
+    assert history(kept) == [2], "a check that could not ask the server keeps nothing"
+
+
+def test_a_pinned_key_and_bad_input(tmp_path: Path) -> None:
+    kept = tmp_path / "witness"
+    with ServerProcess(tmp_path / "srv") as srv, ServerProcess(tmp_path / "other") as other:
+        resolve_n(srv, 2)
+        key = json.loads(cli(srv, "audit", "checkpoint").stdout)["checkpoint"]["key_id"]
+        rc, [first] = witness(srv, kept, "--key-id", key.upper())  # hex in either case
+        assert rc == 0 and first["trust"] == "pinned by --key-id", first
+        # another server, another key: refused against the kept checkpoint, and against a pin on first use
+        rc, [foreign] = witness(other, kept)
+        assert rc == 3 and f"expected {key[:16]}" in foreign["reason"], foreign
+        rc, [pinned] = witness(other, tmp_path / "fresh", "--key-id", key)
+        assert rc == 3 and f"expected {key[:16]}" in pinned["reason"], pinned
+        assert not (tmp_path / "fresh" / "latest.json").exists()
+        # bad input: named, exit 2, nothing kept or changed
+        before = (kept / "latest.json").read_text()
+        (tmp_path / "afile").write_text("x")
+        (tmp_path / "junk").mkdir()
+        (tmp_path / "junk" / "latest.json").write_text('{"tree_size": -1}')
+        for args, field in (((kept, "--key-id", "abc"), "key_id"),
+                            ((kept, "--every", "0"), "every"),
+                            ((kept, "--count", "2"), "count"),
+                            ((tmp_path / "afile",), "dir"),
+                            ((tmp_path / "junk",), "dir")):
+            rc, [error] = witness(srv, *map(str, args))
+            assert rc == 2 and error["error"]["field_violations"][0]["field"] == field, error
+        with open(kept / ".lock", "a") as held:  # another witness on the same directory
+            fcntl.flock(held, fcntl.LOCK_EX)
+            rc, [error] = witness(srv, kept)
+            assert rc == 2 and "another witness is using" in error["error"]["field_violations"][0]["description"]
+        assert (kept / "latest.json").read_text() == before
