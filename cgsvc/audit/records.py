@@ -7,6 +7,7 @@ breaks the chain at that record. The genesis record's `prev_hash` is `GENESIS`.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 import re
@@ -23,6 +24,11 @@ _SECRET_KEY = re.compile(r"token|secret|password|passwd|credential|api[_-]?key",
 # The scheme is bounded: unbounded, a long value without "://" (a 300,000-character model name)
 # made every start position scan to its end, and one request held the event loop for minutes.
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]{0,31}://)[^/@\s]+@", re.I)
+
+
+def utc_now() -> str:
+    """A record's time: RFC 3339 UTC with microseconds, which sorts as text."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def mask_secrets(value: Any) -> Any:

@@ -13,7 +13,6 @@ import base64
 import binascii
 import contextlib
 import dataclasses
-import datetime as dt
 import difflib
 import functools
 import hashlib
@@ -30,7 +29,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from cgsvc.audit import filters, merkle
-from cgsvc.audit.records import GENESIS, AuditEntry, AuditRecord, chain
+from cgsvc.audit.records import GENESIS, AuditEntry, AuditRecord, chain, utc_now
 from cgsvc.errors import CODE_NUMBERS, clip
 
 log = logging.getLogger("cgsvc.audit.store")
@@ -312,11 +311,6 @@ def db_epoch(dialect: str) -> sa.ColumnElement[float]:
     if dialect == "postgresql":
         return sa.cast(sa.func.extract("epoch", sa.func.clock_timestamp()), sa.Float)
     return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Float)
-
-
-def utc_now() -> str:
-    """RFC 3339 UTC time with microseconds; sorts as text."""
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True)

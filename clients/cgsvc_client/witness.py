@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import fcntl
 import json
 import os
@@ -40,16 +39,13 @@ from typing import Any
 
 from cgsvc import codec
 from cgsvc.audit import checkpoint
+from cgsvc.audit.records import utc_now
 from cgsvc.errors import ServiceError
 from cgsvc_client import checkpoints, render
 from cgsvc_client.client import Client
 
 LATEST = "latest.json"
 HISTORY = "history.jsonl"
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -131,7 +127,7 @@ class Witness:
 
     def check(self, c: Client) -> dict[str, Any]:
         """One check: the server's checkpoint against the kept one; kept when it extends it."""
-        at = _now()
+        at = utc_now()
         out: dict[str, Any] = {"witnessed_at": at, "dir": str(self.dir), "latest": str(self.dir / LATEST)}
         kept = self.kept
         if kept is None:
@@ -207,7 +203,7 @@ def audit_witness(ns: argparse.Namespace) -> int:
                 if not ns.every:
                     raise
                 # a server that restarts, or a network that drops, is not a verdict: say so and go on
-                result = {"witnessed_at": _now(), "ok": False, "reachable": False, "reason": f"{exc.code}: {exc.message}"}
+                result = {"witnessed_at": utc_now(), "ok": False, "reachable": False, "reason": f"{exc.code}: {exc.message}"}
                 rc = 1
             print(json.dumps({"witness": result}, ensure_ascii=False) if as_json else _line(result), flush=True)
             if not result["ok"] and result.get("reachable") is not False:
