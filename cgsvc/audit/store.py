@@ -257,6 +257,17 @@ replica_leases = sa.Table(
     sa.Column("started_at", sa.Text, nullable=False),
     sa.Column("renewed_at", sa.Float, nullable=False),  # seconds since the epoch, the database's clock
 )
+# The log's signing keys, one generation each (the highest signs today). Not evidence: a
+# replica's check at start and before each checkpoint that it signs with the log's key. The
+# evidence is the rotation records in the log itself (cgsvc/audit/keys.py).
+signing_keys = sa.Table(
+    "signing_keys", metadata,
+    sa.Column("generation", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("key_id", sa.Text, nullable=False),
+    sa.Column("public_key", sa.Text, nullable=False),
+    sa.Column("sequence", sa.BigInteger, nullable=False),  # the rotation record; 0 for the first key
+    sa.Column("added_at", sa.Text, nullable=False),
+)
 
 # Migrations, in order. Each is (version, description, tables it creates, columns it adds to
 # existing tables); the applied set is recorded in schema_migrations.
@@ -283,6 +294,7 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      (replica_leases,), ()),
     (11, "why a cancel was asked, where the service asked it (launches.cancel_reason)", (),
      tuple((launches, c) for c in LAUNCH_COLUMNS_11)),
+    (12, "the log's signing key, one generation at a time (signing_keys)", (signing_keys,), ()),
 )
 
 AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principal": "str", "outcome": "str",
@@ -1111,6 +1123,27 @@ class AuditStore:
             head = conn.execute(sa.select(chain_head.c.sequence, chain_head.c.frontier)
                                 .where(chain_head.c.id == 1)).one()
         return int(head.sequence), merkle.root_from_frontier(_frontier_from_json(head.frontier))
+
+    # ------------------------------------------------------------------ signing keys
+    def log_key(self) -> tuple[int, str, int] | None:
+        """The key that signs this log's checkpoints today: (generation, key_id, the sequence of
+        the record that rotated to it, 0 for the first); None before any server named one."""
+        with self.read_engine.begin() as conn:
+            row = conn.execute(sa.select(signing_keys.c.generation, signing_keys.c.key_id, signing_keys.c.sequence)
+                               .order_by(signing_keys.c.generation.desc()).limit(1)).first()
+        return None if row is None else (int(row.generation), row.key_id, int(row.sequence))
+
+    def add_log_key(self, generation: int, key_id: str, public_key: str, sequence: int) -> bool:
+        """Make `key_id` the log's key as `generation`; False when another server took that
+        generation first (replicas starting together): read `log_key` again."""
+        try:
+            with self.write_engine.begin() as conn:
+                conn.execute(signing_keys.insert().values(generation=generation, key_id=key_id,
+                                                          public_key=public_key, sequence=sequence,
+                                                          added_at=utc_now()))
+        except sa.exc.IntegrityError:
+            return False
+        return True
 
     def _lookup(self, conn: Connection) -> merkle.SubtreeLookup:
         cache: dict[tuple[int, int], bytes] = {}

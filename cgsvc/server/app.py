@@ -25,7 +25,7 @@ from cgsvc.domain.plans import Plans
 from cgsvc.launch.devices import DeviceListError, Inventory
 from cgsvc.launch.dispatch import HOST, LocalDispatcher, RayDispatcher
 from cgsvc.launch.store import ExperimentStore, LaunchStore
-from cgsvc.server import credentials, metrics, reflection
+from cgsvc.server import credentials, metrics, reflection, signing
 from cgsvc.server.addresses import is_loopback
 from cgsvc.server.auth import Authenticator
 from cgsvc.server.config import ServerConfig
@@ -147,6 +147,18 @@ async def start(cfg: ServerConfig) -> Running:
         signing_key = checkpoint.load_or_create_key(key_path)
     except (checkpoint.CheckpointError, OSError) as exc:
         raise ConfigError(f"signing_key: {exc}") from None
+    previous_key = None
+    if cfg.previous_signing_key:
+        if cfg.replace_lost_signing_key:
+            raise ConfigError("replace_lost_signing_key: give it or previous_signing_key, not both: a key that is "
+                              "at hand endorses its successor")
+        if not Path(cfg.previous_signing_key).is_file():
+            raise ConfigError(f"previous_signing_key: {cfg.previous_signing_key}: no such file (the log's key until "
+                              "now, a PEM Ed25519 private key)")
+        try:
+            previous_key = checkpoint.load_or_create_key(cfg.previous_signing_key)
+        except (checkpoint.CheckpointError, OSError) as exc:
+            raise ConfigError(f"previous_signing_key: {exc}") from None
     try:
         model_roots = catalog.ModelRoots.of([r.strip() for r in cfg.model_roots.split(",") if r.strip()])
     except ValueError as exc:
@@ -167,6 +179,13 @@ async def start(cfg: ServerConfig) -> Running:
                            cfg.audit_cohort_gap_ms / 1000)
         if cfg.audit_writer == "process" else AuditWriter(store, cfg.audit_max_batch, metrics.observe_batch))
     auditor = Auditor(store, writer)
+    try:  # before anything is served: a replica must not sign with a key that is not the log's
+        settled = await signing.settle(store, auditor, signing_key, previous_key, cfg.replace_lost_signing_key)
+    except signing.SigningKeyError as exc:
+        await writer.aclose()
+        store.close()
+        instance_lock.close()
+        raise ConfigError(str(exc)) from None
     pipeline = Pipeline(authenticator, on_rejected=rejection_auditor(auditor))
 
     options = [("grpc.max_receive_message_length", cfg.max_message_bytes),
@@ -183,7 +202,7 @@ async def start(cfg: ServerConfig) -> Running:
     experiments = Experiments(ExperimentStore(store), launches, plans)
     servicers: dict[str, Any] = {
         "cgsvc.v1.PlanService": PlanService(plans),
-        "cgsvc.v1.AuditService": AuditService(store, signing_key),
+        "cgsvc.v1.AuditService": AuditService(store, signing_key, settled.key_id),
         "cgsvc.v1.DiagnosticsService": DiagnosticsService(),
         "cgsvc.v1.LaunchService": LaunchService(launches, plans),
         "cgsvc.v1.ExperimentService": ExperimentService(experiments),
@@ -216,7 +235,7 @@ async def start(cfg: ServerConfig) -> Running:
                     "lease": lease, "recovered": recovered, "devices": inventory, "model_roots": model_roots,
                     "instance_lock": instance_lock, "loopback": loopback, "signing_key_path": key_path,
                     "credentials": admits, "credentials_poll": poll,
-                    "key_id": checkpoint.key_id(signing_key.public_key().public_bytes_raw())})
+                    "key_id": settled.key_id, "signing": settled})
 
 
 FORGET_LEASES_AFTER = 24 * 3600.0  # seconds: a lapsed lease of a replica with nothing active is then deleted

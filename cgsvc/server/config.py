@@ -45,7 +45,11 @@ class ServerConfig:
     audit_cohort_gap_ms: float = _opt(2.0, "within that wait, how long the writer waits for the next append before "
                                            "it commits what it has")
     signing_key: str = _opt("", "Ed25519 private key (PEM) that signs audit-log checkpoints; default: "
-                                "data_dir/signing_key.pem, created at first start")
+                                "data_dir/signing_key.pem, created at first start; replicas of one log share one key")
+    previous_signing_key: str = _opt("", "the log's key until now (PEM), to rotate to --signing-key: the old key signs "
+                                         "the handover into the log, and witnesses follow it; kept harmlessly after")
+    replace_lost_signing_key: bool = _opt(False, "the log's key is lost: sign with --signing-key from now on, recorded "
+                                                 "unendorsed (witnesses refuse it until re-pinned; warned)")
     model_roots: str = _opt("", "comma-separated directories that callers' checkpoint paths (a spec's model.path, a "
                                 "launch's or experiment's model_path) must lie under, symlinks followed; empty: "
                                 "any directory the server can read")

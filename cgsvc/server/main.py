@@ -91,7 +91,12 @@ async def serve(cfg: ServerConfig) -> int:
               "Configure tls_cert/tls_key and token_file before exposing this server.", flush=True)
     inventory = running.extras["devices"]
     print(f"local devices: {', '.join(inventory.devices)} ({inventory.source})", flush=True)
-    print(f"audit checkpoints signed with Ed25519 key {running.extras['key_id']}", flush=True)
+    settled = running.extras["signing"]
+    print(settled.line(), flush=True)
+    if settled.rotation is not None and settled.rotation.reason == "replaced":
+        print(f"WARNING: --replace-lost-signing-key: key {settled.key_id} now signs this log with nothing from the "
+              f"old key {settled.rotation.previous_key_id} vouching for it ({settled.rotation.record}); every witness "
+              "will refuse it until its keeper re-pins it (audit witness --key-id on a new directory).", flush=True)
     key_path = running.extras["signing_key_path"]
     if (key_mode := os.stat(key_path).st_mode & 0o777) & 0o077:
         print(f"WARNING: signing key {key_path} is readable beyond its owner (mode {key_mode:04o}): whoever can read it "

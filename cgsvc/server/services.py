@@ -25,7 +25,7 @@ from cgsvc.domain.plans import RESOLVE_METHOD, Caller, Plans, Resolution
 from cgsvc.errors import ServiceError, clip
 from cgsvc.resolve import DEFAULT_POLICY
 from cgsvc.resolve.policies import POLICIES
-from cgsvc.server import metrics
+from cgsvc.server import metrics, signing
 from cgsvc.server.interceptors import RequestContext
 from cgsvc.server.status import invalid
 from cgsvc.v1 import audit_pb2, diagnostics_pb2, launch_pb2, plan_pb2, plan_service_pb2
@@ -160,9 +160,10 @@ class PlanService:
 
 
 class AuditService:
-    def __init__(self, store: AuditStore, signing_key: Ed25519PrivateKey) -> None:
+    def __init__(self, store: AuditStore, signing_key: Ed25519PrivateKey, key_id: str) -> None:
         self.store = store
         self.key = signing_key
+        self.key_id = key_id
 
     async def GetAuditRecord(self, request: audit_pb2.GetAuditRecordRequest,  # noqa: N802
                              rc: RequestContext) -> audit_pb2.AuditRecord:
@@ -187,6 +188,8 @@ class AuditService:
 
     async def GetCheckpoint(self, request: audit_pb2.GetCheckpointRequest,  # noqa: N802
                             rc: RequestContext) -> audit_pb2.Checkpoint:
+        if why := await asyncio.to_thread(signing.still_ours, self.store, self.key_id):
+            raise ServiceError("FAILED_PRECONDITION", why)  # another replica rotated the log's key
         size, root = await asyncio.to_thread(self.store.tree_head)
         return audit_pb2.Checkpoint(**checkpoint.sign(self.key, size, root, utc_now()).to_dict())
 

@@ -5,12 +5,13 @@ signed checkpoints and the proof, never taken on the server's word."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from cgsvc import codec
-from cgsvc.audit import checkpoint, merkle
+from cgsvc.audit import checkpoint, keys, merkle
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc_client.args import CliError
 from cgsvc_client.client import Client
@@ -42,13 +43,53 @@ class Extension:
     reason: str = ""
     new: checkpoint.Checkpoint | None = None
     proof: list[str] = field(default_factory=list)
+    rotations: list[keys.Rotation] = field(default_factory=list)  # followed from the old key to the new
 
     def fields(self, old: checkpoint.Checkpoint) -> dict[str, Any]:
         """What `audit verify --checkpoint -o json` reports of it."""
         if self.new is None:
             return {"ok": self.ok, "reason": self.reason}
         return {"checkpoint_size": old.tree_size, "tree_size": self.new.tree_size, "root_hash": self.new.root_hash,
+                "key_id": self.new.key_id, "key_rotations": rotation_fields(self.rotations),
                 "ok": self.ok, "reason": self.reason}
+
+
+def rotation_fields(rotations: list[keys.Rotation]) -> list[dict[str, Any]]:
+    return [{"record": r.record, "from_key_id": r.previous_key_id, "to_key_id": r.key_id,
+             "endorsed_tree_size": (r.endorsement or {}).get("tree_size")} for r in rotations]
+
+
+def log_rotations(c: Client) -> list[keys.Rotation]:
+    """Every key rotation the log records, oldest first (records the server cannot have made
+    are skipped here and so fail the chain: only a rotation whose signature checks counts)."""
+    found: list[keys.Rotation] = []
+    token = ""
+    while True:
+        page = c.list_audit_records(filter=f'method = "{keys.METHOD}"', page_size=100, page_token=token)
+        for rec in page.records:
+            with contextlib.suppress(ValueError):
+                found.append(keys.Rotation.from_record(rec.sequence, rec.spec_json))
+        token = page.next_page_token
+        if not token:
+            return sorted(found, key=lambda r: r.sequence)
+
+
+def _follow(c: Client, old: checkpoint.Checkpoint, new: checkpoint.Checkpoint) -> list[keys.Rotation]:
+    """The endorsed rotations from `old`'s key to `new`'s, each handing over a tree that today's
+    log extends; CheckpointError naming the first link that fails."""
+    path = keys.chain(log_rotations(c), old.key_id, new.key_id)
+    for rot in path:
+        e = rot.endorsement or {}
+        size, root = int(e["tree_size"]), bytes.fromhex(str(e["root_hash"]))
+        if size > new.tree_size:
+            raise checkpoint.CheckpointError(f"{rot.record}: the rotation hands over a tree of {size} records, larger "
+                                             f"than the server's checkpoint of {new.tree_size}")
+        hashes = list(c.consistency_proof(size, new.tree_size).hashes) if 0 < size < new.tree_size else []
+        if size and not merkle.verify_consistency(size, new.tree_size, root, bytes.fromhex(new.root_hash),
+                                                  [bytes.fromhex(h) for h in hashes]):
+            raise checkpoint.CheckpointError(f"{rot.record}: the log today does not extend the tree the old key "
+                                             f"handed over ({size} records)")
+    return path
 
 
 def extends(c: Client, old: checkpoint.Checkpoint, key_id: str = "") -> Extension:
@@ -60,8 +101,11 @@ def extends(c: Client, old: checkpoint.Checkpoint, key_id: str = "") -> Extensio
     except checkpoint.CheckpointError as exc:
         return Extension(False, str(exc))
     new = codec.checkpoint_from_proto(c.get_checkpoint())
+    rotations: list[keys.Rotation] = []
     try:
-        checkpoint.verify(new, expected_key_id=old.key_id)
+        checkpoint.verify(new)
+        if new.key_id != old.key_id:  # a new key: only a chain of rotations each old key signed vouches for it
+            rotations = _follow(c, old, new)
     except checkpoint.CheckpointError as exc:
         return Extension(False, f"the server's checkpoint does not verify: {exc}", new)
     if new.origin != old.origin:
@@ -77,4 +121,4 @@ def extends(c: Client, old: checkpoint.Checkpoint, key_id: str = "") -> Extensio
         [bytes.fromhex(h) for h in hashes])
     return Extension(ok, "" if ok else f"inconsistent history: the first {old.tree_size} records are not the ones "
                                        "the checkpoint signed (a record was rewritten, or the log forked)",
-                     new, hashes)
+                     new, hashes, rotations)

@@ -119,6 +119,8 @@ def audit_verify(ns: argparse.Namespace) -> int:
     elif result["ok"]:
         text = (f"audit log OK: {v.records_checked} records; it extends the checkpoint of {old.tree_size} records "
                 f"(root {old.root_hash[:16]}, key {old.key_id[:16]}): consistency proof verified")
+        text += "".join(f"; key rotated to {r['to_key_id'][:16]} at {r['record']}, signed by {r['from_key_id'][:16]}"
+                        for r in result.get("key_rotations", []))
     else:
         text = f"audit log does NOT extend the checkpoint: {result['reason']}"
     return _answer(ns, "verification", result, text)

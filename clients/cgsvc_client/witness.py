@@ -4,9 +4,9 @@ them, and accept each new one only if the log extends the last one kept.
 A checkpoint proves something only when it is kept out of the reach of whoever can write the
 database. A witness does that keeping without anyone remembering to: run on another machine
 (once from cron, or `--every SECONDS`), it fetches the server's signed checkpoint, checks on
-this side that the log today extends the last checkpoint it kept (the same key, not shorter,
-an RFC 9162 consistency proof from the kept tree to the new one), and only then keeps the new
-one. A truncated, rewritten or forked log fails the next check, whenever it happened.
+this side that the log today extends the last checkpoint it kept (the same key, or one the log
+records a rotation to that the kept key signed; not shorter; an RFC 9162 consistency proof from
+the kept tree to the new one), and only then keeps the new one. A truncated, rewritten or forked log fails the next check, whenever it happened.
 
 Its directory:
 
@@ -95,6 +95,19 @@ class Witness:
                 from None
         latest = self.dir / LATEST
         self.kept = checkpoints.read_file(str(latest), "dir") if latest.exists() else None
+        if self.pin and self.kept is not None and self.pin not in self._keys_kept():
+            self.close()
+            raise checkpoints.bad("key_id", f"this directory never kept a checkpoint of key {self.pin[:16]}...: it "
+                                            f"follows key {self.kept.key_id} (pin a new key on a new directory)")
+
+    def _keys_kept(self) -> set[str]:
+        """Every key this directory kept a checkpoint of: the pinned key and those rotated to from it."""
+        found = {self.kept.key_id} if self.kept else set()
+        with contextlib.suppress(OSError), open(self.dir / HISTORY, encoding="utf-8") as fh:
+            for line in fh:
+                with contextlib.suppress(ValueError, AttributeError, TypeError):
+                    found.add(json.loads(line)["checkpoint"]["key_id"])
+        return found
 
     def close(self) -> None:
         self._lock.close()  # releases the lock
@@ -140,15 +153,17 @@ class Witness:
             self._keep(new, at, changed=True)
             return {**out, "ok": True, "first": True, "trust": "pinned by --key-id" if self.pin else
                     "trusted on first use", **_fields(new), "previous_size": None, "grew_by": None, "reason": ""}
-        ext = checkpoints.extends(c, kept, self.pin)
+        ext = checkpoints.extends(c, kept)  # the pin was checked on opening: kept is its key or rotated from it
         if not ext.ok or ext.new is None:
             evidence = self._evidence(at, ext.new, ext.reason, ext.proof)
             return {**out, "ok": False, **(_fields(ext.new) if ext.new else {}), "previous_size": kept.tree_size,
                     "reason": ext.reason, "evidence": str(evidence)}
         new = ext.new
-        self._keep(new, at, changed=(new.tree_size, new.root_hash) != (kept.tree_size, kept.root_hash))
+        self._keep(new, at, changed=(new.tree_size, new.root_hash, new.key_id) != (kept.tree_size, kept.root_hash,
+                                                                                      kept.key_id))
         return {**out, "ok": True, "first": False, **_fields(new), "previous_size": kept.tree_size,
-                "grew_by": new.tree_size - kept.tree_size, "proof_hashes": len(ext.proof), "reason": ""}
+                "grew_by": new.tree_size - kept.tree_size, "proof_hashes": len(ext.proof),
+                "key_rotations": checkpoints.rotation_fields(ext.rotations), "reason": ""}
 
 
 def _fields(cp: checkpoint.Checkpoint) -> dict[str, Any]:
@@ -168,7 +183,9 @@ def _line(result: dict[str, Any]) -> str:
         return f"{at}  first checkpoint kept: {size} records, root {root}, key {key} ({result['trust']}{pin})"
     grew = (f"+{result['grew_by']}, consistency proof of {result['proof_hashes']} hashes verified"
             if result["grew_by"] else "unchanged")
-    return f"{at}  OK: {size} records ({grew}), root {root}; kept in {result['latest']}"
+    rotated = "".join(f"; key rotated from {r['from_key_id'][:16]} to {r['to_key_id'][:16]}, signed by the old key "
+                      f"({r['record']})" for r in result.get("key_rotations", []))
+    return f"{at}  OK: {size} records ({grew}), root {root}{rotated}; kept in {result['latest']}"
 
 
 def _positive(value: float | None, name: str, what: str) -> None:
@@ -230,8 +247,8 @@ def register(audit: Any) -> argparse.ArgumentParser:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     w.add_argument("--dir", required=True, help="the witness's directory (created if absent): latest.json, "
                                                 "history.jsonl, evidence-*.json")
-    w.add_argument("--key-id", metavar="HEX", help="the signing key's id (64 hex digits) every checkpoint must carry; without it "
-                                    "the first checkpoint's key is trusted on first use")
+    w.add_argument("--key-id", metavar="HEX", help="the signing key's id (64 hex digits) the first checkpoint must carry (later "
+                                    "keys only by rotations it signed); without it the first key is trusted on first use")
     w.add_argument("--every", type=float, metavar="SECONDS", help="check again every SECONDS until stopped (or --count checks); "
                                                "a server not answering is reported and retried, not a failure")
     w.add_argument("--count", type=int, metavar="N", help="stop after this many checks (default: 1, or until stopped with --every)")

@@ -108,8 +108,9 @@ def test_a_killed_writer_process_is_replaced_and_the_log_stays_whole(tmp_path: P
 
 def test_two_replicas_share_one_linear_chain_on_postgres(tmp_path: Path) -> None:
     url = pg_url_or_skip(f"replicas_{uuid.uuid4().hex[:10]}")
-    a = ServerProcess(tmp_path / "a", "--database-url", url).start()
-    b = ServerProcess(tmp_path / "b", "--database-url", url).start()
+    key = ("--signing-key", str(tmp_path / "log-key.pem"))  # one log, one key: the first start creates it
+    a = ServerProcess(tmp_path / "a", "--database-url", url, *key).start()
+    b = ServerProcess(tmp_path / "b", "--database-url", url, *key).start()
     try:
         run = Load(a.address, b.address)
         run.wait_for(400)

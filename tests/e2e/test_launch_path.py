@@ -88,7 +88,9 @@ def pg_replicas(tmp_path: Path, schema: str, slots: int,
     url = pg_url_or_skip(f"{schema}_{uuid.uuid4().hex[:10]}")
     tiny = make_checkpoint(str(tmp_path / "tiny"), "tiny")
     spec = {"model": {"path": tiny}, "hardware": {"gpu": "cpu"}, "parallelism": {"tp": 1}}
-    servers = [ServerProcess(tmp_path / f"srv{i}", "--database-url", url, "--local-slots", str(slots), *args).start()
+    key = str(tmp_path / "log-key.pem")  # replicas of one log share its signing key; the first start creates it
+    servers = [ServerProcess(tmp_path / f"srv{i}", "--database-url", url, "--local-slots", str(slots),
+                             "--signing-key", key, *args).start()
                for i in range(2)]
     try:
         yield servers, tiny, spec

@@ -46,7 +46,7 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 11
+    assert store.schema_version() == 12
     assert store.migrate() == []  # idempotent
 
 
@@ -82,8 +82,8 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
             tp=4, model_path="/m", workload_json='{"input_len": 1, "output_len": 1, "requests": 1, "concurrency": 1}',
             create_time="2026-01-01T00:00:00Z", update_time="2026-01-01T00:00:00Z", tokens_done=1, tokens_total=1,
             error="", report_json="", run_dir="/r", handle_json="", owner=""))
-    assert store.migrate() == [3, 4, 5, 6, 7, 8, 9, 10, 11]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
-    assert store.schema_version() == 11
+    assert store.migrate() == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 12
     old = store.get_record(1)
     assert old is not None and old.schema_version == 1 and old.policy == "cgsvc"
     assert ExperimentStore(store).list_rows() == ([], "")

@@ -64,6 +64,11 @@ def test_service_deployment_is_consistent(tmp_path: Path) -> None:
     mon = objs[("ServiceMonitor", "cgsvc")]
     assert mon["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
     assert pod["terminationGracePeriodSeconds"] > cfg.shutdown_grace_seconds
+    # replicas of one log sign with one key: a Secret every pod mounts, not the data dir (an
+    # emptyDir: a new key at every pod start, which the log's key check would refuse)
+    assert dep["spec"]["replicas"] > 1 and cfg.signing_key, "replicas need the log's key given (signing_key)"
+    mount = next(m for m in c["volumeMounts"] if cfg.signing_key.startswith(m["mountPath"].rstrip("/") + "/"))
+    assert "secret" in volumes[mount["name"]], f"signing_key must come from a Secret, not {volumes[mount['name']]}"
 
 
 def test_raycluster_fits_tp4_groups() -> None:
