@@ -45,6 +45,7 @@ from cgsvc_client import checkpoints, render
 from cgsvc_client.client import Client
 
 LATEST = "latest.json"
+UNREACHABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")  # no answer at all, as opposed to an answer that is no checkpoint
 HISTORY = "history.jsonl"
 
 
@@ -159,11 +160,14 @@ class Witness:
             return {**out, "ok": False, **(_fields(ext.new) if ext.new else {}), "previous_size": kept.tree_size,
                     "reason": ext.reason, "evidence": str(evidence)}
         new = ext.new
+        warnings = []
+        if new.time < kept.time:  # RFC 3339 UTC sorts as text; an honest log's clock may step back: said, not refused
+            warnings.append(f"the server's checkpoint is dated {new.time}, before the kept one's {kept.time}")
         self._keep(new, at, changed=(new.tree_size, new.root_hash, new.key_id) != (kept.tree_size, kept.root_hash,
                                                                                       kept.key_id))
         return {**out, "ok": True, "first": False, **_fields(new), "previous_size": kept.tree_size,
                 "grew_by": new.tree_size - kept.tree_size, "proof_hashes": len(ext.proof),
-                "key_rotations": checkpoints.rotation_fields(ext.rotations), "reason": ""}
+                "key_rotations": checkpoints.rotation_fields(ext.rotations), "warnings": warnings, "reason": ""}
 
 
 def _fields(cp: checkpoint.Checkpoint) -> dict[str, Any]:
@@ -173,8 +177,9 @@ def _fields(cp: checkpoint.Checkpoint) -> dict[str, Any]:
 def _line(result: dict[str, Any]) -> str:
     """One check, for a person."""
     at = result["witnessed_at"]
-    if result.get("reachable") is False:
-        return f"{at}  server not answering: {result['reason']}"
+    if result.get("checked") is False:
+        what = "server not answering" if result["reachable"] is False else "server gave no checkpoint"
+        return f"{at}  {what}: {result['reason']}; trying again at the next check"
     if not result["ok"]:
         return f"{at}  FAILED: {result['reason']}; evidence kept in {result['evidence']}"
     size, root, key = result["tree_size"], result["root_hash"][:16], result["key_id"][:16]
@@ -185,7 +190,8 @@ def _line(result: dict[str, Any]) -> str:
             if result["grew_by"] else "unchanged")
     rotated = "".join(f"; key rotated from {r['from_key_id'][:16]} to {r['to_key_id'][:16]}, signed by the old key "
                       f"({r['record']})" for r in result.get("key_rotations", []))
-    return f"{at}  OK: {size} records ({grew}), root {root}{rotated}; kept in {result['latest']}"
+    warned = "".join(f"; WARNING: {w}" for w in result.get("warnings", []))
+    return f"{at}  OK: {size} records ({grew}), root {root}{rotated}{warned}; kept in {result['latest']}"
 
 
 def _positive(value: float | None, name: str, what: str) -> None:
@@ -220,10 +226,12 @@ def audit_witness(ns: argparse.Namespace) -> int:
                 if not ns.every:
                     raise
                 # a server that restarts, or a network that drops, is not a verdict: say so and go on
-                result = {"witnessed_at": utc_now(), "ok": False, "reachable": False, "reason": f"{exc.code}: {exc.message}"}
+                # (or a replica left on a retired key, which refuses to sign: the next check may reach another)
+                result = {"witnessed_at": utc_now(), "ok": False, "checked": False,
+                          "reachable": exc.code not in UNREACHABLE, "reason": f"{exc.code}: {exc.message}"}
                 rc = 1
             print(json.dumps({"witness": result}, ensure_ascii=False) if as_json else _line(result), flush=True)
-            if not result["ok"] and result.get("reachable") is not False:
+            if not result["ok"] and result.get("checked") is not False:
                 return 3
             done += 1
             if count and done >= count:

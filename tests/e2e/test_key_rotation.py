@@ -149,6 +149,11 @@ def test_replicas_share_the_log_key_and_one_left_on_a_retired_key_stops_signing(
                 except Exception as exc:  # noqa: BLE001 - the client's ServiceError
                     assert getattr(exc, "code", "") == "FAILED_PRECONDITION", exc
                     assert f"replaced it at auditRecords/{rotation_records(b)[0].sequence}" in str(exc), exc
+            # a witness that reaches it gets no checkpoint: said, not a verdict, and tried again
+            rc, [check] = witness(a, tmp_path / "w", "--every", "0.1", "--count", "1")
+            assert rc == 1 and check["checked"] is False and check["reachable"] is True, check
+            assert check["reason"].startswith("FAILED_PRECONDITION: this server's signing key"), check
+            assert not (tmp_path / "w" / "latest.json").exists()
             with Client(b.address) as c:
                 assert c.get_checkpoint().key_id == key_id_of(new_key)
     finally:

@@ -133,3 +133,21 @@ def test_a_pinned_key_and_bad_input(tmp_path: Path) -> None:
             rc, [error] = witness(srv, kept)
             assert rc == 2 and "another witness is using" in error["error"]["field_violations"][0]["description"]
         assert (kept / "latest.json").read_text() == before
+
+
+def test_a_checkpoint_dated_before_the_kept_one_is_accepted_with_a_warning(tmp_path: Path) -> None:
+    """The proof decides, not the clock: a server whose clock stepped back is still an honest log."""
+    kept = tmp_path / "witness"
+    with ServerProcess(tmp_path / "srv") as srv:
+        resolve_n(srv, 2)
+        assert witness(srv, kept)[0] == 0
+        latest = checkpoint.Checkpoint.from_dict(json.loads((kept / "latest.json").read_text()))
+        # as if the server had signed it with its clock far ahead
+        ahead = checkpoint.sign(checkpoint.load_or_create_key(srv.data_dir / "signing_key.pem"), latest.tree_size,
+                                bytes.fromhex(latest.root_hash), "2999-01-01T00:00:00.000000Z")
+        (kept / "latest.json").write_text(json.dumps({"checkpoint": ahead.to_dict()}))
+        resolve_n(srv, 1)
+        rc, [check] = witness(srv, kept)
+        assert rc == 0 and check["ok"] and check["grew_by"] == 1, check
+        assert check["warnings"] == [f"the server's checkpoint is dated {check['checkpoint_time']}, before the kept "
+                                     "one's 2999-01-01T00:00:00.000000Z"], check
