@@ -59,19 +59,26 @@ def rotation_fields(rotations: list[keys.Rotation]) -> list[dict[str, Any]]:
              "endorsed_tree_size": (r.endorsement or {}).get("tree_size")} for r in rotations]
 
 
-def log_rotations(c: Client) -> list[keys.Rotation]:
-    """Every key rotation the log records, oldest first (records the server cannot have made
-    are skipped here and so fail the chain: only a rotation whose signature checks counts)."""
-    found: list[keys.Rotation] = []
+def rotation_records(c: Client) -> list[Any]:
+    """The log's `server.signing_key` records, oldest first."""
+    found: list[Any] = []
     token = ""
     while True:
         page = c.list_audit_records(filter=f'method = "{keys.METHOD}"', page_size=100, page_token=token)
-        for rec in page.records:
-            with contextlib.suppress(ValueError):
-                found.append(keys.Rotation.from_record(rec.sequence, rec.spec_json))
+        found.extend(page.records)
         token = page.next_page_token
         if not token:
             return sorted(found, key=lambda r: r.sequence)
+
+
+def log_rotations(c: Client) -> list[keys.Rotation]:
+    """Every key rotation the log records, oldest first (a malformed record is skipped here and so
+    fails the chain: only a rotation whose signature checks counts)."""
+    found: list[keys.Rotation] = []
+    for rec in rotation_records(c):
+        with contextlib.suppress(ValueError):
+            found.append(keys.Rotation.from_record(rec.sequence, rec.spec_json))
+    return found
 
 
 def _follow(c: Client, old: checkpoint.Checkpoint, new: checkpoint.Checkpoint) -> list[keys.Rotation]:

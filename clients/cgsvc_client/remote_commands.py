@@ -13,7 +13,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from cgsvc import codec
-from cgsvc.audit import checkpoint, merkle
+from cgsvc.audit import checkpoint, keys, merkle
 from cgsvc.errors import CODE_NAMES, ServiceError
 from cgsvc_client import checkpoints, evidence_commands, render, witness
 from cgsvc_client.args import add_listing, add_output, add_server
@@ -101,6 +101,53 @@ def audit_checkpoint(ns: argparse.Namespace) -> int:
     else:
         print(render.table(["field", "value"], list(cp.to_dict().items())))
     return 0
+
+
+def audit_keys(ns: argparse.Namespace) -> int:
+    """The keys that have signed this log, oldest first, each rotation's signature checked here."""
+    with Client.from_args(ns) as c:
+        records = checkpoints.rotation_records(c)
+        try:
+            current = codec.checkpoint_from_proto(c.get_checkpoint()).key_id
+            signing = ""
+        except ServiceError as exc:  # a replica left on a retired key: its answer says which key replaced it
+            current, signing = "", f"{exc.code}: {exc.message}"
+    rows: list[dict[str, Any]] = []
+    for rec in records:
+        row: dict[str, Any] = {"record": f"auditRecords/{rec.sequence}", "time": rec.time.ToJsonString()}
+        try:
+            rot = keys.Rotation.from_record(rec.sequence, rec.spec_json)
+        except ValueError as exc:
+            rows.append({**row, "reason": "malformed", "endorsed": False, "detail": str(exc)})
+            continue
+        try:
+            keys.check(rot)
+            handed = (rot.endorsement or {}).get("tree_size")
+            endorsed, detail = True, f"signed by {rot.previous_key_id[:16]}... over the tree of {handed} records"
+        except checkpoint.CheckpointError as exc:
+            endorsed, detail = False, str(exc)
+        rows.append({**row, "reason": rot.reason, "from_key_id": rot.previous_key_id, "to_key_id": rot.key_id,
+                     "endorsed": endorsed, "detail": detail})
+    # every rotation endorsed, and the chain from the first key to today's unbroken
+    first = next((r["from_key_id"] for r in rows if "from_key_id" in r), current)
+    ok = all(r["endorsed"] for r in rows) and bool(current)
+    if ok and rows:
+        try:
+            keys.chain([keys.Rotation.from_record(x.sequence, x.spec_json) for x in records], first, current)
+        except (ValueError, checkpoint.CheckpointError):
+            ok = False
+    result = {"ok": ok, "first_key_id": first, "current_key_id": current, "rotations": rows,
+              "reason": signing or next((r["detail"] for r in rows if not r["endorsed"]), "")}
+    if render.output_mode(ns) == "json":
+        render.print_json({"keys": result})
+    else:
+        print(render.table(["record", "time", "reason", "from", "to", "endorsed"],
+                           [(r["record"], r["time"], r["reason"], r.get("from_key_id", "")[:16],
+                             r.get("to_key_id", "")[:16], "yes" if r["endorsed"] else "NO") for r in rows])
+              if rows else f"no key rotations: key {current or '?'} has signed this log since its first record")
+        print(f"first key {first}; signs today {current or '(this server does not sign: ' + signing + ')'}"
+              + ("" if ok else f"; NOT a chain of endorsed rotations: {result['reason']}"))
+    return 0 if ok else 3
 
 
 def audit_verify(ns: argparse.Namespace) -> int:
@@ -191,6 +238,9 @@ def register(sub: Any) -> None:
     a5.add_argument("--checkpoint", required=True, help="a checkpoint file saved earlier (audit checkpoint -o json)")
     a5.set_defaults(func=audit_prove)
     a6 = witness.register(audit)
-    for parser in (p, p2, a, a2, a3, a4, a5, a6):
+    a7 = audit.add_parser("keys", help="the keys that have signed this log and each rotation between them, "
+                                       "checked here (exit 3 when one is not signed by the key it retires)")
+    a7.set_defaults(func=audit_keys)
+    for parser in (p, p2, a, a2, a3, a4, a5, a6, a7):
         add_output(parser)
         add_server(parser, required=True)

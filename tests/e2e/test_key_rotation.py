@@ -57,6 +57,10 @@ def test_a_rotation_signed_by_the_old_key_is_followed_and_a_server_with_another_
         resolve_n(srv, 3)
         assert witness(srv, kept)[0] == 0
         old = checkpoint_file(srv, tmp_path / "old.json")
+        none = cli(srv, "audit", "keys")
+        listed = json.loads(none.stdout)["keys"]
+        assert none.returncode == 0 and listed["rotations"] == [], none.stdout
+        assert listed["first_key_id"] == listed["current_key_id"] == old["key_id"]
     old_key = str(data / "signing_key.pem")
     new_key = key_file(tmp_path / "new.pem")
     new_id = key_id_of(new_key)
@@ -89,6 +93,16 @@ def test_a_rotation_signed_by_the_old_key_is_followed_and_a_server_with_another_
         verification = json.loads(done.stdout)["verification"]
         assert done.returncode == 0 and verification["ok"], done.stdout
         assert [r["record"] for r in verification["key_rotations"]] == ["auditRecords/4"]
+        shown = cli(srv, "audit", "keys")
+        listed = json.loads(shown.stdout)["keys"]
+        assert shown.returncode == 0 and listed["ok"], shown.stdout
+        assert (listed["first_key_id"], listed["current_key_id"]) == (old["key_id"], new_id)
+        assert [(r["record"], r["reason"], r["endorsed"]) for r in listed["rotations"]] == [
+            ("auditRecords/4", "rotated", True)]
+        table = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "audit", "keys", "-o", "table",
+                                "--server", srv.address],
+                               capture_output=True, text=True, timeout=60, cwd=ROOT).stdout
+        assert "auditRecords/4" in table and f"signs today {new_id}" in table, table
         # the directory was pinned to the old key: it followed the rotation, so the pin still holds
         assert witness(srv, kept, "--key-id", old["key_id"])[0] == 0
         rc, [error] = witness(srv, kept, "--key-id", key_id_of(other))
@@ -125,6 +139,10 @@ def test_a_key_declared_lost_is_recorded_unendorsed_and_every_checkpoint_holder_
         assert json.loads(Path(refusal["evidence"]).read_text())["presented"]["key_id"] == new_id
         done = cli(srv, "audit", "verify", "--checkpoint", str(tmp_path / "old.json"))
         assert done.returncode == 3 and "without its signature" in json.loads(done.stdout)["verification"]["reason"]
+        shown = cli(srv, "audit", "keys")
+        listed = json.loads(shown.stdout)["keys"]
+        assert shown.returncode == 3 and not listed["ok"] and "without its signature" in listed["reason"], shown.stdout
+        assert [(r["reason"], r["endorsed"]) for r in listed["rotations"]] == [("replaced", False)]
         # whoever accepts the new key says so: a new directory pinned to it
         rc, [fresh] = witness(srv, tmp_path / "repinned", "--key-id", new_id)
         assert rc == 0 and fresh["trust"] == "pinned by --key-id"
