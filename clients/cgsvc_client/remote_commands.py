@@ -244,3 +244,4 @@ def register(sub: Any) -> None:
     for parser in (p, p2, a, a2, a3, a4, a5, a6, a7):
         add_output(parser)
         add_server(parser, required=True)
+    add_output(witness.register_evidence(audit))  # offline: the file alone

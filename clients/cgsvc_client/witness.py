@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from cgsvc import codec
-from cgsvc.audit import checkpoint
+from cgsvc.audit import checkpoint, merkle
 from cgsvc.audit.records import utc_now
 from cgsvc.errors import ServiceError
 from cgsvc_client import checkpoints, render
@@ -246,6 +246,88 @@ def _stopped_quietly() -> Iterator[None]:
         yield
     except KeyboardInterrupt:
         print("witness stopped", file=sys.stderr)
+
+
+def judge(evidence: Any, key_id: str = "") -> dict[str, Any]:
+    """What a witness's evidence file proves, from nothing but the file: `proven` (the log's key
+    signed two checkpoints no append-only log can both have), with `misbehaviour` naming which,
+    or not, with `reason` saying what is missing. Bad input raises CliError naming the field."""
+    if not isinstance(evidence, dict):
+        raise checkpoints.bad("evidence", "an evidence file is a JSON object with kept, presented and "
+                                          "consistency_proof (audit witness writes it)")
+    cps: dict[str, checkpoint.Checkpoint] = {}
+    for name in ("kept", "presented"):
+        try:
+            cps[name] = checkpoint.Checkpoint.from_dict(evidence.get(name))
+        except checkpoint.CheckpointError as exc:
+            raise checkpoints.bad(f"evidence.{name}", str(exc)) from None
+    proof = evidence.get("consistency_proof", [])
+    if not isinstance(proof, list) or not all(isinstance(h, str) and len(h) == 64 for h in proof):
+        raise checkpoints.bad("evidence.consistency_proof", "expected a list of 64-hex-digit hashes")
+    kept, presented = cps["kept"], cps["presented"]
+    out: dict[str, Any] = {"kept_size": kept.tree_size, "presented_size": presented.tree_size, "key_id": kept.key_id,
+                           "reason_recorded": str(evidence.get("reason", ""))}
+
+    def verdict(proven: bool, misbehaviour: str, reason: str) -> dict[str, Any]:
+        return {**out, "proven": proven, "misbehaviour": misbehaviour, "reason": reason}
+
+    for name, cp in cps.items():
+        try:
+            checkpoint.verify(cp, expected_key_id=key_id)
+        except checkpoint.CheckpointError as exc:
+            return verdict(False, "", f"{name}: {exc}")
+    if presented.key_id != kept.key_id:
+        return verdict(False, "", f"the two checkpoints have different keys ({kept.key_id[:16]}... and "
+                                  f"{presented.key_id[:16]}...): a rotation is checked against the log "
+                                  "(`audit keys`), not from this file")
+    if kept.origin != presented.origin:
+        return verdict(False, "", f"the checkpoints are of two logs ({kept.origin!r}, {presented.origin!r})")
+    if presented.tree_size == kept.tree_size:
+        if presented.root_hash != kept.root_hash:
+            return verdict(True, "forked", f"the key signed two different trees of {kept.tree_size} records "
+                                           f"(roots {kept.root_hash[:16]}... and {presented.root_hash[:16]}...)")
+        return verdict(False, "", "the two checkpoints sign the same tree")
+    if presented.tree_size < kept.tree_size:
+        if presented.time > kept.time:
+            return verdict(True, "truncated", f"the key signed a tree of {presented.tree_size} records at "
+                                              f"{presented.time}, after one of {kept.tree_size} at {kept.time}")
+        return verdict(False, "", f"the smaller tree ({presented.tree_size} records) is dated {presented.time}, no "
+                                  f"later than the larger one's {kept.time}: an older checkpoint, not a later one")
+    if merkle.verify_consistency(kept.tree_size, presented.tree_size, bytes.fromhex(kept.root_hash),
+                                 bytes.fromhex(presented.root_hash), [bytes.fromhex(h) for h in proof]):
+        return verdict(False, "", "the consistency proof in the file holds: the later tree extends the earlier")
+    return verdict(False, "", "the server's consistency proof does not hold, which a faulty answer can cause as well "
+                              "as a fork: ask it again for a proof between the two sizes (GetConsistencyProof) "
+                              "before you call it a fork")
+
+
+def audit_evidence(ns: argparse.Namespace) -> int:
+    try:
+        with open(ns.file, encoding="utf-8") as fh:
+            body = json.load(fh)
+    except OSError as exc:
+        raise checkpoints.bad("file", f"cannot read {ns.file!r}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise checkpoints.bad("file", f"{ns.file!r} is not JSON: {exc}") from None
+    result = {"file": ns.file, **judge(body, _key_id(ns.key_id))}
+    if render.output_mode(ns) == "json":
+        render.print_json({"evidence": result})
+    elif result["proven"]:
+        print(f"PROVEN ({result['misbehaviour']}): {result['reason']}; both checkpoints verify under key "
+              f"{result['key_id']}")
+    else:
+        print(f"not proven: {result['reason']}")
+    return 0 if result["proven"] else 3
+
+
+def register_evidence(audit: Any) -> argparse.ArgumentParser:
+    e = audit.add_parser("evidence", help="what a witness's evidence file proves, checked offline from the file "
+                                          "alone (exit 0: the log's key signed a truncated or forked history; "
+                                          "3: not proven, saying why)")
+    e.add_argument("file", help="an evidence-TIME.json a witness wrote")
+    e.add_argument("--key-id", metavar="HEX", help="the log's key id (64 hex digits) both checkpoints must carry")
+    e.set_defaults(func=audit_evidence)
+    return e
 
 
 def register(audit: Any) -> argparse.ArgumentParser:

@@ -32,6 +32,14 @@ def witness(srv: ServerProcess | str, directory: Path | str, *args: str) -> tupl
     return proc.returncode, [x["witness"] for x in lines]
 
 
+def evidence_check(path: Path | str, *args: str) -> tuple[int, dict[str, Any]]:
+    """`audit evidence FILE -o json`, offline: its exit code and its answer."""
+    proc = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "audit", "evidence", str(path), *args, "-o", "json"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    body = json.loads(proc.stdout)
+    return proc.returncode, body.get("evidence") or body
+
+
 def history(directory: Path) -> list[int]:
     return [json.loads(line)["checkpoint"]["tree_size"] for line in (directory / "history.jsonl").read_text().splitlines()]
 
@@ -79,6 +87,13 @@ def test_a_witness_keeps_growing_checkpoints_and_refuses_a_log_cut_back_or_forke
             assert not merkle.verify_consistency(old.tree_size, new.tree_size, bytes.fromhex(old.root_hash),
                                                  bytes.fromhex(new.root_hash),
                                                  [bytes.fromhex(h) for h in evidence["consistency_proof"]])
+        # what the file alone proves, to anyone: a smaller tree signed later is proof; a proof that
+        # does not hold is not (a faulty answer looks the same), so the fork is "ask again"
+        rc, judged = evidence_check(refused["evidence"], "--key-id", first["key_id"])
+        if how == "truncated":
+            assert rc == 0 and judged["proven"] and judged["misbehaviour"] == "truncated", judged
+        else:
+            assert rc == 3 and not judged["proven"] and "ask it again" in judged["reason"], judged
         # refused once, refused again: the kept checkpoint is not replaced by the history it refused
         assert (kept / "latest.json").read_text() == latest
         rc, [again] = witness(srv, kept)
@@ -151,3 +166,34 @@ def test_a_checkpoint_dated_before_the_kept_one_is_accepted_with_a_warning(tmp_p
         assert rc == 0 and check["ok"] and check["grew_by"] == 1, check
         assert check["warnings"] == [f"the server's checkpoint is dated {check['checkpoint_time']}, before the kept "
                                      "one's 2999-01-01T00:00:00.000000Z"], check
+
+
+def test_evidence_of_two_trees_of_one_size_is_a_proven_fork_and_bad_files_are_named(tmp_path: Path) -> None:
+    key = checkpoint.load_or_create_key(tmp_path / "log.pem")
+    a = checkpoint.sign(key, 5, bytes(32), "2026-12-05T10:00:00.000000Z")
+    b = checkpoint.sign(key, 5, bytes([1] * 32), "2026-12-05T10:01:00.000000Z")
+    older = checkpoint.sign(key, 3, bytes([2] * 32), "2026-12-05T09:00:00.000000Z")
+
+    def judged(kept: checkpoint.Checkpoint, presented: checkpoint.Checkpoint, *args: str) -> tuple[int, dict[str, Any]]:
+        path = tmp_path / "evidence.json"
+        path.write_text(json.dumps({"reason": "x", "kept": kept.to_dict(), "presented": presented.to_dict(),
+                                    "consistency_proof": []}))
+        return evidence_check(path, *args)
+
+    rc, fork = judged(a, b)
+    assert rc == 0 and fork["proven"] and fork["misbehaviour"] == "forked", fork
+    rc, same = judged(a, a)
+    assert rc == 3 and not same["proven"] and "the same tree" in same["reason"], same
+    rc, stale = judged(a, older)  # smaller, but dated earlier: an old checkpoint, not a truncation
+    assert rc == 3 and "no later than" in stale["reason"], stale
+    other = checkpoint.sign(checkpoint.load_or_create_key(tmp_path / "other.pem"), 5, bytes(32), a.time)
+    rc, foreign = judged(a, b, "--key-id", other.key_id)
+    assert rc == 3 and f"expected {other.key_id[:16]}" in foreign["reason"], foreign
+    rc, keys = judged(a, other)
+    assert rc == 3 and "different keys" in keys["reason"], keys
+    # bad input: named, exit 2
+    (tmp_path / "junk.json").write_text("not json")
+    (tmp_path / "half.json").write_text(json.dumps({"kept": a.to_dict(), "presented": {"tree_size": "x"}}))
+    for name, field in (("junk.json", "file"), ("half.json", "evidence.presented"), ("absent.json", "file")):
+        rc, error = evidence_check(tmp_path / name)
+        assert rc == 2 and error["error"]["field_violations"][0]["field"] == field, error
