@@ -1,6 +1,7 @@
 """ResolvePlan throughput and latency against a running server, next to an Echo ceiling.
 
     .venv/bin/python bench/resolve_load.py [--seconds 5] [--backends sqlite,postgresql] [--slices 4]
+        [--concurrency 1,8,32] [--runs 1] [--pg-setting NAME=VALUE ...]
 
 Starts `cgsvc serve` (durable auditing: SQLite WAL + synchronous=FULL, or PostgreSQL),
 drives it from one asyncio client process at 1, 8 and 32 concurrent callers, and prints a
@@ -11,6 +12,11 @@ whose speed drifts by tens of percent from one few seconds to the next, all of E
 all of ResolvePlan put the drift into the ratio (`--slices 1` runs them that way). What a
 ResolvePlan turn leaves behind (the SQLite checkpoint thread's next copy, at most once a
 second) can fall into the Echo turn after it.
+
+One run is one sample of a machine whose speed moves from minute to minute: `--runs N` repeats
+the whole table N times (fresh servers each time) and ends with each row's spread and the
+number of runs that met the durable-path target. `--pg-setting` passes a PostgreSQL setting to
+the server's connections (`-c NAME=VALUE`), for probes such as `synchronous_commit=off`.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import quote
 
 import grpc
 import sqlalchemy as sa
@@ -69,7 +77,9 @@ def stop_server(proc: subprocess.Popen[str], data_dir: str, database_url: str) -
         drop_schema(database_url)
 
 
-def pg_schema_url() -> str | None:
+def pg_schema_url(settings: Sequence[str] = ()) -> str | None:
+    """A URL for a fresh schema of the bench's PostgreSQL database, or None when no server
+    answers. `settings`: NAME=VALUE pairs every connection of the server sets (libpq options)."""
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     try:
         eng = sa.create_engine(PG, connect_args={"connect_timeout": 3})
@@ -78,11 +88,15 @@ def pg_schema_url() -> str | None:
         eng.dispose()
     except sa.exc.OperationalError:
         return None
-    return f"{PG}?options=-csearch_path%3D{schema}"
+    options = [f"-c{quote(name, safe='')}%3D{quote(value, safe='')}"
+               for name, value in (setting.split("=", 1) for setting in settings)]
+    return f"{PG}?options={'%20'.join([*options, f'-csearch_path%3D{schema}'])}"
 
 
 def drop_schema(url: str) -> None:
-    schema = url.rsplit("%3D", 1)[1]
+    m = re.search(r"-csearch_path%3D([A-Za-z0-9_]+)", url)
+    assert m is not None, url
+    schema = m.group(1)
     eng = sa.create_engine(PG)
     with eng.begin() as conn:
         conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
@@ -148,6 +162,10 @@ async def drive_slices(address: str, ops: list[str], concurrency: int, seconds: 
     return out
 
 
+Row = tuple[int, str, int, Stats, Stats]  # run, store, callers, Echo's figures, ResolvePlan's
+TARGET = "the durable-path target (ResolvePlan >= 50 % of Echo at 8 and 32 callers, p99 at 32 <= max(20 ms, 2 x Echo's))"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=5.0, help="measured seconds per row (after 1 s of warm-up)")
@@ -156,36 +174,75 @@ def main() -> None:
     ap.add_argument("--slices", type=int, default=4,
                     help="turns each op's seconds are taken in, Echo and ResolvePlan alternating (1: all of Echo, "
                          "then all of ResolvePlan)")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="repeat the whole table this many times, fresh servers each time, then summarise each "
+                         "row's spread and how many runs met the target")
+    ap.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
+                    help="a PostgreSQL setting for the server's connections (repeatable), e.g. "
+                         "synchronous_commit=off for a probe; the target's figures use none")
     ns = ap.parse_args()
+    if ns.runs < 1:
+        ap.error(f"--runs: at least 1, got {ns.runs}")
+    for setting in ns.pg_setting:
+        if not re.fullmatch(r"[a-z_][a-z0-9_.]*=\S+", setting):
+            ap.error(f"--pg-setting: NAME=VALUE (a PostgreSQL setting name, lower case), got {setting!r}")
     levels = [int(c) for c in ns.concurrency.split(",")]
-    misses: list[str] = []
+    many = ns.runs > 1
+    settings = f"; PostgreSQL with {', '.join(ns.pg_setting)}" if ns.pg_setting else ""
     print(f"# {os.cpu_count()} CPUs, server and client on one machine, {ns.seconds:.0f} s of each op per row "
-          f"in {ns.slices} alternating turns")
-    print("| store | concurrency | Echo req/s | ResolvePlan req/s | ratio | ResolvePlan p50 ms | p99 ms | Echo p99 ms "
-          "| errors |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for backend in ns.backends.split(","):
-        url = ""
-        if backend == "postgresql":
-            maybe = pg_schema_url()
-            if maybe is None:
-                print(f"| postgresql | - | skipped: no server at {PG} | | | | | |")
-                continue
-            url = maybe
-        tmp = tempfile.mkdtemp(prefix="cgsvc-bench-")
-        proc, address, _ = start_server(tmp, url)
-        try:
-            for c in levels:
-                got = asyncio.run(drive_slices(address, ["echo", "resolve"], c, ns.seconds, ns.slices))
-                echo, res = got["echo"], got["resolve"]
-                print(f"| {backend} | {c} | {echo[0]:.0f} | {res[0]:.0f} | {res[0] / echo[0]:.0%} | "
-                      f"{res[1]:.2f} | {res[2]:.2f} | {echo[2]:.2f} | {res[3] + echo[3]} |", flush=True)
-                misses += target_misses(backend, c, echo, res)
-        finally:
-            stop_server(proc, tmp, url)
+          f"in {ns.slices} alternating turns{f', {ns.runs} runs' if many else ''}{settings}")
+    print(("| run " if many else "") + "| store | concurrency | Echo req/s | ResolvePlan req/s | ratio | "
+          "ResolvePlan p50 ms | p99 ms | Echo p99 ms | errors |")
+    print(("|---" if many else "") + "|---|---|---|---|---|---|---|---|---|")
+    rows: list[Row] = []
+    for run in range(1, ns.runs + 1):
+        for backend in ns.backends.split(","):
+            url = ""
+            if backend == "postgresql":
+                maybe = pg_schema_url(ns.pg_setting)
+                if maybe is None:
+                    print(("| - " if many else "") + f"| postgresql | - | skipped: no server at {PG} | | | | | |")
+                    continue
+                url = maybe
+            tmp = tempfile.mkdtemp(prefix="cgsvc-bench-")
+            proc, address, _ = start_server(tmp, url)
+            try:
+                for c in levels:
+                    got = asyncio.run(drive_slices(address, ["echo", "resolve"], c, ns.seconds, ns.slices))
+                    echo, res = got["echo"], got["resolve"]
+                    print((f"| {run} " if many else "") + f"| {backend} | {c} | {echo[0]:.0f} | {res[0]:.0f} | "
+                          f"{res[0] / echo[0]:.0%} | {res[1]:.2f} | {res[2]:.2f} | {echo[2]:.2f} | {res[3] + echo[3]} |",
+                          flush=True)
+                    rows.append((run, backend, c, echo, res))
+            finally:
+                stop_server(proc, tmp, url)
     if {8, 32} <= set(levels):
-        print(f"# the durable-path target (ResolvePlan >= 50 % of Echo at 8 and 32 callers, p99 at 32 <= "
-              f"max(20 ms, 2 x Echo's)): {'missed: ' + '; '.join(misses) if misses else 'met'}")
+        for line in summary(rows, ns.runs):
+            print(line)
+
+
+def summary(rows: Sequence[Row], runs: int) -> list[str]:
+    """The verdict on the target: for one run its line as it always was; for several, each
+    target row's spread (min / median / max) and then how many runs met the whole target."""
+    misses = {run: [m for r, backend, c, echo, res in rows if r == run for m in target_misses(backend, c, echo, res)]
+              for run in range(1, runs + 1)}
+    if runs == 1:
+        return [f"# {TARGET}: {'missed: ' + '; '.join(misses[1]) if misses[1] else 'met'}"]
+    out = ["", "| store | concurrency | runs | ratio min / median / max | ResolvePlan p99 ms min / median / max "
+               "| runs meeting this row's target |", "|---|---|---|---|---|---|"]
+    for backend, c in dict.fromkeys((backend, c) for _, backend, c, _, _ in rows if c in (8, 32)):
+        mine = [(echo, res) for _, b, k, echo, res in rows if (b, k) == (backend, c)]
+        ratios = sorted(res[0] / echo[0] for echo, res in mine)
+        p99s = sorted(res[2] for _, res in mine)
+        ok = sum(not target_misses(backend, c, echo, res) for echo, res in mine)
+        out.append(f"| {backend} | {c} | {len(mine)} | {ratios[0]:.0%} / {statistics.median(ratios):.0%} / "
+                   f"{ratios[-1]:.0%} | {p99s[0]:.1f} / {statistics.median(p99s):.1f} / {p99s[-1]:.1f} | "
+                   f"{ok} of {len(mine)} |")
+    out.append("")
+    out += [f"# run {run}: {'missed: ' + '; '.join(m) if m else 'met'}" for run, m in misses.items()]
+    met = sum(not m for m in misses.values())
+    out.append(f"# {TARGET}: met in {met} of {runs} runs")
+    return out
 
 
 def target_misses(backend: str, callers: int, echo: tuple[float, ...], res: tuple[float, ...]) -> list[str]:

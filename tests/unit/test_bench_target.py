@@ -20,3 +20,42 @@ def test_rows_that_miss_the_target_are_named() -> None:
     assert resolve_load.target_misses("postgresql", 32, (2000.0, 3.0, 30.0, 0), (900.0, 9.0, 61.0, 0)) == [
         "postgresql at 32 callers 45.0% of Echo", "postgresql p99 at 32 callers 61.0 ms > 60.0"]
     assert resolve_load.target_misses("sqlite", 1, echo, (100.0, 1.0, 99.0, 0)) == []  # not a target row
+
+
+def test_several_runs_end_with_each_rows_spread_and_the_runs_that_met() -> None:
+    echo = (2000.0, 3.0, 10.0, 0)
+    rows = [(1, "sqlite", 1, echo, (500.0, 1.0, 2.0, 0)),  # not a target row: left out of the summary
+            (1, "sqlite", 8, echo, (1100.0, 5.0, 9.0, 0)), (1, "sqlite", 32, echo, (1200.0, 9.0, 19.0, 0)),
+            (2, "sqlite", 8, echo, (900.0, 5.0, 9.0, 0)), (2, "sqlite", 32, echo, (1300.0, 9.0, 25.0, 0)),
+            (3, "sqlite", 8, echo, (1000.0, 5.0, 8.0, 0)), (3, "sqlite", 32, echo, (1400.0, 9.0, 18.0, 0))]
+    lines = resolve_load.summary(rows, 3)
+    assert "| sqlite | 8 | 3 | 45% / 50% / 55% | 8.0 / 9.0 / 9.0 | 2 of 3 |" in lines
+    assert "| sqlite | 32 | 3 | 60% / 65% / 70% | 18.0 / 19.0 / 25.0 | 2 of 3 |" in lines
+    assert not any(line.startswith("| sqlite | 1 |") for line in lines)
+    assert "# run 2: missed: sqlite at 8 callers 45.0% of Echo; sqlite p99 at 32 callers 25.0 ms > 20.0" in lines
+    assert lines[-1].endswith("): met in 2 of 3 runs")
+    # one run keeps the line a single run has always printed
+    assert resolve_load.summary(rows[:3], 1) == [f"# {resolve_load.TARGET}: met"]
+
+
+def test_postgresql_settings_reach_the_servers_connections() -> None:
+    import pytest
+    import sqlalchemy as sa
+
+    url = resolve_load.pg_schema_url(["synchronous_commit=off", "application_name=cgsvc_bench"])
+    if url is None:
+        pytest.skip(f"no PostgreSQL server answers at {resolve_load.PG}")
+    try:
+        eng = sa.create_engine(url)
+        with eng.connect() as conn:
+            assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "off"
+            assert conn.exec_driver_sql("SHOW application_name").scalar() == "cgsvc_bench"
+            schema = conn.exec_driver_sql("SELECT current_schema()").scalar()
+        eng.dispose()
+        assert schema is not None and schema.startswith("bench_")
+    finally:
+        resolve_load.drop_schema(url)
+    eng = sa.create_engine(resolve_load.PG)
+    with eng.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,)).scalar() == 0
+    eng.dispose()
