@@ -90,7 +90,8 @@ def pg_schema_url(settings: Sequence[str] = ()) -> str | None:
         return None
     options = [f"-c{quote(name, safe='')}%3D{quote(value, safe='')}"
                for name, value in (setting.split("=", 1) for setting in settings)]
-    return f"{PG}?options={'%20'.join([*options, f'-csearch_path%3D{schema}'])}"
+    joiner = "&" if "?" in PG else "?"  # CGSVC_BENCH_PG may carry a query of its own (?host=/run/postgresql)
+    return f"{PG}{joiner}options={'%20'.join([*options, f'-csearch_path%3D{schema}'])}"
 
 
 def drop_schema(url: str) -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+import sqlalchemy as sa
+
 spec = importlib.util.spec_from_file_location("resolve_load", Path(__file__).parents[2] / "bench" / "resolve_load.py")
 assert spec is not None and spec.loader is not None
 resolve_load = importlib.util.module_from_spec(spec)
@@ -38,10 +41,11 @@ def test_several_runs_end_with_each_rows_spread_and_the_runs_that_met() -> None:
     assert resolve_load.summary(rows[:3], 1) == [f"# {resolve_load.TARGET}: met"]
 
 
-def test_postgresql_settings_reach_the_servers_connections() -> None:
-    import pytest
-    import sqlalchemy as sa
-
+@pytest.mark.parametrize("base", ["", "postgresql+psycopg://postgres@/test?host=/var/run/postgresql"],
+                         ids=["CGSVC_BENCH_PG", "a URL with a query of its own"])
+def test_postgresql_settings_reach_the_servers_connections(base: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if base:
+        monkeypatch.setattr(resolve_load, "PG", base)
     url = resolve_load.pg_schema_url(["synchronous_commit=off", "application_name=cgsvc_bench"])
     if url is None:
         pytest.skip(f"no PostgreSQL server answers at {resolve_load.PG}")
