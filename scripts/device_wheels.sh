@@ -10,7 +10,7 @@
 #               .venv runs: the generated code in cgsvc/v1 refuses an older protobuf or grpcio
 #               runtime, so the machine's own are shadowed, not used. psycopg is left out (no
 #               PostgreSQL there); what the image already has (numpy, scipy, prometheus-client,
-#               typing-extensions) is not carried.
+#               typing-extensions) is not carried; uvloop is, for the server's default loop.
 #
 # bench/device_run.sh installs and uses them there. Carry DEST with the run (`carry: [".whl"]`).
 set -euo pipefail
@@ -20,7 +20,7 @@ PYVER=${DEVICE_PYTHON_VERSION:-3.12}
 PY=${PY:-.venv/bin/python}
 PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 CONTROL=(grpcio grpcio-health-checking grpcio-reflection grpcio-status googleapis-common-protos protobuf
-         sqlalchemy structlog cryptography cffi pycparser)
+         sqlalchemy structlog cryptography cffi pycparser uvloop)
 GPU=(flashinfer-python==0.6.18.post1 apache-tvm-ffi==0.1.15.post2)
 
 pins=()

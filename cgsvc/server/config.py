@@ -37,6 +37,8 @@ class ServerConfig:
     shutdown_grace_seconds: float = _opt(10.0, "on SIGTERM, how long in-flight RPCs may finish")
     allow_insecure_remote: bool = _opt(False, "serve a non-loopback address without TLS and tokens (warned)")
     log_level: str = _opt("info", "debug, info, warning or error (JSON lines on stderr)")
+    event_loop: str = _opt("auto", "the server's event loop: auto (uvloop where it is installed, else asyncio's own), "
+                                   "uvloop or asyncio")
     audit_max_batch: int = _opt(256, "most audit records committed in one group commit")
     audit_writer: str = _opt("process", "process (default: group commit in a writer process, off the event loop's "
                                         "GIL) or thread")

@@ -1,0 +1,56 @@
+"""The server's event loop (`--event-loop`): uvloop where installed (every other end-to-end test
+runs on it, the default `auto`), asyncio's own loop on request or where uvloop is absent, and a
+clear refusal of anything else."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cgsvc_client.client import Client
+
+from cgsvc.server.main import event_loop
+from tests.conftest import ROOT
+from tests.e2e.server import ServerProcess
+from tests.e2e.test_security import KIMI
+
+
+@pytest.mark.parametrize(("choice", "named"), [("auto", "event loop: uvloop"), ("asyncio", "event loop: asyncio"),
+                                               ("uvloop", "event loop: uvloop")])
+def test_each_loop_serves_audits_and_stops_gracefully(tmp_path: Path, choice: str, named: str) -> None:
+    pytest.importorskip("uvloop", reason="uvloop is a dependency on this platform; `make setup` installs it")
+    srv = ServerProcess(tmp_path / choice, "--event-loop", choice).start()
+    try:
+        assert any(line.startswith(named) for line in srv.output), srv.output
+        with Client(srv.address) as c:
+            plans = [c.resolve_proto(KIMI, request_id=f"loop-{choice}-{k}") for k in range(3)]
+            records = [c.get_audit_record(p.audit_record) for p in plans]
+            assert [r.request_id for r in records] == [f"loop-{choice}-{k}" for k in range(3)]
+            assert all(r.method.endswith("ResolvePlan") and r.plan_hash for r in records)
+            assert c.verify_audit_log().ok
+    finally:
+        assert srv.stop() == 0  # SIGTERM: the loop's signal handler drains and exits 0
+
+
+@pytest.mark.parametrize("where", ["flag", "env"])
+def test_an_unknown_loop_is_refused_naming_the_choices(tmp_path: Path, where: str) -> None:
+    args = ["--event-loop", "tokio"] if where == "flag" else []
+    env = {"CGSVC_EVENT_LOOP": "tokio"} if where == "env" else {}
+    proc = subprocess.run([sys.executable, "-m", "cgsvc.server.main", "serve", "--address", "127.0.0.1:0",
+                           "--data-dir", str(tmp_path / "x"), *args], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT, env={**os.environ, **env})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "event_loop must be one of auto, uvloop, asyncio, got 'tokio'" in proc.stderr
+    assert not (tmp_path / "x").exists()  # refused before anything was opened
+
+
+def test_without_uvloop_auto_takes_asyncio_and_uvloop_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as on a machine without it: the import fails
+    run, line = event_loop("auto")
+    assert run is asyncio.run and line == "event loop: asyncio (uvloop is not installed; --event-loop auto)"
+    with pytest.raises(ValueError, match="uvloop is not installed .*choose auto or asyncio"):
+        event_loop("uvloop")
