@@ -92,6 +92,8 @@ async def serve(cfg: ServerConfig, loop_line: str = "") -> int:
         print(f"cgsvc: metrics_address: {exc}", file=sys.stderr)
         return 2
     running = await app.start(cfg)
+    running_loop = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
+    metrics.SERVER_INFO.labels(__version__, running_loop).set(1)
     # What start-up made (every module's objects: protobuf, gRPC, SQLAlchemy, scipy) lives as long
     # as the process; out of the collector's sight, a full collection walks only what serving
     # made since. Before, it walked them all every few seconds under load and held the event loop,

@@ -35,6 +35,8 @@ CREDENTIAL_RELOADS = Counter("cgsvc_credential_reloads", "Reloads of the token f
 TLS_EXPIRY = Gauge("cgsvc_tls_certificate_expiry_timestamp_seconds", "When the certificate in use stops being valid: "
                    "tls_cert's first certificate, and tls_client_ca's earliest (alert well before it)", ["setting"],
                    registry=REGISTRY)
+SERVER_INFO = Gauge("cgsvc_server_info", "Always 1: the labels say this server's version and the event loop it runs "
+                    "on (--event-loop; read from the running loop)", ["version", "event_loop"], registry=REGISTRY)
 PLANS_TOTAL = Counter("cgsvc_plans_total", "Plans resolved", ["prefill_backend", "decode_backend"],
                       registry=REGISTRY)
 

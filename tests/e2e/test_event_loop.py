@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,8 @@ def test_each_loop_serves_audits_and_stops_gracefully(tmp_path: Path, choice: st
     srv = ServerProcess(tmp_path / choice, "--event-loop", choice).start()
     try:
         assert any(line.startswith(named) for line in srv.output), srv.output
+        running = named.split(": ")[1]  # what the running loop is, as Prometheus is told
+        assert re.search(rf'^cgsvc_server_info{{[^}}]*event_loop="{running}"[^}}]*}} 1.0$', srv.metrics_text(), re.M)
         with Client(srv.address) as c:
             plans = [c.resolve_proto(KIMI, request_id=f"loop-{choice}-{k}") for k in range(3)]
             records = [c.get_audit_record(p.audit_record) for p in plans]
