@@ -20,11 +20,14 @@ from tests.e2e.server import ServerProcess
 from tests.e2e.test_security import KIMI
 
 
-@pytest.mark.parametrize(("choice", "named"), [("auto", "event loop: uvloop"), ("asyncio", "event loop: asyncio"),
-                                               ("uvloop", "event loop: uvloop")])
-def test_each_loop_serves_audits_and_stops_gracefully(tmp_path: Path, choice: str, named: str) -> None:
+@pytest.mark.parametrize(("choice", "writer", "named"), [
+    ("auto", "process", "event loop: uvloop"), ("asyncio", "process", "event loop: asyncio"),
+    ("uvloop", "process", "event loop: uvloop"),
+    ("uvloop", "thread", "event loop: uvloop"),  # the writer thread settles answers across threads
+])
+def test_each_loop_serves_audits_and_stops_gracefully(tmp_path: Path, choice: str, writer: str, named: str) -> None:
     pytest.importorskip("uvloop", reason="uvloop is a dependency on this platform; `make setup` installs it")
-    srv = ServerProcess(tmp_path / choice, "--event-loop", choice).start()
+    srv = ServerProcess(tmp_path / choice, "--event-loop", choice, "--audit-writer", writer).start()
     try:
         assert any(line.startswith(named) for line in srv.output), srv.output
         running = named.split(": ")[1]  # what the running loop is, as Prometheus is told
