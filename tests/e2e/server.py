@@ -82,3 +82,13 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def serve_refused(data_dir: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """`cgsvc serve` on data_dir that must stop at start (exit 2): its stderr. A later --address in
+    args overrides the loopback one."""
+    proc = subprocess.run([sys.executable, "-m", "cgsvc.server.main", "serve", "--address", "127.0.0.1:0",
+                           "--data-dir", str(data_dir), *args], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, **(env or {})})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    return proc.stderr

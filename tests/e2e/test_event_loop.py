@@ -5,9 +5,7 @@ clear refusal of anything else."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,8 +13,7 @@ import pytest
 from cgsvc_client.client import Client
 
 from cgsvc.server.main import event_loop
-from tests.conftest import ROOT
-from tests.e2e.server import ServerProcess
+from tests.e2e.server import ServerProcess, serve_refused
 from tests.e2e.test_security import KIMI
 
 
@@ -46,11 +43,8 @@ def test_each_loop_serves_audits_and_stops_gracefully(tmp_path: Path, choice: st
 def test_an_unknown_loop_is_refused_naming_the_choices(tmp_path: Path, where: str) -> None:
     args = ["--event-loop", "tokio"] if where == "flag" else []
     env = {"CGSVC_EVENT_LOOP": "tokio"} if where == "env" else {}
-    proc = subprocess.run([sys.executable, "-m", "cgsvc.server.main", "serve", "--address", "127.0.0.1:0",
-                           "--data-dir", str(tmp_path / "x"), *args], capture_output=True, text=True, timeout=60,
-                          cwd=ROOT, env={**os.environ, **env})
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "event_loop must be one of auto, uvloop, asyncio, got 'tokio'" in proc.stderr
+    stderr = serve_refused(tmp_path / "x", *args, env=env)
+    assert "event_loop must be one of auto, uvloop, asyncio, got 'tokio'" in stderr
     assert not (tmp_path / "x").exists()  # refused before anything was opened
 
 

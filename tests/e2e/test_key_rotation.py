@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cgsvc.audit import checkpoint, keys
 from tests.conftest import ROOT
-from tests.e2e.server import ServerProcess
+from tests.e2e.server import ServerProcess, serve_refused
 from tests.e2e.test_trust import checkpoint_file, cli, resolve_n
 from tests.e2e.test_witness import witness
 from tests.integration.pg import pg_url_or_skip
@@ -34,14 +34,6 @@ def key_file(path: Path) -> str:
 
 def key_id_of(path: Path | str) -> str:
     return keys.own_key_id(checkpoint.load_or_create_key(path))
-
-
-def refused(data_dir: Path, *args: str) -> str:
-    """`cgsvc serve` on data_dir that must stop at start: its stderr."""
-    proc = subprocess.run([sys.executable, "-m", "cgsvc.server.main", "serve", "--address", "127.0.0.1:0",
-                           "--data-dir", str(data_dir), *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    return proc.stderr
 
 
 def rotation_records(srv: ServerProcess) -> list[Any]:
@@ -67,12 +59,12 @@ def test_a_rotation_signed_by_the_old_key_is_followed_and_a_server_with_another_
     assert old["key_id"] == key_id_of(old_key)
 
     # another key alone: refused, naming the log's key, this one, and the ways on; nothing written
-    err = refused(data, "--signing-key", new_key)
+    err = serve_refused(data, "--signing-key", new_key)
     assert f"this log's checkpoints are signed by key {old['key_id']}" in err and new_id in err, err
     assert "--previous-signing-key" in err and "--replace-lost-signing-key" in err, err
     # a "previous" key that is not the log's: refused by name
     other = key_file(tmp_path / "other.pem")
-    err = refused(data, "--signing-key", new_key, "--previous-signing-key", other)
+    err = serve_refused(data, "--signing-key", new_key, "--previous-signing-key", other)
     assert f"previous_signing_key: its key {key_id_of(other)} is not this log's key {old['key_id']}" in err, err
 
     rotate = ("--signing-key", new_key, "--previous-signing-key", old_key)
@@ -113,7 +105,7 @@ def test_a_rotation_signed_by_the_old_key_is_followed_and_a_server_with_another_
         with ServerProcess(data, *args) as srv:
             assert any(f"key {new_id} (the log's key since auditRecords/4)" in line for line in srv.output)
             assert len(rotation_records(srv)) == 1
-    err = refused(data)  # the retired key (data_dir's) no longer signs this log
+    err = serve_refused(data)  # the retired key (data_dir's) no longer signs this log
     assert f"signed by key {new_id}" in err and f"this server's key is {old['key_id']}" in err, err
 
 
@@ -124,10 +116,10 @@ def test_a_key_declared_lost_is_recorded_unendorsed_and_every_checkpoint_holder_
         assert witness(srv, kept)[0] == 0
         old = checkpoint_file(srv, tmp_path / "old.json")
     (data / "signing_key.pem").unlink()  # lost: the next start would generate a new one
-    assert f"signed by key {old['key_id']}" in refused(data)
-    assert "give it or previous_signing_key, not both" in refused(
+    assert f"signed by key {old['key_id']}" in serve_refused(data)
+    assert "give it or previous_signing_key, not both" in serve_refused(
         data, "--replace-lost-signing-key", "--previous-signing-key", key_file(tmp_path / "k.pem"))
-    assert "previous_signing_key: " in refused(data, "--previous-signing-key", str(tmp_path / "no-such.pem"))
+    assert "previous_signing_key: " in serve_refused(data, "--previous-signing-key", str(tmp_path / "no-such.pem"))
     with ServerProcess(data, "--replace-lost-signing-key") as srv:
         new_id = key_id_of(data / "signing_key.pem")
         assert any(line.startswith(f"WARNING: --replace-lost-signing-key: key {new_id} now signs this log")
@@ -154,7 +146,7 @@ def test_replicas_share_the_log_key_and_one_left_on_a_retired_key_stops_signing(
     a = ServerProcess(tmp_path / "a", "--database-url", url, "--signing-key", shared).start()
     try:
         # a replica with a key of its own (its data_dir's, generated) is refused: one log, one key
-        assert "this log's checkpoints are signed by key" in refused(tmp_path / "b", "--database-url", url)
+        assert "this log's checkpoints are signed by key" in serve_refused(tmp_path / "b", "--database-url", url)
         new_key = key_file(tmp_path / "new.pem")
         with ServerProcess(tmp_path / "b", "--database-url", url, "--signing-key", new_key,
                            "--previous-signing-key", shared) as b:

@@ -23,15 +23,8 @@ from cgsvc.audit.records import AuditRecord
 from cgsvc.errors import ServiceError
 from tests.conftest import ROOT
 from tests.e2e.certs import ThrowawayPKI
-from tests.e2e.server import ServerProcess
+from tests.e2e.server import ServerProcess, serve_refused
 from tests.e2e.test_security import KIMI, TOKENS, token_file
-
-
-def serve_refused(tmp_path: Path, *args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "cgsvc.server.main", "serve", "--data-dir", str(tmp_path / "x"),
-                           *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    return proc.stderr
 
 
 def test_the_authentication_matrix(tmp_path: Path) -> None:
@@ -41,12 +34,12 @@ def test_the_authentication_matrix(tmp_path: Path) -> None:
     remote = ("--address", "0.0.0.0:0")
     tls = ("--tls-cert", cert, "--tls-key", key)
     # Refused: nobody would be authenticated beyond loopback, TLS or not.
-    assert "would authenticate nobody" in serve_refused(tmp_path, *remote)
-    refused = serve_refused(tmp_path, *remote, *tls)
+    assert "would authenticate nobody" in serve_refused(tmp_path / "x", *remote)
+    refused = serve_refused(tmp_path / "x", *remote, *tls)
     assert "would authenticate nobody" in refused and "TLS alone encrypts" in refused
     # Refused: bearer tokens in plaintext, even with the escape flag.
-    assert "bearer tokens beyond loopback need TLS" in serve_refused(tmp_path, *remote, "--token-file", tokens)
-    assert "does not lift this" in serve_refused(tmp_path, *remote, "--token-file", tokens, "--allow-insecure-remote")
+    assert "bearer tokens beyond loopback need TLS" in serve_refused(tmp_path / "x", *remote, "--token-file", tokens)
+    assert "does not lift this" in serve_refused(tmp_path / "x", *remote, "--token-file", tokens, "--allow-insecure-remote")
     # Served: tokens over TLS, client certificates, and the explicit escape (warned, anonymous).
     # (Beyond loopback, unconfined checkpoint paths are warned of until --model-roots is set.)
     for name, args in (("tokens", (*tls, "--token-file", tokens)),
@@ -323,17 +316,17 @@ def test_long_values_are_refused_or_recorded_and_the_server_keeps_answering(tmp_
 def test_negative_audit_waits_are_refused_by_name(tmp_path: Path) -> None:
     """A writer cannot wait a negative time: the server refuses to start and names the option."""
     for flag, name in (("--audit-cohort-wait-ms", "audit_cohort_wait_ms"), ("--audit-cohort-gap-ms", "audit_cohort_gap_ms")):
-        assert f"{name} must be 0 or more, got -1.0" in serve_refused(tmp_path, flag, "-1")
+        assert f"{name} must be 0 or more, got -1.0" in serve_refused(tmp_path / "x", flag, "-1")
 
 
 def test_a_lease_of_no_time_is_refused_by_name(tmp_path: Path) -> None:
     """Every replica would take every other's launches at once: refused, naming the option."""
-    assert "lease_seconds must be more than 0, got 0.0" in serve_refused(tmp_path, "--lease-seconds", "0")
+    assert "lease_seconds must be more than 0, got 0.0" in serve_refused(tmp_path / "x", "--lease-seconds", "0")
 
 
 def test_a_negative_unfollowed_limit_is_refused_by_name(tmp_path: Path) -> None:
     assert ("unfollowed_group_seconds must be 0 (never) or more, got -1.0"
-            in serve_refused(tmp_path, "--unfollowed-group-seconds", "-1"))
+            in serve_refused(tmp_path / "x", "--unfollowed-group-seconds", "-1"))
 
 
 def test_a_given_signing_key_signs_and_a_bad_one_is_refused_by_name(tmp_path: Path) -> None:
@@ -363,9 +356,9 @@ def test_a_given_signing_key_signs_and_a_bad_one_is_refused_by_name(tmp_path: Pa
            "locked.pem": pem(ed25519.Ed25519PrivateKey.generate(), serialization.BestAvailableEncryption(b"pw"))}
     for name, body in bad.items():
         (tmp_path / name).write_bytes(body)
-        err = serve_refused(tmp_path, "--signing-key", str(tmp_path / name))
+        err = serve_refused(tmp_path / "x", "--signing-key", str(tmp_path / name))
         assert f"signing_key: {tmp_path / name}" in err and "unencrypted Ed25519 private key in PEM" in err, (name, err)
-    assert "signing_key:" in serve_refused(tmp_path, "--signing-key", str(tmp_path / "no-such-dir" / "k.pem"))
+    assert "signing_key:" in serve_refused(tmp_path / "x", "--signing-key", str(tmp_path / "no-such-dir" / "k.pem"))
 
 
 def test_tls_files_that_are_missing_or_wrong_are_refused_by_name(tmp_path: Path) -> None:
@@ -382,7 +375,7 @@ def test_tls_files_that_are_missing_or_wrong_are_refused_by_name(tmp_path: Path)
         "tls_client_ca: not a PEM certificate": ("--tls-cert", cert, "--tls-key", key, "--tls-client-ca", junk),
     }
     for expected, args in cases.items():
-        err = serve_refused(tmp_path, "--address", "127.0.0.1:0", *args)
+        err = serve_refused(tmp_path / "x", "--address", "127.0.0.1:0", *args)
         assert expected in err and "Traceback" not in err, (expected, err)
     assert not (tmp_path / "x" / "cgsvc.db").exists(), "refused before the database was opened"
     # the client's flags the same way, before it connects (gRPC answered UNAVAILABLE, or a traceback)
@@ -404,7 +397,7 @@ def test_a_bad_metrics_address_stops_the_start_and_one_beyond_loopback_is_warned
     # it was a traceback after the gRPC port was bound and the audit writer started
     for address, expected in (("nonsense", "must be HOST:PORT"), ("127.0.0.1:99999", "must be HOST:PORT"),
                               ("203.0.113.99:0", "cannot listen on 203.0.113.99:0")):
-        err = serve_refused(tmp_path, "--address", "127.0.0.1:0", "--metrics-address", address)
+        err = serve_refused(tmp_path / "x", "--address", "127.0.0.1:0", "--metrics-address", address)
         assert f"metrics_address: {expected}" in err and "Traceback" not in err, err
     assert not (tmp_path / "x").exists(), "refused before the data directory was made"
     with ServerProcess(tmp_path / "open", "--metrics-address", "0.0.0.0:0") as srv:
