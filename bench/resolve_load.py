@@ -17,6 +17,12 @@ One run is one sample of a machine whose speed moves from minute to minute: `--r
 the whole table N times (fresh servers each time) and ends with each row's spread and the
 number of runs that met the durable-path target. `--pg-setting` passes a PostgreSQL setting to
 the server's connections (`-c NAME=VALUE`), for probes such as `synchronous_commit=off`.
+
+The "cores busy" column is the share of the whole machine's CPU time (every core, every
+process: server, writer, database, this client) that was busy during each op's measured turns,
+from /proc/stat ("-" where there is none). It says what a miss is: cores near full under both
+ops mean the durable path needs less CPU (or more cores); cores left idle under ResolvePlan mean
+its callers wait on something other than the CPU. A row that misses the target says both figures.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import grpc
@@ -104,7 +111,33 @@ def drop_schema(url: str) -> None:
     eng.dispose()
 
 
-Stats = tuple[float, float, float, int]  # requests/s, p50 ms, p99 ms, errors
+# requests/s, p50 ms, p99 ms, errors[, share of the machine's CPU time busy (None: unknown)]
+Stats = tuple[Any, ...]
+
+
+def cpu_times(path: str = "/proc/stat") -> tuple[int, int] | None:
+    """(busy, all) CPU time of the whole machine so far, in clock ticks, from the first line of
+    /proc/stat; None where it cannot be read. Idle, I/O wait and time stolen by a hypervisor
+    are not busy (steal is counted in neither: it was never this machine's)."""
+    try:
+        with open(path) as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 5:
+        return None
+    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    steal = ticks[7] if len(ticks) > 7 else 0
+    idle = ticks[3] + ticks[4]
+    total = sum(ticks) - steal
+    return total - idle, total
+
+
+def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> tuple[int, int]:
+    """The busy and all ticks between two readings ((0, 0) when either is unknown)."""
+    if before is None or after is None:
+        return 0, 0
+    return after[0] - before[0], after[1] - before[1]
 
 
 async def drive(address: str, op: str, concurrency: int, seconds: float) -> Stats:
@@ -123,6 +156,7 @@ async def drive_slices(address: str, ops: list[str], concurrency: int, seconds: 
         lat: dict[str, list[float]] = {op: [] for op in ops}
         took = dict.fromkeys(ops, 0.0)
         errors = dict.fromkeys(ops, 0)
+        ticks = {op: [0, 0] for op in ops}  # busy, all: the machine's CPU during the op's turns
 
         async def one(op: str) -> None:
             if op == "echo":
@@ -145,10 +179,13 @@ async def drive_slices(address: str, ops: list[str], concurrency: int, seconds: 
                     if measured:
                         lat[op].append(time.perf_counter() - t0)
 
-            t_start = time.perf_counter()
+            t_start, cpu_start = time.perf_counter(), cpu_times()
             await asyncio.gather(*(worker() for _ in range(concurrency)))
             if measured:
                 took[op] += time.perf_counter() - t_start
+                busy, every = busy_share(cpu_start, cpu_times())
+                ticks[op][0] += busy
+                ticks[op][1] += every
 
         for op in ops:
             await turn(op, 1.0, measured=False)  # warm-up
@@ -158,8 +195,9 @@ async def drive_slices(address: str, ops: list[str], concurrency: int, seconds: 
     out: dict[str, Stats] = {}
     for op, got in lat.items():
         got.sort()
+        busy, every = ticks[op]
         out[op] = (len(got) / took[op], statistics.median(got) * 1000, got[max(0, int(len(got) * 0.99) - 1)] * 1000,
-                   errors[op])
+                   errors[op], busy / every if every else None)
     return out
 
 
@@ -193,8 +231,8 @@ def main() -> None:
     print(f"# {os.cpu_count()} CPUs, server and client on one machine, {ns.seconds:.0f} s of each op per row "
           f"in {ns.slices} alternating turns{f', {ns.runs} runs' if many else ''}{settings}")
     print(("| run " if many else "") + "| store | concurrency | Echo req/s | ResolvePlan req/s | ratio | "
-          "ResolvePlan p50 ms | p99 ms | Echo p99 ms | errors |")
-    print(("|---" if many else "") + "|---|---|---|---|---|---|---|---|---|")
+          "ResolvePlan p50 ms | p99 ms | Echo p99 ms | cores busy, Echo / ResolvePlan | errors |")
+    print(("|---" if many else "") + "|---|---|---|---|---|---|---|---|---|---|")
     rows: list[Row] = []
     for run in range(1, ns.runs + 1):
         for backend in ns.backends.split(","):
@@ -202,7 +240,7 @@ def main() -> None:
             if backend == "postgresql":
                 maybe = pg_schema_url(ns.pg_setting)
                 if maybe is None:
-                    print(("| - " if many else "") + f"| postgresql | - | skipped: no server at {PG} | | | | | |")
+                    print(("| - " if many else "") + f"| postgresql | - | skipped: no server at {PG} | | | | | | |")
                     continue
                 url = maybe
             tmp = tempfile.mkdtemp(prefix="cgsvc-bench-")
@@ -212,7 +250,8 @@ def main() -> None:
                     got = asyncio.run(drive_slices(address, ["echo", "resolve"], c, ns.seconds, ns.slices))
                     echo, res = got["echo"], got["resolve"]
                     print((f"| {run} " if many else "") + f"| {backend} | {c} | {echo[0]:.0f} | {res[0]:.0f} | "
-                          f"{res[0] / echo[0]:.0%} | {res[1]:.2f} | {res[2]:.2f} | {echo[2]:.2f} | {res[3] + echo[3]} |",
+                          f"{res[0] / echo[0]:.0%} | {res[1]:.2f} | {res[2]:.2f} | {echo[2]:.2f} | "
+                          f"{busy_pair(echo, res)} | {res[3] + echo[3]} |",
                           flush=True)
                     rows.append((run, backend, c, echo, res))
             finally:
@@ -246,11 +285,22 @@ def summary(rows: Sequence[Row], runs: int) -> list[str]:
     return out
 
 
-def target_misses(backend: str, callers: int, echo: tuple[float, ...], res: tuple[float, ...]) -> list[str]:
-    """Where a row misses the durable-path target (throughput and latency as measured here)."""
+def busy(stats: Stats) -> float | None:
+    return stats[4] if len(stats) > 4 else None
+
+
+def busy_pair(echo: Stats, res: Stats) -> str:
+    """"91% / 78%": how busy the machine's cores were under each op; "-" for one unknown."""
+    return " / ".join("-" if (b := busy(s)) is None else f"{b:.0%}" for s in (echo, res))
+
+
+def target_misses(backend: str, callers: int, echo: Stats, res: Stats) -> list[str]:
+    """Where a row misses the durable-path target (throughput and latency as measured here); a
+    throughput miss says how busy the cores were under each op, where that was measured."""
     out = []
     if callers in (8, 32) and res[0] < 0.5 * echo[0]:
-        out.append(f"{backend} at {callers} callers {res[0] / echo[0]:.1%} of Echo")
+        cores = "" if busy(echo) is None and busy(res) is None else f" (cores busy {busy_pair(echo, res)})"
+        out.append(f"{backend} at {callers} callers {res[0] / echo[0]:.1%} of Echo{cores}")
     if callers == 32 and res[2] > max(20.0, 2 * echo[2]):
         out.append(f"{backend} p99 at 32 callers {res[2]:.1f} ms > {max(20.0, 2 * echo[2]):.1f}")
     return out

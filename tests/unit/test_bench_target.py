@@ -25,6 +25,27 @@ def test_rows_that_miss_the_target_are_named() -> None:
     assert resolve_load.target_misses("sqlite", 1, echo, (100.0, 1.0, 99.0, 0)) == []  # not a target row
 
 
+def test_a_throughput_miss_says_how_busy_the_cores_were_where_that_was_measured() -> None:
+    echo = (2000.0, 3.0, 10.0, 0, 0.914)
+    assert resolve_load.target_misses("postgresql", 8, echo, (940.0, 6.0, 30.0, 0, 0.776)) == [
+        "postgresql at 8 callers 47.0% of Echo (cores busy 91% / 78%)"]
+    assert resolve_load.target_misses("postgresql", 8, echo, (940.0, 6.0, 30.0, 0, None)) == [
+        "postgresql at 8 callers 47.0% of Echo (cores busy 91% / -)"]
+    assert resolve_load.busy_pair((1.0, 0, 0, 0, None), (1.0, 0, 0, 0)) == "- / -"
+
+
+def test_cores_busy_is_read_from_proc_stat_without_idle_iowait_or_steal(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    #                user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 5 40 300 20 3 2 30 0 0\ncpu0 50 2 20 150 10 1 1 15 0 0\n")
+    assert resolve_load.cpu_times(str(stat)) == (150, 470)  # busy 100+5+40+3+2; all without steal
+    assert resolve_load.busy_share((150, 470), (250, 670)) == (100, 200)
+    assert resolve_load.busy_share(None, (250, 670)) == (0, 0)
+    assert resolve_load.cpu_times(str(tmp_path / "absent")) is None
+    stat.write_text("intr 1 2 3\n")
+    assert resolve_load.cpu_times(str(stat)) is None
+
+
 def test_several_runs_end_with_each_rows_spread_and_the_runs_that_met() -> None:
     echo = (2000.0, 3.0, 10.0, 0)
     rows = [(1, "sqlite", 1, echo, (500.0, 1.0, 2.0, 0)),  # not a target row: left out of the summary
