@@ -140,9 +140,10 @@ def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) ->
     return after[0] - before[0], after[1] - before[1]
 
 
-async def drive(address: str, op: str, concurrency: int, seconds: float) -> Stats:
-    """(requests/s, p50 ms, p99 ms, errors) of one op over `seconds`, after a short warm-up."""
-    return (await drive_slices(address, [op], concurrency, seconds, 1))[op]
+async def drive(address: str, op: str, concurrency: int, seconds: float) -> tuple[float, float, float, int]:
+    """(requests/s, p50 ms, p99 ms, errors) of one op over `seconds`, after a short warm-up
+    (bench/resolve_cpu.py's rows)."""
+    return (await drive_slices(address, [op], concurrency, seconds, 1))[op][:4]
 
 
 async def drive_slices(address: str, ops: list[str], concurrency: int, seconds: float, slices: int) -> dict[str, Stats]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,3 +86,15 @@ def test_postgresql_settings_reach_the_servers_connections(base: str, monkeypatc
     with eng.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,)).scalar() == 0
     eng.dispose()
+
+
+def test_resolve_cpu_runs_its_rows_on_resolve_loads_driver() -> None:
+    """bench/resolve_cpu.py reads four figures from resolve_load.drive (a regression: the cores
+    column made drive's tuple longer and broke it)."""
+    root = Path(__file__).parents[2]
+    proc = subprocess.run([sys.executable, str(root / "bench" / "resolve_cpu.py"), "--seconds", "0.3", "--rounds", "1",
+                           "--levels", "echo@2,resolve@2"], capture_output=True, text=True, timeout=120, cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| 1 | default |")]
+    assert [r[3].strip() for r in rows] == ["echo", "resolve"], proc.stdout
+    assert all(r[-2].strip() == "0" for r in rows), proc.stdout  # no errors
