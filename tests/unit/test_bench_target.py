@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,30 @@ def test_resolve_cpu_runs_its_rows_on_resolve_loads_driver() -> None:
     rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| 1 | default |")]
     assert [r[3].strip() for r in rows] == ["echo", "resolve"], proc.stdout
     assert all(r[-2].strip() == "0" for r in rows), proc.stdout  # no errors
+
+
+def test_pg_append_measures_both_variants_and_the_flush_on_a_real_server() -> None:
+    """bench/pg_append.py appends real records to PostgreSQL with audit_records' secondary
+    indexes and without, and drops every schema it made."""
+    url = resolve_load.pg_schema_url()
+    if url is None:
+        pytest.skip(f"no PostgreSQL server answers at {resolve_load.PG}")
+    resolve_load.drop_schema(url)
+    root = Path(__file__).parents[2]
+    proc = subprocess.run([sys.executable, str(root / "bench" / "pg_append.py"), "--history", "64", "--commits", "40",
+                           "--batches", "1,4", "--rounds", "1"], capture_output=True, text=True, timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines() if line.startswith("| 1 |")]
+    assert [(r[1], r[2]) for r in rows] == [("defaults", "1"), ("defaults", "4"),
+                                          ("no secondary indexes on audit_records", "1"),
+                                          ("no secondary indexes on audit_records", "4")], proc.stdout
+    assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows), proc.stdout
+    assert "ms a statement +" in proc.stdout  # the database's CPU split (this machine runs the server)
+    assert "a commit's WAL flush costs about" in proc.stdout
+    schemas = re.findall(r"# schema (bench_\w+): dropped", proc.stderr)
+    assert len(schemas) == 3, proc.stderr  # two runs and the flush probe
+    eng = sa.create_engine(resolve_load.PG)
+    with eng.connect() as conn:
+        left = conn.exec_driver_sql("SELECT nspname FROM pg_namespace WHERE nspname = ANY(%(s)s)", {"s": schemas}).all()
+    eng.dispose()
+    assert left == []
