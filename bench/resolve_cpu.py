@@ -15,6 +15,12 @@ round runs the variants in turn, in reverse order every other round. CPU is read
 per request (with --postgresql also every PostgreSQL process's, whatever else they serve);
 batch figures come from the server's Prometheus metrics (cgsvc_audit_batch_records,
 cgsvc_audit_append_seconds).
+
+With two variants or more (a baseline counts), it ends with each against the first, round by
+round: the rounds' req/s ratios and their median, and the server's CPU a request over the load
+client's (the same client code for every variant, so it discounts how fast the machine was at the
+moment). On a VM whose speed moves by tens of percent a minute, ten rounds or more are needed
+before a 10 % difference means anything (bench/RESULTS.md, round 28).
 """
 
 from __future__ import annotations
@@ -25,12 +31,14 @@ import contextlib
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -88,8 +96,21 @@ def worktree(rev: str) -> Iterator[tuple[Path, str]]:
         shutil.rmtree(path.parent, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class Row:
+    """One op at one load on one variant's server: its table row and the figures the paired
+    summary compares (CPU ms a request; None where nothing was served)."""
+
+    op: str
+    callers: int
+    rate: float
+    server: float | None
+    client: float | None
+    text: str
+
+
 def run_variant(flags: list[str], levels: list[tuple[str, int]], seconds: float, postgresql: bool,
-                root: Path = ROOT) -> list[str]:
+                root: Path = ROOT) -> list[Row]:
     data_dir = tempfile.mkdtemp(prefix="cgsvc-cpu-")
     url = (pg_schema_url() or "") if postgresql else ""
     if postgresql and not url:
@@ -110,26 +131,61 @@ def run_variant(flags: list[str], levels: list[tuple[str, int]], seconds: float,
             m1, client = scrape(metrics), time.process_time() - client0
             requests = rate * (seconds + 1)  # measured window plus warm-up, which also used CPU
 
-            def per_request(total: float, n: float = requests) -> str:
-                return f"{total / n * 1000:.3f}" if n else "-"
+            def ms(total: float, n: float = requests) -> float | None:
+                return total / n * 1000 if n else None
+
+            def per_request(total: float) -> str:
+                value = ms(total)
+                return "-" if value is None else f"{value:.3f}"
 
             def delta(key: str, le: str | None = None, m0: dict = m0, m1: dict = m1) -> float:  # type: ignore[type-arg]
                 return m1.get((key, le), 0.0) - m0.get((key, le), 0.0)
 
             batches = delta("cgsvc_audit_batch_records_count")
             over = batches - delta("cgsvc_audit_append_seconds_bucket", "0.002")
-            rows.append(
+            server = after[proc.pid] - before[proc.pid]
+            text = (
                 f"| {op} | {callers} | {rate:.0f} | {p50:.2f} | {p99:.2f} | "
-                f"{per_request(after[proc.pid] - before[proc.pid])} | "
+                f"{per_request(server)} | "
                 f"{per_request(sum(after[p] - before[p] for p in children))} | {per_request(client)} | "
                 + (f"{per_request(sum(db1[p] - db0[p] for p in db1))} | " if postgresql else "")
                 + (f"{delta('cgsvc_audit_batch_records_sum') / batches:.1f} | "
                    f"{delta('cgsvc_audit_append_seconds_sum') / batches * 1000:.2f} | {over / batches:.0%} |"
                    if batches else "- | - | - |")
                 + f" {errors} |")
+            rows.append(Row(op, callers, rate, ms(server), ms(client), text))
     finally:
         stop_server(proc, data_dir, url)
     return rows
+
+
+def paired(results: dict[str, list[list[Row]]]) -> list[str]:
+    """Each variant against the first, round by round: a noisy machine moves both rows of a
+    round alike, so the median of the rounds' ratios is steadier than a ratio of means. `results`
+    maps a variant's name to its rows, one list per round, in the order the variants were given.
+    Compares req/s, and the server's CPU a request over the load client's (the client's code is
+    the same for every variant, so this ratio discounts the machine's speed of the moment)."""
+    names = list(results)
+    if len(names) < 2:
+        return []
+    first = names[0]
+    out = [f"# each variant against {first}, round by round (median of the rounds' ratios)",
+           "| op | callers | variant | rounds | req/s ratio per round | req/s ratio, median | "
+           "server / client CPU, median: variant / first |", "|---|---|---|---|---|---|---|"]
+    for name in names[1:]:
+        for i, base_row in enumerate(results[first][0]):
+            pairs = [(b[i], v[i]) for b, v in zip(results[first], results[name], strict=True)]
+            ratios = [v.rate / b.rate for b, v in pairs if b.rate > 0]
+
+            def cpu_ratio(rows: list[Row]) -> str:
+                shares = [r.server / r.client for r in rows if r.server is not None and r.client]
+                return f"{statistics.median(shares):.2f}" if shares else "-"
+
+            out.append(f"| {base_row.op} | {base_row.callers} | {name} | {len(pairs)} | "
+                       f"{', '.join(f'{r:.2f}' for r in ratios) or '-'} | "
+                       f"{f'{statistics.median(ratios):.2f}' if ratios else '-'} | "
+                       f"{cpu_ratio([v for _, v in pairs])} / {cpu_ratio([b for b, _ in pairs])} |")
+    return out
 
 
 def main() -> None:
@@ -167,10 +223,16 @@ def main() -> None:
         print(f"| round | variant | op | callers | req/s | p50 ms | p99 ms | server | writer | client{db} | "
               "records/commit | ms/commit | commits > 2 ms | errors |")
         print("|---|---|---|---|---|---|---|---|---|---|" + "---|" * (4 + bool(db)))
+        results: dict[str, list[list[Row]]] = {name: [] for name, _, _ in runs}
         for rnd in range(ns.rounds):
             for name, flags, root in (runs if rnd % 2 == 0 else runs[::-1]):
-                for row in run_variant(flags, levels, ns.seconds, ns.postgresql, root):
-                    print(f"| {rnd + 1} | {name} {row}", flush=True)
+                rows = run_variant(flags, levels, ns.seconds, ns.postgresql, root)
+                results[name].append(rows)
+                for row in rows:
+                    print(f"| {rnd + 1} | {name} {row.text}", flush=True)
+        if summary := paired(results):
+            print()
+            print("\n".join(summary))
 
 
 if __name__ == "__main__":

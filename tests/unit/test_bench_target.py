@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -15,6 +16,12 @@ spec = importlib.util.spec_from_file_location("resolve_load", Path(__file__).par
 assert spec is not None and spec.loader is not None
 resolve_load = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(resolve_load)
+sys.modules.setdefault("resolve_load", resolve_load)  # resolve_cpu imports it by that name
+cpu_spec = importlib.util.spec_from_file_location("resolve_cpu", Path(__file__).parents[2] / "bench" / "resolve_cpu.py")
+assert cpu_spec is not None and cpu_spec.loader is not None
+resolve_cpu = importlib.util.module_from_spec(cpu_spec)
+sys.modules.setdefault("resolve_cpu", resolve_cpu)  # its dataclass looks its module up there
+cpu_spec.loader.exec_module(resolve_cpu)
 
 
 def test_rows_that_miss_the_target_are_named() -> None:
@@ -91,14 +98,39 @@ def test_postgresql_settings_reach_the_servers_connections(base: str, monkeypatc
 
 def test_resolve_cpu_runs_its_rows_on_resolve_loads_driver() -> None:
     """bench/resolve_cpu.py reads four figures from resolve_load.drive (a regression: the cores
-    column made drive's tuple longer and broke it)."""
+    column made drive's tuple longer and broke it), and with two variants ends with the second
+    against the first."""
     root = Path(__file__).parents[2]
     proc = subprocess.run([sys.executable, str(root / "bench" / "resolve_cpu.py"), "--seconds", "0.3", "--rounds", "1",
-                           "--levels", "echo@2,resolve@2"], capture_output=True, text=True, timeout=120, cwd=root)
+                           "--levels", "echo@2,resolve@2", "--variant", "now=", "--variant", "nowait=--audit-cohort-wait-ms=0"],
+                          capture_output=True, text=True, timeout=180, cwd=root)
     assert proc.returncode == 0, proc.stderr
-    rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith("| 1 | default |")]
-    assert [r[3].strip() for r in rows] == ["echo", "resolve"], proc.stdout
-    assert all(r[-2].strip() == "0" for r in rows), proc.stdout  # no errors
+    for name in ("now", "nowait"):
+        rows = [line.split("|") for line in proc.stdout.splitlines() if line.startswith(f"| 1 | {name} |")]
+        assert [r[3].strip() for r in rows] == ["echo", "resolve"], proc.stdout
+        assert all(r[-2].strip() == "0" for r in rows), proc.stdout  # no errors
+    summary = [[c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines()
+               if line.startswith(("| echo | 2 | nowait |", "| resolve | 2 | nowait |"))]
+    assert [r[0] for r in summary] == ["echo", "resolve"], proc.stdout
+    assert all(r[3] == "1" and float(r[5]) > 0 for r in summary), proc.stdout
+
+
+def _row(op: str, rate: float, server: float | None = 0.4, client: float | None = 0.2) -> Any:
+    return resolve_cpu.Row(op, 8, rate, server, client, "")
+
+
+def test_resolve_cpus_paired_summary_takes_the_median_of_each_rounds_ratio() -> None:
+    """Each round's rows are compared with the same round's rows of the first variant: a round
+    in which the machine was slow for both reads as no change."""
+    results = {"base": [[_row("resolve", 1000)], [_row("resolve", 500)], [_row("resolve", 1000)]],
+               "new": [[_row("resolve", 1100, 0.3)], [_row("resolve", 550, 0.3)], [_row("resolve", 900, 0.5)]]}
+    lines = resolve_cpu.paired(results)
+    assert lines[0] == "# each variant against base, round by round (median of the rounds' ratios)"
+    assert lines[3] == "| resolve | 8 | new | 3 | 1.10, 1.10, 0.90 | 1.10 | 1.50 / 2.00 |"
+    # one variant: nothing to compare; a row that served nothing has no ratio
+    assert resolve_cpu.paired({"base": results["base"]}) == []
+    empty = resolve_cpu.paired({"base": [[_row("echo", 0, None, None)]], "new": [[_row("echo", 10, None, None)]]})
+    assert empty[3] == "| echo | 8 | new | 1 | - | - | - / - |"
 
 
 def test_pg_append_measures_both_variants_and_the_flush_on_a_real_server() -> None:
