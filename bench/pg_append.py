@@ -47,8 +47,7 @@ def database_cpu() -> float | None:
 
 def dropped(url: str) -> None:
     """Drop the schema a run used, and say which (progress, on stderr)."""
-    drop_schema(url)
-    print(f"# schema {url.rsplit('search_path%3D', 1)[1]}: dropped", file=sys.stderr, flush=True)
+    print(f"# schema {drop_schema(url)}: dropped", file=sys.stderr, flush=True)
 
 
 def secondary_indexes(conn: sa.Connection) -> list[str]:

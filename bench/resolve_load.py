@@ -101,7 +101,8 @@ def pg_schema_url(settings: Sequence[str] = ()) -> str | None:
     return f"{PG}{joiner}options={'%20'.join([*options, f'-csearch_path%3D{schema}'])}"
 
 
-def drop_schema(url: str) -> None:
+def drop_schema(url: str) -> str:
+    """Drop the schema a pg_schema_url URL names; its name."""
     m = re.search(r"-csearch_path%3D([A-Za-z0-9_]+)", url)
     assert m is not None, url
     schema = m.group(1)
@@ -109,6 +110,7 @@ def drop_schema(url: str) -> None:
     with eng.begin() as conn:
         conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     eng.dispose()
+    return schema
 
 
 # requests/s, p50 ms, p99 ms, errors[, share of the machine's CPU time busy (None: unknown)]
