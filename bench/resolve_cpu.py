@@ -159,6 +159,12 @@ def run_variant(flags: list[str], levels: list[tuple[str, int]], seconds: float,
     return rows
 
 
+def cpu_ratio(rows: list[Row]) -> str:
+    """The median over rows of the server's CPU a request over the client's ("-": none served)."""
+    shares = [r.server / r.client for r in rows if r.server is not None and r.client]
+    return f"{statistics.median(shares):.2f}" if shares else "-"
+
+
 def paired(results: dict[str, list[list[Row]]]) -> list[str]:
     """Each variant against the first, round by round: a noisy machine moves both rows of a
     round alike, so the median of the rounds' ratios is steadier than a ratio of means. `results`
@@ -176,11 +182,6 @@ def paired(results: dict[str, list[list[Row]]]) -> list[str]:
         for i, base_row in enumerate(results[first][0]):
             pairs = [(b[i], v[i]) for b, v in zip(results[first], results[name], strict=True)]
             ratios = [v.rate / b.rate for b, v in pairs if b.rate > 0]
-
-            def cpu_ratio(rows: list[Row]) -> str:
-                shares = [r.server / r.client for r in rows if r.server is not None and r.client]
-                return f"{statistics.median(shares):.2f}" if shares else "-"
-
             out.append(f"| {base_row.op} | {base_row.callers} | {name} | {len(pairs)} | "
                        f"{', '.join(f'{r:.2f}' for r in ratios) or '-'} | "
                        f"{f'{statistics.median(ratios):.2f}' if ratios else '-'} | "
