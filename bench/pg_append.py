@@ -62,6 +62,7 @@ def run(history: int, commits: int, batches: list[int], drop_indexes: bool) -> l
     url = pg_schema_url()
     if url is None:
         raise SystemExit("no PostgreSQL server answers (set CGSVC_BENCH_PG to point at one)")
+    store = batch_open = None
     try:
         store = AuditStore(url)
         items = records(history)
@@ -80,16 +81,20 @@ def run(history: int, commits: int, batches: list[int], drop_indexes: bool) -> l
                 store.append_batch(warm[i:i + batch])
             d0, c0, t0 = database_cpu(), time.process_time(), time.perf_counter()
             for i in range(0, len(todo), batch):
-                b = store.open_batch()
-                b.add(todo[i:i + batch])
-                b.commit()
+                batch_open = store.open_batch()
+                batch_open.add(todo[i:i + batch])
+                batch_open.commit()
+                batch_open = None
                 store.after_commit()
             took, spent, d1 = time.perf_counter() - t0, time.process_time() - c0, database_cpu()
             db = None if d0 is None or d1 is None else (d1 - d0) / len(todo) * 1000
             out.append((batch, took / commits * 1000, spent / len(todo) * 1000, db))
-        store.close()
         return out
-    finally:
+    finally:  # a run that failed mid-way rolls back and closes before its schema is dropped
+        if batch_open is not None:
+            batch_open.abort()
+        if store is not None:
+            store.close()
         dropped(url)
 
 

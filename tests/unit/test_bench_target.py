@@ -6,6 +6,9 @@ import importlib.util
 import re
 import subprocess
 import sys
+import threading
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -157,4 +160,62 @@ def test_pg_append_measures_both_variants_and_the_flush_on_a_real_server() -> No
     with eng.connect() as conn:
         left = conn.exec_driver_sql("SELECT nspname FROM pg_namespace WHERE nspname = ANY(%(s)s)", {"s": schemas}).all()
     eng.dispose()
+    assert left == []
+
+
+class Interrupted(Exception):
+    """Stands for whatever stops a benchmark between a batch's rows and its commit."""
+
+
+def test_a_failed_pg_append_run_gives_its_batch_back_and_closes_before_dropping_its_schema(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run stopped with a batch open (the store's append lock held) rolls the batch back and
+    closes every connection it made before its schema is dropped, and returns rather than hangs."""
+    if (probe := resolve_load.pg_schema_url()) is None:
+        pytest.skip(f"no PostgreSQL server answers at {resolve_load.PG}")
+    resolve_load.drop_schema(probe)
+    pa_spec = importlib.util.spec_from_file_location("pg_append", Path(__file__).parents[2] / "bench" / "pg_append.py")
+    assert pa_spec is not None and pa_spec.loader is not None
+    pg_append = importlib.util.module_from_spec(pa_spec)
+    pa_spec.loader.exec_module(pg_append)
+    from cgsvc.audit.store import AppendBatch
+
+    add = AppendBatch.add
+
+    def interrupted(self: Any, items: Any) -> None:
+        add(self, items)
+        if len(items) == 2:  # a measured batch (the history goes in 64 at a time), not the store's own
+            raise Interrupted
+    monkeypatch.setattr(AppendBatch, "add", interrupted)
+    monkeypatch.setattr(pg_append, "WARM_UP", 0)
+    app = f"pg_append_probe_{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv("PGAPPNAME", app)  # libpq names every connection the run makes
+    outcome: list[BaseException | None] = []
+
+    def go() -> None:
+        try:
+            pg_append.run(64, 4, [2], False)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "the failed run hung: its batch still held the store's append lock"
+    assert len(outcome) == 1 and isinstance(outcome[0], Interrupted), outcome
+    schemas = re.findall(r"# schema (bench_\w+): dropped", capsys.readouterr().err)
+    assert len(schemas) == 1, schemas
+    eng = sa.create_engine(resolve_load.PG, connect_args={"application_name": "pg_append_test"})  # not PGAPPNAME's
+    with eng.connect() as conn:
+        for _ in range(100):  # a backend leaves pg_stat_activity a moment after its client hangs up
+            still = conn.exec_driver_sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = %(a)s",
+                                         {"a": app}).scalar()
+            if still == 0:
+                break
+            time.sleep(0.05)
+        left = conn.exec_driver_sql("SELECT nspname FROM pg_namespace WHERE nspname = %(s)s",
+                                    {"s": schemas[0]}).all()
+    eng.dispose()
+    assert still == 0  # the store's connections were closed, not left to the garbage collector
     assert left == []
