@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cgsvc.errors import ServiceError
+from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc_client import evidence_commands, launch_commands, remote_commands, render
 from cgsvc_client.args import (
     CliError,
@@ -30,7 +30,20 @@ from cgsvc_client.args import (
 )
 
 
+def explained_field(field: str) -> str:
+    """--explain's field in its one spelling: a plan key a rule may write, in any case. Checked
+    before the spec is sent, so a typo stores no plan."""
+    from cgsvc.resolve.engine import KEYS
+
+    if (key := field.strip().lower()) in KEYS:
+        return key
+    raise CliError.from_resolve(ServiceError.invalid([FieldViolation(
+        "explain", f"{field!r} is not a field the rules decide; valid: {', '.join(KEYS)}")]))
+
+
 def cmd_resolve(ns: argparse.Namespace) -> int:
+    if ns.explain:
+        ns.explain = explained_field(ns.explain)
     spec = build_spec(ns)
     resource: dict[str, Any] = {}  # the plan's resource name and audit record, when a server stored it
     if ns.server:
@@ -124,7 +137,8 @@ def parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("resolve", help="resolve a launch spec into a plan")
     add_spec_flags(r)
-    r.add_argument("--explain", metavar="FIELD", help="only the decisions that shaped FIELD, e.g. prefill.backend")
+    r.add_argument("--explain", metavar="FIELD", help="only the decisions that shaped FIELD, a plan field the rules "
+                   "decide: attention_backend.prefill|decode, prefill.backend, decode.bs, ... (cgsvc-cli rules: 'writes')")
     add_policy(r)
     add_output(r)
     add_server(r)

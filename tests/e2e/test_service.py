@@ -57,6 +57,13 @@ def test_server_and_offline_output_are_identical(server: ServerProcess) -> None:
     assert offline.stdout == remote.stdout
 
 
+def test_an_explain_typo_is_refused_before_anything_is_sent(server: ServerProcess, client: Client) -> None:
+    before = client.get_checkpoint().tree_size
+    bad = cli("resolve", "--spec", str(SPEC_FILE), "--explain", "prefill.bakend", "-o", "json", "--server", server.address)
+    assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field_violations"][0]["field"] == "explain"
+    assert client.get_checkpoint().tree_size == before  # no plan stored, no record written
+
+
 def test_resolve_get_list(client: Client) -> None:
     plan = client.resolve_proto(KIMI)
     assert plan.name.startswith("plans/") and plan.audit_record.startswith("auditRecords/")

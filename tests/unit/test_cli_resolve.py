@@ -60,6 +60,35 @@ def test_explain_prints_only_one_field() -> None:
     assert "sizes.decode.bs" in table and "breakable.mla" not in table
 
 
+def test_explain_of_a_field_no_rule_decides_is_refused_by_name_and_spellings_are_canonical() -> None:
+    """--explain takes the plan fields the rules decide; anything else (a typo) was once an
+    empty list and exit 0, which reads as "no rule touched it"."""
+    for mode in ("json", "table"):
+        proc = cli("resolve", "--spec", str(KIMI_SPEC), "--explain", "prefill.bogus", "-o", mode)
+        assert proc.returncode == 2, proc.stdout
+        if mode == "json":
+            err = as_json(proc)["error"]
+            assert err["code"] == "INVALID_ARGUMENT"
+            assert err["field_violations"][0]["field"] == "explain"
+            assert "'prefill.bogus'" in err["message"] and "prefill.backend" in err["message"]
+            assert "decode.bs" in err["message"]  # every valid field is named
+        else:
+            assert "prefill.bogus" in proc.stderr + proc.stdout and "decode.bs" in proc.stderr + proc.stdout
+    out = as_json(cli("resolve", "--spec", str(KIMI_SPEC), "--explain", "Prefill.Backend", "-o", "json"))["explain"]
+    assert out["field"] == "prefill.backend"  # one canonical spelling, as closed sets are everywhere
+    assert [d["rule_id"] for d in out["decisions"]] == [
+        "default.prefill.backend", "prefill.exception.trtllm_mla", "breakable.mla"]
+
+
+def test_every_field_a_rule_may_write_can_be_explained() -> None:
+    """--explain checks its field against engine.KEYS, so every rule's writes must be there."""
+    from cgsvc.resolve.engine import KEYS
+    from cgsvc.resolve.policies import POLICIES
+
+    writes = {w for policy in POLICIES.values() for rule in policy.rules for w in rule.writes}
+    assert writes <= set(KEYS), writes - set(KEYS)
+
+
 def test_refusals_print_an_error_and_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300"}, "parallelism": {"tq": 4}}')
