@@ -27,6 +27,12 @@ class CliError(Exception):
         return cls(exc.to_dict(), 2 if exc.code in REFUSAL_CODES else 1)
 
 
+def resource_name(collection: str, raw: str) -> str:
+    """A resource name from what the user typed: a bare ID gets `collection/` in front; a name
+    with a slash goes as typed, so a wrong collection's error quotes what the user wrote."""
+    return raw if "/" in raw else f"{collection}/{raw}"
+
+
 # Convenience flags: (flag, spec path, type).
 SPEC_FLAGS: tuple[tuple[str, tuple[str, ...], type, str], ...] = (
     ("--model", ("model", "name"), str, "catalog id (a hub repo id) or alias; cgsvc-cli models lists them"),

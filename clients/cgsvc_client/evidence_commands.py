@@ -21,6 +21,7 @@ from cgsvc_client.args import (
     add_server,
     add_workload,
     resolve_offline,
+    resource_name,
     workload,
 )
 from cgsvc_client.client import Client
@@ -249,13 +250,9 @@ def cmd_experiment_run(ns: argparse.Namespace) -> int:
     return 0 if ns.detach or msg.state == "SUCCEEDED" else 4
 
 
-def _experiment_name(raw: str) -> str:
-    return raw if raw.startswith("experiments/") else f"experiments/{raw}"
-
-
 def cmd_experiments_show(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
-        d = codec.experiment_dict(c.get_experiment(_experiment_name(ns.name)))
+        d = codec.experiment_dict(c.get_experiment(resource_name("experiments", ns.name)))
     if render.output_mode(ns) == "json":
         render.print_json({"experiment": d})
     else:

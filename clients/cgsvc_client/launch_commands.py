@@ -19,6 +19,7 @@ from cgsvc_client.args import (
     add_spec_flags,
     add_workload,
     build_spec,
+    resource_name,
     workload,
 )
 from cgsvc_client.client import Client
@@ -119,13 +120,9 @@ def launches_list(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _name(raw: str) -> str:
-    return raw if raw.startswith("launches/") else f"launches/{raw}"
-
-
 def launches_show(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
-        launch = c.get_launch(_name(ns.name))
+        launch = c.get_launch(resource_name("launches", ns.name))
     if render.output_mode(ns) == "json":
         render.print_json({"launch": launch_dict(launch)})
     else:
@@ -135,7 +132,7 @@ def launches_show(ns: argparse.Namespace) -> int:
 
 def launches_cancel(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
-        launch = c.cancel_launch(_name(ns.name))
+        launch = c.cancel_launch(resource_name("launches", ns.name))
     if render.output_mode(ns) == "json":
         render.print_json({"launch": launch_dict(launch)})
     else:
@@ -145,7 +142,7 @@ def launches_cancel(ns: argparse.Namespace) -> int:
 
 def launches_logs(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
-        logs = c.launch_logs(_name(ns.name), ns.rank, ns.tail)
+        logs = c.launch_logs(resource_name("launches", ns.name), ns.rank, ns.tail)
     if render.output_mode(ns) == "json":
         render.print_json({"logs": [{"name": x.name, "text": x.text} for x in logs.logs]})
     else:

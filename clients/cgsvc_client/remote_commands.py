@@ -16,7 +16,7 @@ from cgsvc import codec
 from cgsvc.audit import checkpoint, keys, merkle
 from cgsvc.errors import CODE_NAMES, ServiceError
 from cgsvc_client import checkpoints, evidence_commands, render, witness
-from cgsvc_client.args import add_listing, add_output, add_server
+from cgsvc_client.args import add_listing, add_output, add_server, resource_name
 from cgsvc_client.client import Client
 
 
@@ -40,7 +40,7 @@ def plans_list(ns: argparse.Namespace) -> int:
 
 
 def plans_show(ns: argparse.Namespace) -> int:
-    name = ns.name if ns.name.startswith("plans/") else f"plans/{ns.name}"
+    name = resource_name("plans", ns.name)
     with Client.from_args(ns) as c:
         msg = c.get_plan(name)
     if render.output_mode(ns) == "json":
@@ -70,7 +70,7 @@ def audit_list(ns: argparse.Namespace) -> int:
 
 
 def audit_show(ns: argparse.Namespace) -> int:
-    name = ns.name if ns.name.startswith("auditRecords/") else f"auditRecords/{ns.name}"
+    name = resource_name("auditRecords", ns.name)
     with Client.from_args(ns) as c:
         rec = c.get_audit_record(name)
     d = as_dict(rec)
@@ -179,7 +179,7 @@ def audit_prove(ns: argparse.Namespace) -> int:
         checkpoint.verify(cp)
     except checkpoint.CheckpointError as exc:
         return _answer(ns, "inclusion", {"ok": False, "reason": str(exc)}, f"NOT proven: {exc}")
-    name = ns.name if ns.name.startswith("auditRecords/") else f"auditRecords/{ns.name}"
+    name = resource_name("auditRecords", ns.name)
     raw = name.removeprefix("auditRecords/")
     if raw.isascii() and raw.isdigit() and int(raw) > cp.tree_size:  # known without asking: leaves 1..tree_size
         return _not_included(ns, name, cp, f"the checkpoint's tree holds auditRecords/1..{cp.tree_size}")

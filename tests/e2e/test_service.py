@@ -64,6 +64,24 @@ def test_an_explain_typo_is_refused_before_anything_is_sent(server: ServerProces
     assert client.get_checkpoint().tree_size == before  # no plan stored, no record written
 
 
+def test_a_name_from_another_collection_is_refused_as_typed(server: ServerProcess) -> None:
+    """A bare ID gets its collection's prefix; a name with another collection's prefix reaches
+    the server as the user typed it, so the error quotes it (not 'auditRecords/plans/3')."""
+    for args, collection in ((["audit", "show", "plans/3"], "auditRecords"), (["plans", "show", "auditRecords/1"], "plans"),
+                             (["launches", "show", "plans/3"], "launches")):
+        out = cli(*args, "--server", server.address, "-o", "json")
+        err = json.loads(out.stdout)["error"]
+        assert out.returncode == 2 and err["field_violations"][0]["field"] == "name", out.stdout
+        assert f"must look like {collection}/ID, got '{args[2]}'" in err["message"]
+    made = json.loads(cli("resolve", "--spec", str(SPEC_FILE), "--server", server.address, "-o", "json").stdout)["plan"]
+    seq = made["audit_record"].removeprefix("auditRecords/")
+    bare = cli("audit", "show", seq, "--server", server.address, "-o", "json")
+    assert bare.returncode == 0 and str(json.loads(bare.stdout)["record"]["sequence"]) == seq, bare.stdout
+    plan_id = made["name"].removeprefix("plans/")
+    shown = cli("plans", "show", plan_id, "--server", server.address, "-o", "json")
+    assert shown.returncode == 0 and json.loads(shown.stdout)["plan"]["name"] == made["name"]
+
+
 def test_resolve_get_list(client: Client) -> None:
     plan = client.resolve_proto(KIMI)
     assert plan.name.startswith("plans/") and plan.audit_record.startswith("auditRecords/")
