@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,12 @@ CASES = ROOT / "tests" / "cases"
 # The smallest config.json the catalog reads as a (non-MLA) Llama.
 LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
                 "num_attention_heads": 4}
+
+
+# The CLI's and the client's own environment: a developer's shell may point them at a server or
+# carry a token; the suite starts every server it talks to and says so itself.
+for _name in ("CGSVC_SERVER", "CGSVC_TOKEN"):
+    os.environ.pop(_name, None)
 
 
 def llama_dir(path: Path) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 from cgsvc.errors import FieldViolation, ServiceError
@@ -139,7 +140,10 @@ def add_listing(p: argparse.ArgumentParser, example: str) -> None:
 
 
 def add_server(p: argparse.ArgumentParser, required: bool = False) -> None:
-    p.add_argument("--server", required=required, help="HOST:PORT of a cgsvc server")
+    default = os.environ.get("CGSVC_SERVER") or None
+    p.add_argument("--server", required=required and default is None, default=default,
+                   help="HOST:PORT of a cgsvc server (or set CGSVC_SERVER; --server '' ignores it)"
+                        + ("" if required else "; without one, answered here, offline"))
     p.add_argument("--token", help="bearer token (or set CGSVC_TOKEN); sent beyond loopback only over TLS (--tls-ca)")
     p.add_argument("--tls-ca", help="CA certificate (PEM) to verify the server; enables TLS")
     p.add_argument("--tls-cert", help="client certificate (PEM) for mutual TLS")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -62,6 +63,23 @@ def test_an_explain_typo_is_refused_before_anything_is_sent(server: ServerProces
     bad = cli("resolve", "--spec", str(SPEC_FILE), "--explain", "prefill.bakend", "-o", "json", "--server", server.address)
     assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field_violations"][0]["field"] == "explain"
     assert client.get_checkpoint().tree_size == before  # no plan stored, no record written
+
+
+def test_cgsvc_server_in_the_environment_stands_for_server(server: ServerProcess) -> None:
+    env = {**os.environ, "CGSVC_SERVER": server.address}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cgsvc_client.cli", *args], capture_output=True, text=True,
+                              timeout=60, cwd=ROOT, env=env)
+    remote = json.loads(run("resolve", "--spec", str(SPEC_FILE), "-o", "json").stdout)["plan"]
+    assert remote["name"].startswith("plans/")  # stored by the server the variable names
+    verify = run("audit", "verify", "-o", "json")  # a command that needs a server no longer asks for --server
+    assert verify.returncode == 0 and json.loads(verify.stdout)["verification"]["ok"], verify.stdout + verify.stderr
+    offline = json.loads(run("resolve", "--spec", str(SPEC_FILE), "-o", "json", "--server", "").stdout)["plan"]
+    assert "name" not in offline and offline["plan_hash"] == remote["plan_hash"]  # --server '' resolves here
+    env["CGSVC_SERVER"] = ""
+    missing = run("audit", "verify", "-o", "json")
+    assert missing.returncode == 2 and "--server" in missing.stderr  # an empty variable is no server
 
 
 def test_a_name_from_another_collection_is_refused_as_typed(server: ServerProcess) -> None:
