@@ -146,6 +146,8 @@ def test_help_lists_every_exit_code_and_a_refusal_exits_with_the_listed_one(tmp_
              if line.strip()[:1].isdigit()}
     assert sorted(codes) == ["0", "1", "2", "3", "4"]
     assert "INVALID_ARGUMENT" in codes["2"]
+    env = help_text.split("environment:", 1)[1]
+    assert "CGSVC_SERVER" in env and "CGSVC_TOKEN" in env  # what stands for --server and --token
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"model": {"name": "deepseek-ai/DeepSeek-V3"}, "hardware": {"gpu": "NoSuchGPU"}}))
     assert cli("resolve", "--spec", str(bad), "-o", "json").returncode == 2
