@@ -129,7 +129,9 @@ EXIT_CODES = """exit codes (every command):
   4  launch --wait, experiment (unless --detach): it ended in a state other than SUCCEEDED
 with -o json the failure is {"error": {"code", "message", "field_violations"}} on stdout"""
 
-ENVIRONMENT = """environment:
+ENVIRONMENT = """--server, --token, --tls-ca, --tls-cert, --tls-key, --timeout and -o may also come before the command.
+
+environment:
   CGSVC_SERVER  the server, where --server is not given (--server '' answers offline)
   CGSVC_TOKEN   the bearer token, where --token is not given"""
 
@@ -164,8 +166,26 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+# Options every command that talks to a server (or prints) takes, which a user may also give
+# before the command, as kubectl and gcloud allow: (option, whether it takes a value).
+LEADING_OPTIONS = {"--server": True, "--token": True, "--tls-ca": True, "--tls-cert": True, "--tls-key": True,
+                   "--timeout": True, "--output": True, "-o": True}
+
+
+def hoist_leading_options(argv: Sequence[str]) -> list[str]:
+    """Move LEADING_OPTIONS given before the command to the end, where the command's own parser
+    reads them (a command that does not take one then says so by name)."""
+    lead: list[str] = []
+    i = 0
+    while i < len(argv) and (name := argv[i].split("=", 1)[0]) in LEADING_OPTIONS:
+        width = 2 if LEADING_OPTIONS[name] and "=" not in argv[i] else 1
+        lead += argv[i:i + width]
+        i += width
+    return [*argv[i:], *lead]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    ns = parser().parse_args(argv)
+    ns = parser().parse_args(hoist_leading_options(sys.argv[1:] if argv is None else argv))
     func: Callable[[argparse.Namespace], int] = ns.func
     try:
         try:

@@ -82,6 +82,16 @@ def test_cgsvc_server_in_the_environment_stands_for_server(server: ServerProcess
     assert missing.returncode == 2 and "--server" in missing.stderr  # an empty variable is no server
 
 
+def test_connection_and_output_options_may_come_before_the_command(server: ServerProcess) -> None:
+    """`cgsvc-cli --server X audit verify`, as kubectl and gcloud take it, not 'invalid choice: X'."""
+    for args in (["--server", server.address, "-o", "json", "audit", "verify"],
+                 [f"--server={server.address}", "--timeout", "20", "audit", "verify", "-o", "json"]):
+        out = cli(*args)
+        assert out.returncode == 0 and json.loads(out.stdout)["verification"]["ok"], out.stdout + out.stderr
+    late = cli("-o", "json", "rules", "--server", server.address)  # a command that takes no server says so
+    assert late.returncode == 2 and "unrecognized arguments: --server" in late.stderr
+
+
 def test_a_name_from_another_collection_is_refused_as_typed(server: ServerProcess) -> None:
     """A bare ID gets its collection's prefix; a name with another collection's prefix reaches
     the server as the user typed it, so the error quotes it (not 'auditRecords/plans/3')."""
