@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from cgsvc.errors import FieldViolation, ServiceError
@@ -137,6 +139,24 @@ def add_listing(p: argparse.ArgumentParser, example: str) -> None:
     p.add_argument("--filter", help=f"AIP-160 subset: FIELD OP VALUE joined by AND, e.g. {example}")
     p.add_argument("--page-size", type=int, default=50, help="results per page (default 50, at most 1000)")
     p.add_argument("--page-token", help="next_page_token of the previous page")
+    p.add_argument("--all", action="store_true",
+                   help="follow next_page_token to the last page: every match in one table or JSON list")
+
+
+def listing(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field: str) -> tuple[list[Any], str]:
+    """A List command's items: the page --page-token names or, with --all, every page from there
+    to the last (progress on a terminal's stderr); and the next page's token ("" after the last)."""
+    items: list[Any] = []
+    token = ns.page_token or ""
+    progress = ns.all and sys.stderr.isatty()
+    while True:
+        page = fetch(ns.filter or "", ns.page_size, token)
+        items += getattr(page, field)
+        token = page.next_page_token
+        if progress:
+            print(f"\r{len(items)} {field} so far ...", end="" if token else "\n", file=sys.stderr, flush=True)
+        if not (ns.all and token):
+            return items, token
 
 
 def add_server(p: argparse.ArgumentParser, required: bool = False) -> None:

@@ -20,6 +20,7 @@ from cgsvc_client.args import (
     add_output,
     add_server,
     add_workload,
+    listing,
     resolve_offline,
     resource_name,
     workload,
@@ -262,14 +263,14 @@ def cmd_experiments_show(ns: argparse.Namespace) -> int:
 
 def cmd_experiments_list(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
-        page = c.list_experiments(ns.filter or "", ns.page_size, ns.page_token or "")
-    items = [codec.experiment_dict(m) for m in page.experiments]
+        found, token = listing(ns, c.list_experiments, "experiments")
+    items = [codec.experiment_dict(m) for m in found]
     if render.output_mode(ns) == "json":
-        render.print_json({"experiments": items, "next_page_token": page.next_page_token})
+        render.print_json({"experiments": items, "next_page_token": token})
         return 0
     print(render.page(["name", "state", "A", "B", "launches", "created", "verdict"],
                       [(d["name"], d["state"], d["plans"][0], d["plans"][1], len(d.get("runs", [])),
-                        d.get("create_time", ""), d.get("verdict", "")[:80]) for d in items], page.next_page_token))
+                        d.get("create_time", ""), d.get("verdict", "")[:80]) for d in items], token))
     return 0
 
 

@@ -19,6 +19,7 @@ from cgsvc_client.args import (
     add_spec_flags,
     add_workload,
     build_spec,
+    listing,
     resource_name,
     workload,
 )
@@ -109,14 +110,14 @@ def cmd_launch(ns: argparse.Namespace) -> int:
 
 def launches_list(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
-        page = c.list_launches(ns.filter or "", ns.page_size, ns.page_token or "")
+        launches, token = listing(ns, c.list_launches, "launches")
     if render.output_mode(ns) == "json":
-        render.print_json({"launches": [launch_dict(x) for x in page.launches], "next_page_token": page.next_page_token})
+        render.print_json({"launches": [launch_dict(x) for x in launches], "next_page_token": token})
         return 0
     print(render.page(["name", "state", "plan", "tp", "devices", "tokens", "created", "error"],
                       [(x.name, x.state, x.plan, x.tp, ",".join(x.devices), f"{x.tokens_done}/{x.tokens_total}",
                         x.create_time.ToJsonString(), x.error.splitlines()[0] if x.error else "")
-                       for x in page.launches], page.next_page_token))
+                       for x in launches], token))
     return 0
 
 

@@ -16,7 +16,7 @@ from cgsvc import codec
 from cgsvc.audit import checkpoint, keys, merkle
 from cgsvc.errors import CODE_NAMES, ServiceError
 from cgsvc_client import checkpoints, evidence_commands, render, witness
-from cgsvc_client.args import add_listing, add_output, add_server, resource_name
+from cgsvc_client.args import add_listing, add_output, add_server, listing, resource_name
 from cgsvc_client.client import Client
 
 
@@ -26,16 +26,15 @@ def as_dict(msg: Message) -> dict[str, Any]:
 
 def plans_list(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
-        page = c.list_plans(ns.filter or "", ns.page_size, ns.page_token or "")
+        plans, token = listing(ns, c.list_plans, "plans")
     if render.output_mode(ns) == "json":
-        render.print_json({"plans": [codec.plan_dict_from_proto_resource(p) for p in page.plans],
-                "next_page_token": page.next_page_token})
+        render.print_json({"plans": [codec.plan_dict_from_proto_resource(p) for p in plans], "next_page_token": token})
         return 0
     print(render.page(["name", "created", "model", "gpu", "policy", "prefill", "decode", "attention", "audit"],
                       [(p.name, p.create_time.ToJsonString(), p.spec.model.name or p.spec.model.path,
                         p.spec.hardware.gpu, p.policy or "cgsvc", p.prefill.backend, p.decode.backend,
                         f"{p.attention_backend.prefill}/{p.attention_backend.decode}", p.audit_record)
-                       for p in page.plans], page.next_page_token))
+                       for p in plans], token))
     return 0
 
 
@@ -60,12 +59,12 @@ def _record_row(r: Any) -> tuple[Any, ...]:
 
 def audit_list(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
-        page = c.list_audit_records(ns.filter or "", ns.page_size, ns.page_token or "")
+        records, token = listing(ns, c.list_audit_records, "records")
     if render.output_mode(ns) == "json":
-        render.print_json({"records": [as_dict(r) for r in page.records], "next_page_token": page.next_page_token})
+        render.print_json({"records": [as_dict(r) for r in records], "next_page_token": token})
         return 0
     print(render.page(["seq", "time", "principal", "method", "model", "outcome", "plan", "launch", "detail", "hash"],
-                      [_record_row(r) for r in page.records], page.next_page_token))
+                      [_record_row(r) for r in records], token))
     return 0
 
 

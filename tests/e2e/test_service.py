@@ -92,6 +92,30 @@ def test_connection_and_output_options_may_come_before_the_command(server: Serve
     assert late.returncode == 2 and "unrecognized arguments: --server" in late.stderr
 
 
+def test_list_all_follows_every_page(server: ServerProcess, client: Client) -> None:
+    """--all gathers every page into one answer, the same items as following the tokens by hand."""
+    for _ in range(3):
+        client.resolve(KIMI)
+
+    def listed(*args: str) -> Any:
+        out = cli(*args, "--server", server.address, "-o", "json")
+        assert out.returncode == 0, out.stdout + out.stderr
+        return json.loads(out.stdout)
+    by_hand, token = [], ""
+    while True:
+        page = listed("audit", "list", "--page-size", "2", *(["--page-token", token] if token else []))
+        by_hand += page["records"]
+        if not (token := page["next_page_token"]):
+            break
+    every = listed("audit", "list", "--page-size", "2", "--all")
+    assert len(by_hand) >= 3 and every["records"] == by_hand and every["next_page_token"] == ""
+    plans = listed("plans", "list", "--page-size", "1", "--all")
+    assert len(plans["plans"]) >= 3 and plans["next_page_token"] == ""
+    table = cli("plans", "list", "--page-size", "1", "--all", "--server", server.address, "-o", "table").stdout
+    assert "next page:" not in table and len({p["name"] for p in plans["plans"]}) == len(plans["plans"])
+    assert all(p["name"] in table for p in plans["plans"])
+
+
 def test_a_name_from_another_collection_is_refused_as_typed(server: ServerProcess) -> None:
     """A bare ID gets its collection's prefix; a name with another collection's prefix reaches
     the server as the user typed it, so the error quotes it (not 'auditRecords/plans/3')."""
