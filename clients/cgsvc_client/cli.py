@@ -129,7 +129,7 @@ EXIT_CODES = """exit codes (every command):
   4  launch --wait, experiment (unless --detach): it ended in a state other than SUCCEEDED
 with -o json the failure is {"error": {"code", "message", "field_violations"}} on stdout"""
 
-ENVIRONMENT = """--server, --token, --tls-ca, --tls-cert, --tls-key, --timeout and -o may also come before the command.
+OPTIONS_AND_ENVIRONMENT = """--server, --token, --tls-ca, --tls-cert, --tls-key, --timeout and -o may also come before the command.
 
 environment:
   CGSVC_SERVER  the server, where --server is not given (--server '' answers offline)
@@ -138,7 +138,7 @@ environment:
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="cgsvc-cli", description="Resolve, explain and audit CUDA-graph plans.",
-                                 epilog=f"{EXIT_CODES}\n\n{ENVIRONMENT}", formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 epilog=f"{EXIT_CODES}\n\n{OPTIONS_AND_ENVIRONMENT}", formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("resolve", help="resolve a launch spec into a plan")
