@@ -143,6 +143,12 @@ class LaunchService:
     async def GetLaunchLogs(self, request: launch_pb2.GetLaunchLogsRequest,  # noqa: N802
                             rc: RequestContext) -> launch_pb2.LaunchLogs:
         row = await self.launches.get(parse_name(request.name, "launches"))
+        if not -1 <= request.rank < row.tp:  # an empty answer would read as "this rank wrote nothing"
+            raise ServiceError.invalid([FieldViolation("rank", f"{request.name} has ranks 0..{row.tp - 1} (-1: every "
+                                                               f"rank and the supervisor), got {request.rank}")])
+        if request.tail_lines < 0:
+            raise ServiceError.invalid([FieldViolation(
+                "tail_lines", f"must be 0 (the whole log) or more, got {request.tail_lines}")])
         logs = RunDir(Path(row.run_dir)).logs
         names = sorted(p.name for p in logs.glob("*.log")) if logs.exists() else []
         if request.rank >= 0:

@@ -261,6 +261,11 @@ def test_cli_launch_wait_and_launches_commands(srv: ServerProcess, ckpt: str) ->
                ((line.split("  ", 1)[0], line) for line in shown.splitlines()))
     logs = cli("launches", "logs", launch["name"], "--rank", "2", "-o", "json")
     assert [x["name"] for x in json.loads(logs.stdout)["logs"]] == ["rank2.log"]
+    for args, field, words in ((["--rank", "4"], "rank", "ranks 0..3"), (["--rank", "-2"], "rank", "ranks 0..3"),
+                               (["--tail", "-1"], "tail_lines", "0 (the whole log) or more")):
+        bad = cli("launches", "logs", launch["name"], *args, "-o", "json")  # a TP4 launch has no rank 4
+        err = json.loads(bad.stdout)["error"]
+        assert bad.returncode == 2 and err["field_violations"][0]["field"] == field and words in err["message"], err
     # on SQLite the one server supervises every launch: it is the only replica, with no lease to lapse
     instance = (srv.data_dir / "instance").read_text().strip()
     assert launch["owner"] == f"replicas/{instance}" and lines["supervised by"].endswith(launch["owner"])
