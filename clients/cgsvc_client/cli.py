@@ -177,8 +177,14 @@ def hoist_leading_options(argv: Sequence[str]) -> list[str]:
     reads them (a command that does not take one then says so by name)."""
     lead: list[str] = []
     i = 0
-    while i < len(argv) and (name := argv[i].split("=", 1)[0]) in LEADING_OPTIONS:
-        width = 2 if LEADING_OPTIONS[name] and "=" not in argv[i] else 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("-o") and len(arg) > 2 and not arg.startswith("--"):
+            width = 1  # -ojson
+        elif (name := arg.split("=", 1)[0]) in LEADING_OPTIONS:
+            width = 2 if LEADING_OPTIONS[name] and "=" not in arg else 1
+        else:
+            break
         lead += argv[i:i + width]
         i += width
     return [*argv[i:], *lead]

@@ -151,3 +151,16 @@ def test_help_lists_every_exit_code_and_a_refusal_exits_with_the_listed_one(tmp_
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"model": {"name": "deepseek-ai/DeepSeek-V3"}, "hardware": {"gpu": "NoSuchGPU"}}))
     assert cli("resolve", "--spec", str(bad), "-o", "json").returncode == 2
+
+
+def test_options_before_the_command_move_after_it_in_every_spelling() -> None:
+    from cgsvc_client.cli import hoist_leading_options
+
+    assert hoist_leading_options(["--server", "h:1", "-o", "json", "audit", "verify", "--filter", "x"]) == [
+        "audit", "verify", "--filter", "x", "--server", "h:1", "-o", "json"]
+    assert hoist_leading_options(["--server=h:1", "-ojson", "--timeout", "5", "plans", "list"]) == [
+        "plans", "list", "--server=h:1", "-ojson", "--timeout", "5"]
+    assert hoist_leading_options(["resolve", "--server", "h:1"]) == ["resolve", "--server", "h:1"]  # as given
+    assert hoist_leading_options(["--help"]) == ["--help"]  # not a command's option: left for the top level
+    table = cli("-otable", "rules")  # through the real entry point
+    assert table.returncode == 0 and table.stdout.startswith("policy cgsvc ")
