@@ -166,28 +166,25 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-# Options every command that talks to a server (or prints) takes, which a user may also give
-# before the command, as kubectl and gcloud allow: (option, whether it takes a value).
-LEADING_OPTIONS = {"--server": True, "--token": True, "--tls-ca": True, "--tls-cert": True, "--tls-key": True,
-                   "--timeout": True, "--output": True, "-o": True}
+# Options every command that talks to a server (or prints) takes, each with a value, which a
+# user may also give before the command, as kubectl and gcloud allow.
+LEADING_OPTIONS = frozenset({"--server", "--token", "--tls-ca", "--tls-cert", "--tls-key", "--timeout", "--output",
+                             "-o"})
 
 
 def hoist_leading_options(argv: Sequence[str]) -> list[str]:
     """Move LEADING_OPTIONS given before the command to the end, where the command's own parser
     reads them (a command that does not take one then says so by name)."""
-    lead: list[str] = []
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg.startswith("-o") and len(arg) > 2 and not arg.startswith("--"):
-            width = 1  # -ojson
-        elif (name := arg.split("=", 1)[0]) in LEADING_OPTIONS:
-            width = 2 if LEADING_OPTIONS[name] and "=" not in arg else 1
+        if arg in LEADING_OPTIONS:
+            i += 2  # the option, then its value
+        elif arg.split("=", 1)[0] in LEADING_OPTIONS or (arg.startswith("-o") and not arg.startswith("--")):
+            i += 1  # --server=HOST:PORT, -ojson
         else:
             break
-        lead += argv[i:i + width]
-        i += width
-    return [*argv[i:], *lead]
+    return [*argv[i:], *argv[:i]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
