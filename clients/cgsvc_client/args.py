@@ -30,6 +30,42 @@ class CliError(Exception):
         return cls(exc.to_dict(), 2 if exc.code in REFUSAL_CODES else 1)
 
 
+def bad(field: str, message: str) -> CliError:
+    """Bad input on the command line or in a file it names: exit 2, naming the field."""
+    return CliError.from_resolve(ServiceError.invalid([FieldViolation(field, message)]))
+
+
+STDIN = "-"
+
+
+def read_json(path: str, field: str, hint: str = "") -> Any:
+    """The JSON in the file `path`, or on standard input where `path` is `-` (as kubectl and jq
+    take it). Standard input is read once a command and then closed, so a second `-` is refused
+    on its own field rather than read as empty. An unreadable file or malformed JSON is bad input
+    on `field`; `hint` ends the message of a file that cannot be read (what to give instead)."""
+    if path == STDIN:
+        where = "standard input"
+        if sys.stdin is None or sys.stdin.closed:
+            raise bad(field, "standard input was read already by another argument: give this one as a file")
+        try:
+            text = sys.stdin.read()
+        finally:
+            sys.stdin.close()
+    else:
+        where = repr(path)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise bad(field, f"cannot read {where}: {exc.strerror}{'; ' + hint if hint else ''}") from None
+        except UnicodeDecodeError as exc:
+            raise bad(field, f"{where} is not UTF-8 text: {exc}") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise bad(field, f"malformed JSON in {where}: {exc}") from None
+
+
 def resource_name(collection: str, raw: str) -> str:
     """A resource name from what the user typed: a bare ID gets `collection/` in front; a name
     with a slash goes as typed, so a wrong collection's error quotes what the user wrote."""
@@ -58,18 +94,9 @@ def build_spec(ns: argparse.Namespace) -> dict[str, Any]:
     """The spec dict from --spec FILE (if any) with the convenience flags layered on top."""
     spec: Any = {}
     if ns.spec:
-        try:
-            with open(ns.spec, encoding="utf-8") as fh:
-                spec = json.load(fh)
-        except OSError as exc:
-            raise CliError.from_resolve(ServiceError.invalid(
-                [FieldViolation("spec", f"cannot read {ns.spec!r}: {exc.strerror}")])) from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise CliError.from_resolve(ServiceError.invalid(
-                [FieldViolation("spec", f"malformed JSON in {ns.spec!r}: {exc}")])) from None
+        spec = read_json(ns.spec, "spec")
         if not isinstance(spec, dict):
-            raise CliError.from_resolve(ServiceError.invalid(
-                [FieldViolation("spec", "must be a JSON object")]))
+            raise bad("spec", "must be a JSON object")
     for flag, path, _typ, _help in SPEC_FLAGS:
         value = getattr(ns, flag.lstrip("-").replace("-", "_"), None)
         if value is None:
@@ -87,7 +114,7 @@ def build_spec(ns: argparse.Namespace) -> dict[str, Any]:
 
 def add_spec_flags(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
     """--spec FILE and the convenience flags that build or amend a spec."""
-    p.add_argument("--spec", help="launch spec JSON file (docs/launch-spec.md)")
+    p.add_argument("--spec", help="launch spec JSON file (docs/launch-spec.md); - reads standard input")
     for flag, _path, typ, help_text in SPEC_FLAGS:
         if flag not in exclude:
             p.add_argument(flag, type=typ, help=help_text)

@@ -6,32 +6,24 @@ signed checkpoints and the proof, never taken on the server's word."""
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from cgsvc import codec
 from cgsvc.audit import checkpoint, keys, merkle
-from cgsvc.errors import FieldViolation, ServiceError
-from cgsvc_client.args import CliError
+from cgsvc_client.args import STDIN, bad, read_json
 from cgsvc_client.client import Client
-
-
-def bad(name: str, message: str) -> CliError:
-    """Bad input on the command line or in a file it names: exit 2, naming the field."""
-    return CliError.from_resolve(ServiceError.invalid([FieldViolation(name, message)]))
 
 
 def read_file(path: str, name: str = "checkpoint") -> checkpoint.Checkpoint:
     """A checkpoint file (`audit checkpoint -o json` output, or a bare checkpoint object); bad
     input is a CliError naming `name`."""
+    body = read_json(path, name)
     try:
-        with open(path, encoding="utf-8") as fh:
-            return checkpoint.Checkpoint.from_dict(json.load(fh))
-    except OSError as exc:
-        raise bad(name, f"cannot read {path!r}: {exc.strerror}") from None
+        return checkpoint.Checkpoint.from_dict(body)
     except (ValueError, checkpoint.CheckpointError) as exc:
-        raise bad(name, f"{path!r} is not a cgsvc checkpoint: {exc}") from None
+        where = "standard input" if path == STDIN else repr(path)
+        raise bad(name, f"{where} is not a cgsvc checkpoint: {exc}") from None
 
 
 @dataclass

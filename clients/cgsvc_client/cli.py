@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cgsvc.errors import FieldViolation, ServiceError
+from cgsvc.errors import ServiceError
 from cgsvc_client import evidence_commands, launch_commands, remote_commands, render
 from cgsvc_client.args import (
     CliError,
@@ -25,6 +25,7 @@ from cgsvc_client.args import (
     add_policy,
     add_server,
     add_spec_flags,
+    bad,
     build_spec,
     resolve_offline,
 )
@@ -37,8 +38,7 @@ def explained_field(field: str) -> str:
 
     if (key := field.strip().lower()) in KEYS:
         return key
-    raise CliError.from_resolve(ServiceError.invalid([FieldViolation(
-        "explain", f"{field!r} is not a field the rules decide; valid: {', '.join(KEYS)}")]))
+    raise bad("explain", f"{field!r} is not a field the rules decide; valid: {', '.join(KEYS)}")
 
 
 def cmd_resolve(ns: argparse.Namespace) -> int:

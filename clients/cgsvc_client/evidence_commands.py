@@ -4,32 +4,27 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections import defaultdict
 from typing import Any
 
 from cgsvc import codec
-from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.plan import Plan, compare, plan_fields
 from cgsvc_client import render
 from cgsvc_client.args import (
-    CliError,
     add_listing,
     add_output,
     add_server,
     add_workload,
+    bad,
     listing,
+    read_json,
     resolve_offline,
     resource_name,
     workload,
 )
 from cgsvc_client.client import Client
-
-
-def _bad(field: str, message: str) -> CliError:
-    return CliError.from_resolve(ServiceError.invalid([FieldViolation(field, message)]))
 
 
 def _show(value: Any) -> str:
@@ -68,25 +63,19 @@ def _plan_side(arg: str, policy: str, ns: argparse.Namespace, side: str) -> tupl
     """A plan from plans/ID (through the server), a plan file, or a spec file resolved here."""
     if arg.startswith("plans/"):
         if not ns.server:
-            raise _bad(side, f"{arg} is a stored plan: give --server to read it")
+            raise bad(side, f"{arg} is a stored plan: give --server to read it")
         with Client.from_args(ns) as c:
             msg = c.get_plan(arg)
         return codec.plan_from_proto(msg), {"source": arg, "kind": "stored plan", "audit_record": msg.audit_record}
-    try:
-        with open(arg, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise _bad(side, f"cannot read {arg!r}: {exc.strerror}; give plans/ID, a plan file or a spec file") from None
-    except ValueError as exc:
-        raise _bad(side, f"malformed JSON in {arg!r}: {exc}") from None
+    data = read_json(arg, side, hint="give plans/ID, a plan file or a spec file")
     if not isinstance(data, dict):
-        raise _bad(side, f"{arg!r} must hold a JSON object (a plan or a launch spec)")
+        raise bad(side, f"{arg!r} must hold a JSON object (a plan or a launch spec)")
     body = data.get("plan", data)
     if isinstance(body, dict) and "decisions" in body and "policy_version" in body:
         try:
             return codec.plan_from_dict(body), {"source": arg, "kind": "plan file", "audit_record": body.get("audit_record", "")}
         except (KeyError, TypeError) as exc:
-            raise _bad(side, f"{arg!r} looks like a plan but lacks {exc}") from None
+            raise bad(side, f"{arg!r} looks like a plan but lacks {exc}") from None
     return resolve_offline(data, policy), {"source": arg, "kind": "spec file (resolved here)", "audit_record": ""}
 
 
@@ -232,7 +221,7 @@ def _experiment_progress(msg: Any, last: list[str]) -> None:
 
 def cmd_experiment_run(ns: argparse.Namespace) -> int:
     if len(ns.plan) != 2:
-        raise _bad("plans", f"give --plan twice (A, then B); got {len(ns.plan)}")
+        raise bad("plans", f"give --plan twice (A, then B); got {len(ns.plan)}")
     with Client.from_args(ns) as c:
         msg = c.create_experiment(ns.plan, os.path.abspath(ns.checkpoint), workload(ns), ns.repeats,
                                   ns.dispatcher or "")
@@ -280,8 +269,8 @@ def cmd_experiments_list(ns: argparse.Namespace) -> int:
 def register_diff(plans: Any) -> None:
     """`plans diff`, under the `plans` command group."""
     d = plans.add_parser("diff", help="compare two plans: plans/ID, plan files or spec files (resolved here)")
-    d.add_argument("a", help="plans/ID, a plan file (resolve -o json, plans show -o json) or a launch spec file")
-    d.add_argument("b", help="the same kinds as A")
+    d.add_argument("a", help="plans/ID, a plan file (resolve -o json, plans show -o json) or a launch spec file; - reads standard input")
+    d.add_argument("b", help="the same kinds as A (standard input only once)")
     d.add_argument("--policy-a", help="policy to resolve A under when it is a spec file (default cgsvc)")
     d.add_argument("--policy-b", help="policy to resolve B under when it is a spec file (default cgsvc)")
     d.add_argument("--exit-code", action="store_true",

@@ -228,13 +228,13 @@ def register(sub: Any) -> None:
     a2.set_defaults(func=audit_show)
     a3 = audit.add_parser("verify", help="verify the hash chain and Merkle tree; with --checkpoint, that the log "
                                          "extends it (exit 3 when not, naming why)")
-    a3.add_argument("--checkpoint", help="a checkpoint file saved earlier (audit checkpoint -o json)")
+    a3.add_argument("--checkpoint", help="a checkpoint file saved earlier (audit checkpoint -o json); - reads standard input")
     a3.set_defaults(func=audit_verify)
     a4 = audit.add_parser("checkpoint", help="the log's signed Merkle tree head now (save it: -o json > FILE)")
     a4.set_defaults(func=audit_checkpoint)
     a5 = audit.add_parser("prove", help="prove a record is in a checkpointed tree (exit 3 when not)")
     a5.add_argument("name", help="auditRecords/N or N")
-    a5.add_argument("--checkpoint", required=True, help="a checkpoint file saved earlier (audit checkpoint -o json)")
+    a5.add_argument("--checkpoint", required=True, help="a checkpoint file saved earlier (audit checkpoint -o json); - reads standard input")
     a5.set_defaults(func=audit_prove)
     a6 = witness.register(audit)
     a7 = audit.add_parser("keys", help="the keys that have signed this log and each rotation between them, "

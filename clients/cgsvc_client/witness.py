@@ -42,6 +42,7 @@ from cgsvc.audit import checkpoint, merkle
 from cgsvc.audit.records import utc_now
 from cgsvc.errors import ServiceError
 from cgsvc_client import checkpoints, render
+from cgsvc_client.args import bad, read_json
 from cgsvc_client.client import Client
 
 LATEST = "latest.json"
@@ -82,23 +83,23 @@ class Witness:
         self.dir = Path(directory)
         self.pin = key_id
         if self.dir.exists() and not self.dir.is_dir():
-            raise checkpoints.bad("dir", f"{directory!r} is not a directory")
+            raise bad("dir", f"{directory!r} is not a directory")
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._lock = open(self.dir / ".lock", "a+")  # noqa: SIM115 - held until close()
         except OSError as exc:
-            raise checkpoints.bad("dir", f"cannot use {directory!r}: {exc.strerror}") from None
+            raise bad("dir", f"cannot use {directory!r}: {exc.strerror}") from None
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             self._lock.close()
-            raise checkpoints.bad("dir", f"another witness is using {directory!r} (it holds {self.dir / '.lock'})") \
+            raise bad("dir", f"another witness is using {directory!r} (it holds {self.dir / '.lock'})") \
                 from None
         latest = self.dir / LATEST
         self.kept = checkpoints.read_file(str(latest), "dir") if latest.exists() else None
         if self.pin and self.kept is not None and self.pin not in self._keys_kept():
             self.close()
-            raise checkpoints.bad("key_id", f"this directory never kept a checkpoint of key {self.pin[:16]}...: it "
+            raise bad("key_id", f"this directory never kept a checkpoint of key {self.pin[:16]}...: it "
                                             f"follows key {self.kept.key_id} (pin a new key on a new directory)")
 
     def _keys_kept(self) -> set[str]:
@@ -196,7 +197,7 @@ def _line(result: dict[str, Any]) -> str:
 
 def _positive(value: float | None, name: str, what: str) -> None:
     if value is not None and value <= 0:
-        raise checkpoints.bad(name, f"must be more than 0 {what}, got {value:g}")
+        raise bad(name, f"must be more than 0 {what}, got {value:g}")
 
 
 def _key_id(text: str | None) -> str:
@@ -204,7 +205,7 @@ def _key_id(text: str | None) -> str:
         return ""
     key = text.strip().lower()
     if len(key) != 64 or any(ch not in "0123456789abcdef" for ch in key):
-        raise checkpoints.bad("key_id", "expected 64 hex digits, the key_id that `audit checkpoint` prints")
+        raise bad("key_id", "expected 64 hex digits, the key_id that `audit checkpoint` prints")
     return key
 
 
@@ -212,7 +213,7 @@ def audit_witness(ns: argparse.Namespace) -> int:
     _positive(ns.every, "every", "seconds")
     _positive(ns.count, "count", "checks")
     if ns.count and ns.count > 1 and not ns.every:
-        raise checkpoints.bad("count", f"{ns.count} checks need --every SECONDS between them")
+        raise bad("count", f"{ns.count} checks need --every SECONDS between them")
     pin = _key_id(ns.key_id)
     count = ns.count or (0 if ns.every else 1)  # 0: until stopped
     as_json = render.output_mode(ns) == "json"
@@ -253,17 +254,17 @@ def judge(evidence: Any, key_id: str = "") -> dict[str, Any]:
     signed two checkpoints no append-only log can both have), with `misbehaviour` naming which,
     or not, with `reason` saying what is missing. Bad input raises CliError naming the field."""
     if not isinstance(evidence, dict):
-        raise checkpoints.bad("evidence", "an evidence file is a JSON object with kept, presented and "
+        raise bad("evidence", "an evidence file is a JSON object with kept, presented and "
                                           "consistency_proof (audit witness writes it)")
     cps: dict[str, checkpoint.Checkpoint] = {}
     for name in ("kept", "presented"):
         try:
             cps[name] = checkpoint.Checkpoint.from_dict(evidence.get(name))
         except checkpoint.CheckpointError as exc:
-            raise checkpoints.bad(f"evidence.{name}", str(exc)) from None
+            raise bad(f"evidence.{name}", str(exc)) from None
     proof = evidence.get("consistency_proof", [])
     if not isinstance(proof, list) or not all(isinstance(h, str) and len(h) == 64 for h in proof):
-        raise checkpoints.bad("evidence.consistency_proof", "expected a list of 64-hex-digit hashes")
+        raise bad("evidence.consistency_proof", "expected a list of 64-hex-digit hashes")
     kept, presented = cps["kept"], cps["presented"]
     out: dict[str, Any] = {"kept_size": kept.tree_size, "presented_size": presented.tree_size, "key_id": kept.key_id,
                            "reason_recorded": str(evidence.get("reason", ""))}
@@ -302,13 +303,7 @@ def judge(evidence: Any, key_id: str = "") -> dict[str, Any]:
 
 
 def audit_evidence(ns: argparse.Namespace) -> int:
-    try:
-        with open(ns.file, encoding="utf-8") as fh:
-            body = json.load(fh)
-    except OSError as exc:
-        raise checkpoints.bad("file", f"cannot read {ns.file!r}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise checkpoints.bad("file", f"{ns.file!r} is not JSON: {exc}") from None
+    body = read_json(ns.file, "file")
     result = {"file": ns.file, **judge(body, _key_id(ns.key_id))}
     if render.output_mode(ns) == "json":
         render.print_json({"evidence": result})
@@ -324,7 +319,7 @@ def register_evidence(audit: Any) -> argparse.ArgumentParser:
     e = audit.add_parser("evidence", help="what a witness's evidence file proves, checked offline from the file "
                                           "alone (exit 0: the log's key signed a truncated or forked history; "
                                           "3: not proven, saying why)")
-    e.add_argument("file", help="an evidence-TIME.json a witness wrote")
+    e.add_argument("file", help="an evidence-TIME.json a witness wrote; - reads standard input")
     e.add_argument("--key-id", metavar="HEX", help="the log's key id (64 hex digits) both checkpoints must carry")
     e.set_defaults(func=audit_evidence)
     return e

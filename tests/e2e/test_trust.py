@@ -60,9 +60,9 @@ def test_the_authentication_matrix(tmp_path: Path) -> None:
         assert c.resolve_proto(KIMI).name
 
 
-def cli(srv: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+def cli(srv: ServerProcess, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "cgsvc_client.cli", *args, "--server", srv.address, "-o", "json"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+                          input=stdin, capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
 def resolve_n(srv: ServerProcess, n: int) -> None:
@@ -165,6 +165,14 @@ def test_inclusion_proofs_and_bad_checkpoints(tmp_path: Path) -> None:
             result = json.loads(beyond.stdout)["inclusion"]
             assert beyond.returncode == 3 and not result["ok"], beyond.stdout + beyond.stderr
             assert result["reason"] == "the checkpoint's tree holds auditRecords/1..6", result
+        # a checkpoint piped in (`audit checkpoint -o json | audit verify --checkpoint -`) is read alike
+        piped = (tmp_path / "cp.json").read_text()
+        assert cli(srv, "audit", "verify", "--checkpoint", "-", stdin=piped).returncode == 0
+        assert cli(srv, "audit", "prove", "auditRecords/4", "--checkpoint", "-", stdin=piped).returncode == 0
+        beyond = cli(srv, "audit", "prove", "auditRecords/8", "--checkpoint", "-", stdin=piped)
+        assert beyond.returncode == 3
+        not_one = cli(srv, "audit", "verify", "--checkpoint", "-", stdin="[]")
+        assert not_one.returncode == 2 and "standard input is not a cgsvc checkpoint" in not_one.stdout, not_one.stdout
         bad_name = cli(srv, "audit", "prove", "auditRecords/x", "--checkpoint", str(tmp_path / "cp.json"))
         assert bad_name.returncode == 2 and "name" in bad_name.stdout, bad_name.stdout
         (tmp_path / "junk.json").write_text('{"tree_size": "seven"}')

@@ -164,3 +164,28 @@ def test_options_before_the_command_move_after_it_in_every_spelling() -> None:
     assert hoist_leading_options(["--help"]) == ["--help"]  # not a command's option: left for the top level
     table = cli("-otable", "rules")  # through the real entry point
     assert table.returncode == 0 and table.stdout.startswith("policy cgsvc ")
+
+
+def cli_stdin(stdin: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cgsvc_client.cli", *args], input=stdin, capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+
+
+def test_a_spec_on_standard_input_is_read_with_dash() -> None:
+    by_file = as_json(cli("resolve", "--spec", str(KIMI_SPEC), "-o", "json"))
+    by_stdin = cli_stdin(KIMI_SPEC.read_text(), "resolve", "--spec", "-", "-o", "json")
+    assert by_stdin.returncode == 0, by_stdin.stdout + by_stdin.stderr
+    assert as_json(by_stdin) == by_file
+    # the convenience flags still amend what came in on stdin
+    locked = as_json(cli_stdin(KIMI_SPEC.read_text(), "resolve", "--spec", "-", "--decode-graph", "disabled",
+                               "-o", "json"))
+    assert locked["plan"]["decode"]["backend"] == "disabled"
+
+
+def test_bad_json_on_standard_input_names_the_field_and_the_stream() -> None:
+    proc = cli_stdin("{not json", "resolve", "--spec", "-", "-o", "json")
+    assert proc.returncode == 2
+    (violation,) = as_json(proc)["error"]["field_violations"]
+    assert violation["field"] == "spec" and "standard input" in violation["description"]
+    empty = cli_stdin("", "resolve", "--spec", "-", "-o", "json")
+    assert empty.returncode == 2 and "standard input" in as_json(empty)["error"]["message"]

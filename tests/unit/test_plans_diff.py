@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.unit.test_cli_resolve import KIMI_SPEC, as_json, cli
+from tests.unit.test_cli_resolve import KIMI_SPEC, as_json, cli, cli_stdin
 
 
 def test_a_spec_under_two_policies_differs_in_prefill_with_the_rules_behind_it() -> None:
@@ -68,3 +68,15 @@ def test_policies_and_rules_per_policy() -> None:
     assert ids.index("prefill.upgrade.multimodal_piecewise") < ids.index("attention.deepseek_v3.blackwell")
     unknown = cli("rules", "--policy", "vllm", "-o", "json")
     assert unknown.returncode == 2 and "sglang-0.5.18" in unknown.stdout
+
+
+def test_one_side_may_come_on_standard_input_but_not_both() -> None:
+    plan = cli("resolve", "--spec", str(KIMI_SPEC), "-o", "json").stdout
+    proc = cli_stdin(plan, "plans", "diff", "-", str(KIMI_SPEC), "--exit-code", "-o", "json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    diff = as_json(proc)["diff"]
+    assert diff["a"]["kind"] == "plan file" and diff["a"]["source"] == "-"
+    both = cli_stdin(plan, "plans", "diff", "-", "-", "-o", "json")
+    assert both.returncode == 2
+    (violation,) = as_json(both)["error"]["field_violations"]
+    assert violation["field"] == "b" and "standard input" in violation["description"]
