@@ -32,7 +32,13 @@ from cgsvc.server.config import ServerConfig
 from cgsvc.server.experiment_service import ExperimentService
 from cgsvc.server.interceptors import Pipeline
 from cgsvc.server.launch_service import LaunchService
-from cgsvc.server.services import AuditService, DiagnosticsService, PlanService, rejection_auditor
+from cgsvc.server.services import (
+    AuditService,
+    DiagnosticsService,
+    PlanService,
+    ServerFacts,
+    rejection_auditor,
+)
 from cgsvc.v1 import audit_pb2, diagnostics_pb2, experiment_pb2, launch_pb2, plan_service_pb2
 
 SERVICES = {
@@ -200,10 +206,12 @@ async def start(cfg: ServerConfig) -> Running:
     launches = Launches(LaunchStore(store), auditor, Path(cfg.data_dir).resolve() / "launches", dispatchers,
                         instance=instance, shared=store.dialect != "sqlite", lease_seconds=cfg.lease_seconds)
     experiments = Experiments(ExperimentStore(store), launches, plans)
+    facts = ServerFacts(instance, HOST, store.dialect, tuple(d.name for d in dispatchers), settled.key_id,
+                        tuple(f"/{name}/{m.name}" for name, svc in SERVICES.items() for m in svc.methods))
     servicers: dict[str, Any] = {
         "cgsvc.v1.PlanService": PlanService(plans),
         "cgsvc.v1.AuditService": AuditService(store, signing_key, settled.key_id),
-        "cgsvc.v1.DiagnosticsService": DiagnosticsService(),
+        "cgsvc.v1.DiagnosticsService": DiagnosticsService(facts),
         "cgsvc.v1.LaunchService": LaunchService(launches, plans),
         "cgsvc.v1.ExperimentService": ExperimentService(experiments),
     }

@@ -50,6 +50,7 @@ class Principal:
     name: str
     roles: tuple[str, ...]
     expires: float = 0.0  # seconds since the epoch from which its token is refused; 0: never
+    credential: str = "none"  # how it is recognised: "bearer token", "client certificate" or "none"
 
     def expiry(self) -> str:
         """When its token expires (ISO 8601, UTC), or "" for never."""
@@ -126,7 +127,8 @@ def load_token_file(path: str) -> tuple[dict[str, Principal], dict[str, Principa
             if expires is not None and not (isinstance(expires, dt.datetime) and expires.tzinfo is not None):
                 raise bad(f"{where}.expires", "a TOML date-time with an offset, e.g. 2027-01-31T00:00:00Z (unquoted); "
                                               f"got {expires!r}")
-            principal = Principal(name, tuple(roles), expires.timestamp() if expires else 0.0)
+            principal = Principal(name, tuple(roles), expires.timestamp() if expires else 0.0,
+                                  "bearer token" if table == "tokens" else "client certificate")
             if table == "certificates":
                 if name in certificates:
                     raise bad(f"{where}.common_name", f"{name!r} is given twice")

@@ -243,6 +243,7 @@ def _check_token_file(path: str, output: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="cgsvc", description="The cgsvc plan, audit and launch service.")
+    ap.add_argument("--version", action="version", version=f"cgsvc {__version__}", help="print the release and exit")
     sub = ap.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the gRPC server", description="Run the gRPC server. Every flag is also a "
                        "[server] key in --config FILE.toml and an environment variable CGSVC_<NAME>; flags win.")

@@ -11,12 +11,13 @@ import asyncio
 import json
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from google.protobuf import timestamp_pb2
 
-from cgsvc import codec
+from cgsvc import __version__, codec
 from cgsvc.audit import checkpoint, filters
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.store import AuditStore, PageTokenError, TreeSizeError, utc_now
@@ -218,7 +219,37 @@ class AuditService:
                                           hashes=[h.hex() for h in path])
 
 
+@dataclass(frozen=True)
+class ServerFacts:
+    """What GetServerInfo says of this server, fixed at start (a new signing key needs a restart).
+    `methods` are the cgsvc.v1 RPCs as "/package.Service/Method"."""
+
+    replica: str
+    host: str
+    store: str
+    dispatchers: tuple[str, ...]
+    log_key_id: str
+    methods: tuple[str, ...]
+    start_time: str = field(default_factory=utc_now)
+
+
 class DiagnosticsService:
+    def __init__(self, facts: ServerFacts) -> None:
+        self.facts = facts
+
     async def Echo(self, request: diagnostics_pb2.EchoRequest,  # noqa: N802
                    rc: RequestContext) -> diagnostics_pb2.EchoResponse:
         return diagnostics_pb2.EchoResponse(payload=request.payload)
+
+    async def GetServerInfo(self, request: diagnostics_pb2.GetServerInfoRequest,  # noqa: N802
+                            rc: RequestContext) -> diagnostics_pb2.ServerInfo:
+        facts, who = self.facts, rc.principal
+        loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
+        return diagnostics_pb2.ServerInfo(
+            version=__version__, replica=facts.replica, host=facts.host, store=facts.store, event_loop=loop,
+            dispatchers=facts.dispatchers, log_key_id=facts.log_key_id,
+            start_time=facts.start_time,
+            caller=diagnostics_pb2.Caller(
+                principal=who.name, roles=who.roles, credential=who.credential,
+                token_expires=who.expiry() if who.credential == "bearer token" else "",
+                may_call=[m.lstrip("/").removeprefix("cgsvc.v1.") for m in facts.methods if who.may_call(m)]))

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x63gsvc/v1/diagnostics.proto\x12\x08\x63gsvc.v1\"\x1e\n\x0b\x45\x63hoRequest\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\"\x1f\n\x0c\x45\x63hoResponse\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x32K\n\x12\x44iagnosticsService\x12\x35\n\x04\x45\x63ho\x12\x15.cgsvc.v1.EchoRequest\x1a\x16.cgsvc.v1.EchoResponseB\x1cZ\x1a\x63gsvc/gen/cgsvc/v1;cgsvcv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x63gsvc/v1/diagnostics.proto\x12\x08\x63gsvc.v1\"\x1e\n\x0b\x45\x63hoRequest\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\"\x1f\n\x0c\x45\x63hoResponse\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\"\x16\n\x14GetServerInfoRequest\"\xbe\x01\n\nServerInfo\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\r\n\x05store\x18\x04 \x01(\t\x12\x12\n\nevent_loop\x18\x05 \x01(\t\x12\x13\n\x0b\x64ispatchers\x18\x06 \x03(\t\x12\x12\n\nlog_key_id\x18\x07 \x01(\t\x12\x12\n\nstart_time\x18\x08 \x01(\t\x12 \n\x06\x63\x61ller\x18\t \x01(\x0b\x32\x10.cgsvc.v1.Caller\"g\n\x06\x43\x61ller\x12\x11\n\tprincipal\x18\x01 \x01(\t\x12\r\n\x05roles\x18\x02 \x03(\t\x12\x12\n\ncredential\x18\x03 \x01(\t\x12\x15\n\rtoken_expires\x18\x04 \x01(\t\x12\x10\n\x08may_call\x18\x05 \x03(\t2\x92\x01\n\x12\x44iagnosticsService\x12\x35\n\x04\x45\x63ho\x12\x15.cgsvc.v1.EchoRequest\x1a\x16.cgsvc.v1.EchoResponse\x12\x45\n\rGetServerInfo\x12\x1e.cgsvc.v1.GetServerInfoRequest\x1a\x14.cgsvc.v1.ServerInfoB\x1cZ\x1a\x63gsvc/gen/cgsvc/v1;cgsvcv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,6 +36,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ECHOREQUEST']._serialized_end=70
   _globals['_ECHORESPONSE']._serialized_start=72
   _globals['_ECHORESPONSE']._serialized_end=103
-  _globals['_DIAGNOSTICSSERVICE']._serialized_start=105
-  _globals['_DIAGNOSTICSSERVICE']._serialized_end=180
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=105
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=127
+  _globals['_SERVERINFO']._serialized_start=130
+  _globals['_SERVERINFO']._serialized_end=320
+  _globals['_CALLER']._serialized_start=322
+  _globals['_CALLER']._serialized_end=425
+  _globals['_DIAGNOSTICSSERVICE']._serialized_start=428
+  _globals['_DIAGNOSTICSSERVICE']._serialized_end=574
 # @@protoc_insertion_point(module_scope)

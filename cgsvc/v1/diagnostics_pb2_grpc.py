@@ -40,6 +40,11 @@ class DiagnosticsServiceStub:
                 request_serializer=cgsvc_dot_v1_dot_diagnostics__pb2.EchoRequest.SerializeToString,
                 response_deserializer=cgsvc_dot_v1_dot_diagnostics__pb2.EchoResponse.FromString,
                 _registered_method=True)
+        self.GetServerInfo = channel.unary_unary(
+                '/cgsvc.v1.DiagnosticsService/GetServerInfo',
+                request_serializer=cgsvc_dot_v1_dot_diagnostics__pb2.GetServerInfoRequest.SerializeToString,
+                response_deserializer=cgsvc_dot_v1_dot_diagnostics__pb2.ServerInfo.FromString,
+                _registered_method=True)
 
 
 class DiagnosticsServiceServicer:
@@ -53,6 +58,15 @@ class DiagnosticsServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetServerInfo(self, request, context):
+        """What this server is (release, replica, audit store, dispatchers, the log's signing key) and
+        who it takes the caller for (principal, roles, credential, the RPCs those roles may call):
+        `cgsvc-cli version --server`. Any authenticated caller may ask; read-only, not audited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DiagnosticsServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -60,6 +74,11 @@ def add_DiagnosticsServiceServicer_to_server(servicer, server):
                     servicer.Echo,
                     request_deserializer=cgsvc_dot_v1_dot_diagnostics__pb2.EchoRequest.FromString,
                     response_serializer=cgsvc_dot_v1_dot_diagnostics__pb2.EchoResponse.SerializeToString,
+            ),
+            'GetServerInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetServerInfo,
+                    request_deserializer=cgsvc_dot_v1_dot_diagnostics__pb2.GetServerInfoRequest.FromString,
+                    response_serializer=cgsvc_dot_v1_dot_diagnostics__pb2.ServerInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +109,33 @@ class DiagnosticsService:
             '/cgsvc.v1.DiagnosticsService/Echo',
             cgsvc_dot_v1_dot_diagnostics__pb2.EchoRequest.SerializeToString,
             cgsvc_dot_v1_dot_diagnostics__pb2.EchoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetServerInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cgsvc.v1.DiagnosticsService/GetServerInfo',
+            cgsvc_dot_v1_dot_diagnostics__pb2.GetServerInfoRequest.SerializeToString,
+            cgsvc_dot_v1_dot_diagnostics__pb2.ServerInfo.FromString,
             options,
             channel_credentials,
             insecure,

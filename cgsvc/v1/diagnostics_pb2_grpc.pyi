@@ -35,6 +35,11 @@ class DiagnosticsServiceStub:
     def __new__(cls, channel: _aio.Channel) -> DiagnosticsServiceAsyncStub: ...
     Echo: _grpc.UnaryUnaryMultiCallable[_diagnostics_pb2.EchoRequest, _diagnostics_pb2.EchoResponse]
     """Answers with its payload; the ceiling that bench/resolve_load.py compares against."""
+    GetServerInfo: _grpc.UnaryUnaryMultiCallable[_diagnostics_pb2.GetServerInfoRequest, _diagnostics_pb2.ServerInfo]
+    """What this server is (release, replica, audit store, dispatchers, the log's signing key) and
+    who it takes the caller for (principal, roles, credential, the RPCs those roles may call):
+    `cgsvc-cli version --server`. Any authenticated caller may ask; read-only, not audited.
+    """
 
 @_typing.type_check_only
 class DiagnosticsServiceAsyncStub(DiagnosticsServiceStub):
@@ -43,6 +48,11 @@ class DiagnosticsServiceAsyncStub(DiagnosticsServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Echo: _aio.UnaryUnaryMultiCallable[_diagnostics_pb2.EchoRequest, _diagnostics_pb2.EchoResponse]  # type: ignore[assignment]
     """Answers with its payload; the ceiling that bench/resolve_load.py compares against."""
+    GetServerInfo: _aio.UnaryUnaryMultiCallable[_diagnostics_pb2.GetServerInfoRequest, _diagnostics_pb2.ServerInfo]  # type: ignore[assignment]
+    """What this server is (release, replica, audit store, dispatchers, the log's signing key) and
+    who it takes the caller for (principal, roles, credential, the RPCs those roles may call):
+    `cgsvc-cli version --server`. Any authenticated caller may ask; read-only, not audited.
+    """
 
 class DiagnosticsServiceServicer(metaclass=_abc_1.ABCMeta):
     """Diagnostics on the same server stack as the real services (auth, logging, metrics)."""
@@ -54,5 +64,16 @@ class DiagnosticsServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_diagnostics_pb2.EchoResponse, _abc.Awaitable[_diagnostics_pb2.EchoResponse]]:
         """Answers with its payload; the ceiling that bench/resolve_load.py compares against."""
+
+    @_abc_1.abstractmethod
+    def GetServerInfo(
+        self,
+        request: _diagnostics_pb2.GetServerInfoRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_diagnostics_pb2.ServerInfo, _abc.Awaitable[_diagnostics_pb2.ServerInfo]]:
+        """What this server is (release, replica, audit store, dispatchers, the log's signing key) and
+        who it takes the caller for (principal, roles, credential, the RPCs those roles may call):
+        `cgsvc-cli version --server`. Any authenticated caller may ask; read-only, not audited.
+        """
 
 def add_DiagnosticsServiceServicer_to_server(servicer: DiagnosticsServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from cgsvc import __version__
 from cgsvc.errors import ServiceError
 from cgsvc_client import evidence_commands, launch_commands, remote_commands, render
 from cgsvc_client.args import (
@@ -119,6 +120,55 @@ def cmd_models(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_version(ns: argparse.Namespace) -> int:
+    """This client's release and, with --server, the server's: what it is and who it takes you for."""
+    import platform
+
+    import grpc
+    from google.protobuf import __version__ as protobuf_version
+    from google.protobuf import json_format
+
+    client = {"version": __version__, "python": platform.python_version(), "grpcio": grpc.__version__,
+              "protobuf": protobuf_version}
+    server: dict[str, Any] | None = None
+    warnings = []
+    if ns.server:
+        from cgsvc_client.client import Client
+
+        with Client.from_args(ns) as c:
+            info = c.server_info()
+        server = {"address": ns.server, **json_format.MessageToDict(
+            info, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)}
+        if info.version != __version__:
+            warnings.append(f"this client is {__version__} and the server {info.version}: a field one of them "
+                            "does not know is dropped on the wire")
+    if render.output_mode(ns) == "json":
+        render.print_json({"version": {"client": client, "server": server, "warnings": warnings}})
+        return 0
+    rows: list[tuple[str, str]] = [("client", f"cgsvc-cli {__version__} (Python {client['python']}, grpcio "
+                                              f"{client['grpcio']}, protobuf {protobuf_version})")]
+    if server is not None:
+        who = server["caller"]
+        how = {"none": "none: the server authenticates nobody"}.get(who["credential"], who["credential"])
+        expires = f", expires {who['token_expires']}" if who["token_expires"] else ""
+        rows += [("server", f"cgsvc {server['version']} at {ns.server}"),
+                 ("replica", f"{server['replica']} on {server['host']}, up since {server['start_time']}"),
+                 ("store", server["store"]), ("event loop", server["event_loop"]),
+                 ("dispatchers", ", ".join(server["dispatchers"])), ("log key", server["log_key_id"]),
+                 ("you are", f"{who['principal']} (roles: {', '.join(who['roles']) or 'none'}; credential: {how}"
+                             f"{expires})")]
+        by_service: dict[str, list[str]] = {}
+        for rpc in who["may_call"]:
+            service, _, method = rpc.partition("/")
+            by_service.setdefault(service, []).append(method)
+        rows += [("may call" if i == 0 else "", f"{svc}: {', '.join(methods)}")
+                 for i, (svc, methods) in enumerate(by_service.items())]
+    print(render.fields(rows, render.Style(sys.stdout.isatty())))
+    for w in warnings:
+        print(f"WARNING: {w}", file=sys.stderr)
+    return 0
+
+
 EXIT_CODES = """exit codes (every command):
   0  success
   1  any other failure: NOT_FOUND, PERMISSION_DENIED, the server unreachable, ...
@@ -139,6 +189,8 @@ environment:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="cgsvc-cli", description="Resolve, explain and audit CUDA-graph plans.",
                                  epilog=f"{EXIT_CODES}\n\n{OPTIONS_AND_ENVIRONMENT}", formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"cgsvc-cli {__version__}",
+                    help="print this client's release and exit (cgsvc-cli version --server X: the server's too)")
     sub = ap.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("resolve", help="resolve a launch spec into a plan")
@@ -159,6 +211,13 @@ def parser() -> argparse.ArgumentParser:
     add_output(md)
     add_server(md)
     md.set_defaults(func=cmd_models)
+
+    v = sub.add_parser("version", help="this client's release; with --server, the server's release, replica, "
+                                       "store and log key, and who it takes you for (principal, roles, what "
+                                       "they may call)")
+    add_output(v)
+    add_server(v)
+    v.set_defaults(func=cmd_version)
 
     remote_commands.register(sub)
     launch_commands.register(sub)

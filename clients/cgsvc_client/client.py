@@ -253,5 +253,9 @@ class Client:
         except grpc.RpcError as err:
             raise error_from_rpc(err) from None
 
+    def server_info(self) -> diagnostics_pb2.ServerInfo:
+        """What the server is, and who it takes this client's credentials for."""
+        return self.call(self.diagnostics.GetServerInfo, diagnostics_pb2.GetServerInfoRequest())  # type: ignore[no-any-return]
+
     def echo(self, payload: bytes = b"") -> bytes:
         return self.call(self.diagnostics.Echo, diagnostics_pb2.EchoRequest(payload=payload)).payload  # type: ignore[no-any-return]

@@ -187,8 +187,7 @@ def experiment_table(d: dict[str, Any], style: render.Style) -> str:
     if d.get("error"):
         rows.append(("error", d["error"]))
     rows.append(("audit", ", ".join(d.get("audit_records", []))))
-    width = max(len(k) for k, _ in rows)
-    out = "\n".join(f"{style(k.ljust(width), render.BOLD)}  {v}" for k, v in rows)
+    out = render.fields(rows, style)
     res = d.get("result") or {}
     arms, diff = res.get("arms", {}), res.get("difference", {})
     if arms:

@@ -79,8 +79,7 @@ def report_table(launch: Any) -> str:
         rows.append(("plan fidelity", f"{honoured} of {len(r.plan_fidelity)} plan fields honoured as planned"))
         rows += [(f.status.replace("_", " "), f"{f.field}: {f.requested} -> {f.effective} ({f.reason})")
                  for f in r.plan_fidelity if f.status != "honoured"]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    return render.fields(rows)
 
 
 def cmd_launch(ns: argparse.Namespace) -> int:

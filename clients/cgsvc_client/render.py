@@ -50,6 +50,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(out)
 
 
+def fields(rows: Sequence[tuple[str, str]], style: Style | None = None) -> str:
+    """One resource's fields as aligned `name  value` lines, the names bold on a terminal."""
+    width = max((len(k) for k, _ in rows), default=0)
+    return "\n".join(f"{style(k.ljust(width), BOLD) if style else k.ljust(width)}  {v}".rstrip() for k, v in rows)
+
+
 def page(headers: Sequence[str], rows: Sequence[Sequence[Any]], next_page_token: str) -> str:
     """One page of a List call as a table, with the token for the next page when there is one."""
     out = table(headers, rows)
@@ -87,8 +93,7 @@ def plan_table(plan: Plan, style: Style, explain: str | None = None) -> str:
                           f"{plan.estimates.capture_seconds:.2f} s capture"),
             ("policy / plan", f"{plan.policy} {plan.policy_version} / {plan.plan_hash[:16]}"),
         ]
-        width = max(len(k) for k, _ in rows)
-        head = "\n".join(f"{style(k.ljust(width), BOLD)}  {v}" for k, v in rows)
+        head = fields(rows, style)
         head += "\n\n" + style("decision trail", BOLD) + " (* = forced: a lock kept the explicit value)"
     trail = table(
         ["#", "rule", "field", "before -> after", "source", "reason"],

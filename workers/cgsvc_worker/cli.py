@@ -25,6 +25,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from cgsvc import __version__
 from cgsvc.contract import write_report
 from cgsvc_worker.runtime import (
     EXIT_BAD_INPUT,
@@ -104,6 +105,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="cgsvc-worker", description=__doc__.split("\n")[0],
                                  epilog="Report format: docs/worker-report.md in the cgsvc repository.")
+    ap.add_argument("--version", action="version", version=f"cgsvc-worker {__version__}",
+                    help="print the release and exit")
     sub = ap.add_subparsers(dest="command", required=True)
     for name, text in (("generate", "run prompts from a file through the plan and report tokens and timings"),
                        ("bench", "run a synthetic workload through the plan and report TTFT, TPOT and throughput")):

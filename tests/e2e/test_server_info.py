@@ -1,0 +1,75 @@
+"""`cgsvc-cli version`: this client's release and, from a real server, its release, replica,
+store, dispatchers and log key, and who it takes the caller for (GetServerInfo)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from cgsvc import __version__
+from cgsvc.server.app import SERVICES
+from cgsvc.server.auth import hash_token
+from tests.conftest import ROOT
+from tests.e2e.server import ServerProcess
+
+RELEASE = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cgsvc_client.cli", *args], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env=env)
+
+
+def version_json(*args: str) -> dict[str, Any]:
+    proc = cli("version", *args, "-o", "json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return dict(json.loads(proc.stdout)["version"])
+
+
+def test_every_program_says_its_release() -> None:
+    assert __version__ == RELEASE  # one release: the package's and the distribution's
+    for module, prog in (("cgsvc_client.cli", "cgsvc-cli"), ("cgsvc.server.main", "cgsvc"),
+                         ("cgsvc_worker.cli", "cgsvc-worker")):
+        proc = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True,
+                              timeout=120, cwd=ROOT)
+        assert proc.returncode == 0 and proc.stdout.strip() == f"{prog} {RELEASE}", (prog, proc.stdout, proc.stderr)
+    offline = version_json("--server", "")
+    assert offline["client"]["version"] == RELEASE and offline["server"] is None
+
+
+def test_a_local_server_names_itself_and_takes_its_caller_for_local_admin(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "srv") as srv:
+        info = version_json("--server", srv.address)
+        server = info["server"]
+        assert server["version"] == RELEASE and server["address"] == srv.address
+        assert server["replica"] == (srv.data_dir / "instance").read_text().strip()
+        assert server["store"] == "sqlite" and server["dispatchers"] == ["local"]
+        assert server["event_loop"] in ("uvloop", "asyncio") and server["start_time"].endswith("Z")
+        checkpoint = json.loads(cli("audit", "checkpoint", "--server", srv.address, "-o", "json").stdout)
+        assert server["log_key_id"] == checkpoint["checkpoint"]["key_id"]
+        caller = server["caller"]
+        assert (caller["principal"], caller["roles"], caller["credential"]) == ("local", ["admin"], "none")
+        every_rpc = [f"{name.removeprefix('cgsvc.v1.')}/{m.name}" for name, svc in SERVICES.items() for m in svc.methods]
+        assert caller["may_call"] == every_rpc  # admin
+        assert info["warnings"] == []
+        table = cli("version", "--server", srv.address, "-o", "table").stdout
+        assert f"cgsvc {RELEASE} at {srv.address}" in table and "you are" in table and "local" in table
+
+
+def test_a_token_names_its_principal_roles_expiry_and_what_it_may_call(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(f'[[tokens]]\nprincipal = "ci-bot"\nroles = ["resolver"]\nsha256 = "{hash_token("t-ci")}"\n'
+                      "expires = 2099-01-31T00:00:00Z\n")
+    with ServerProcess(tmp_path / "srv", "--token-file", str(tokens)) as srv:
+        caller = version_json("--server", srv.address, "--token", "t-ci")["server"]["caller"]
+        assert (caller["principal"], caller["roles"], caller["credential"]) == ("ci-bot", ["resolver"], "bearer token")
+        assert caller["token_expires"].startswith("2099-01-31T00:00:00")
+        assert {"PlanService/ResolvePlan", "PlanService/ListModels", "DiagnosticsService/GetServerInfo"} <= set(
+            caller["may_call"])
+        assert not {"LaunchService/CreateLaunch", "AuditService/VerifyAuditLog"} & set(caller["may_call"])
+        nobody = cli("version", "--server", srv.address, "-o", "json")
+        assert nobody.returncode == 1 and json.loads(nobody.stdout)["error"]["code"] == "UNAUTHENTICATED"
