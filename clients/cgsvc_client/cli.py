@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from cgsvc import __version__
-from cgsvc.errors import ServiceError
+from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc_client import evidence_commands, launch_commands, remote_commands, render
 from cgsvc_client.args import (
     CliError,
@@ -173,11 +173,11 @@ EXIT_CODES = """exit codes (every command):
   0  success
   1  any other failure: NOT_FOUND, PERMISSION_DENIED, the server unreachable, ...
      (plans diff --exit-code: the plans differ)
-  2  refused as bad input: INVALID_ARGUMENT or FAILED_PRECONDITION, a malformed file
+  2  refused as bad input: INVALID_ARGUMENT or FAILED_PRECONDITION, a malformed file, a bad command line
   3  a check failed: audit verify (the chain, or the log against a checkpoint), audit prove
      (plans diff --exit-code: the comparison itself failed)
   4  launch --wait, experiment (unless --detach): it ended in a state other than SUCCEEDED
-with -o json the failure is {"error": {"code", "message", "field_violations"}} on stdout"""
+with -o json the failure is {"error": {"code", "message", "field_violations"}} on stdout (a bad command line too)"""
 
 OPTIONS_AND_ENVIRONMENT = """--server, --token, --tls-ca, --tls-cert, --tls-key, --timeout and -o may also come before the command.
 
@@ -186,8 +186,46 @@ environment:
   CGSVC_TOKEN   the bearer token, where --token is not given"""
 
 
+class UsageError(Exception):
+    """A command line argparse refuses, raised rather than printed, so that under -o json it is
+    answered like any other bad input: {"error": ...} on stdout, exit 2."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+        self.message = message
+
+    def violations(self) -> list[FieldViolation]:
+        """The arguments argparse names: `argument --tp: ...` -> tp; each of `the following
+        arguments are required: name, --checkpoint` -> name, checkpoint; `argv` for what names
+        none (unrecognized arguments)."""
+        def field(name: str) -> str:
+            return name.lstrip("-").replace("-", "_")
+
+        head, _, rest = self.message.partition(": ")
+        if head.startswith("argument "):
+            return [FieldViolation(field(head.removeprefix("argument ").split("/")[0]), rest)]
+        if head.endswith("are required"):
+            return [FieldViolation(field(name.strip()), "required") for name in rest.split(",")]
+        return [FieldViolation("argv", self.message)]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, raising UsageError where it would print and exit (its subcommands' parsers are of
+    this class too: add_subparsers makes them with the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self, message)
+
+
+def json_requested(argv: Sequence[str]) -> bool:
+    """Whether the command line asks for -o json anywhere (read before argparse, which may fail)."""
+    pairs = zip(argv, [*argv[1:], ""], strict=True)
+    return any(a in ("-ojson", "--output=json") or (a in ("-o", "--output") and b == "json") for a, b in pairs)
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="cgsvc-cli", description="Resolve, explain and audit CUDA-graph plans.",
+    ap = Parser(prog="cgsvc-cli", description="Resolve, explain and audit CUDA-graph plans.",
                                  epilog=f"{EXIT_CODES}\n\n{OPTIONS_AND_ENVIRONMENT}", formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"cgsvc-cli {__version__}",
                     help="print this client's release and exit (cgsvc-cli version --server X: the server's too)")
@@ -247,7 +285,18 @@ def hoist_leading_options(argv: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ns = parser().parse_args(hoist_leading_options(sys.argv[1:] if argv is None else argv))
+    args = hoist_leading_options(sys.argv[1:] if argv is None else argv)
+    try:
+        ns = parser().parse_args(args)
+    except UsageError as exc:
+        prog = exc.parser.prog
+        if json_requested(args):
+            render.print_json({"error": ServiceError.invalid(exc.violations()).to_dict()
+                               | {"message": f"{prog}: {exc.message} (see {prog} --help)"}})
+        else:  # what argparse itself prints
+            exc.parser.print_usage(sys.stderr)
+            print(f"{prog}: error: {exc.message}", file=sys.stderr)
+        return 2
     func: Callable[[argparse.Namespace], int] = ns.func
     try:
         try:

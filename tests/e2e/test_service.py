@@ -79,7 +79,8 @@ def test_cgsvc_server_in_the_environment_stands_for_server(server: ServerProcess
     assert "name" not in offline and offline["plan_hash"] == remote["plan_hash"]  # --server '' resolves here
     env["CGSVC_SERVER"] = ""
     missing = run("audit", "verify", "-o", "json")
-    assert missing.returncode == 2 and "--server" in missing.stderr  # an empty variable is no server
+    assert missing.returncode == 2  # an empty variable is no server
+    assert json.loads(missing.stdout)["error"]["field_violations"] == [{"field": "server", "description": "required"}]
 
 
 def test_connection_and_output_options_may_come_before_the_command(server: ServerProcess) -> None:
@@ -89,7 +90,7 @@ def test_connection_and_output_options_may_come_before_the_command(server: Serve
         out = cli(*args)
         assert out.returncode == 0 and json.loads(out.stdout)["verification"]["ok"], out.stdout + out.stderr
     late = cli("-o", "json", "rules", "--server", server.address)  # a command that takes no server says so
-    assert late.returncode == 2 and "unrecognized arguments: --server" in late.stderr
+    assert late.returncode == 2 and "unrecognized arguments: --server" in json.loads(late.stdout)["error"]["message"]
 
 
 def test_list_all_follows_every_page(server: ServerProcess, client: Client) -> None:

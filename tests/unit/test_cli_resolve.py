@@ -189,3 +189,22 @@ def test_bad_json_on_standard_input_names_the_field_and_the_stream() -> None:
     assert violation["field"] == "spec" and "standard input" in violation["description"]
     empty = cli_stdin("", "resolve", "--spec", "-", "-o", "json")
     assert empty.returncode == 2 and "standard input" in as_json(empty)["error"]["message"]
+
+
+def test_a_usage_error_under_o_json_is_a_json_error_naming_the_argument() -> None:
+    for args, field, words in ((("-o", "json"), "command", "choose from 'resolve'"),
+                               (("resolve", "--tp", "four", "-o", "json"), "tp", "invalid int value"),
+                               (("--output=json", "resolve", "--tpp", "4"), "argv", "unrecognized arguments: --tpp"),
+                               (("-ojson", "resolve", "-o", "yaml"), "output", "invalid choice")):
+        proc = cli(*args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        err = as_json(proc)["error"]
+        assert err["code"] == "INVALID_ARGUMENT" and words in err["message"], (args, err)
+        assert err["field_violations"][0]["field"] == field, (args, err)
+        assert "--help" in err["message"], err
+    missing = as_json(cli("audit", "prove", "-o", "json"))["error"]  # one violation per missing argument
+    assert [(v["field"], v["description"]) for v in missing["field_violations"]] == [
+        ("name", "required"), ("checkpoint", "required"), ("server", "required")]
+    plain = cli("resolve", "--tp", "four")  # without -o json: argparse's own usage and message on stderr
+    assert plain.returncode == 2 and plain.stdout == ""
+    assert "usage: cgsvc-cli resolve" in plain.stderr and "invalid int value: 'four'" in plain.stderr
