@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import uuid
@@ -335,3 +336,77 @@ def test_a_second_server_on_one_data_directory_is_refused_and_the_first_keeps_se
             assert c.verify_audit_log().ok
     with ServerProcess(tmp_path / "srv"):
         assert (tmp_path / "srv" / "instance").read_text().strip() == name
+
+
+def follow(server: ServerProcess, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "cgsvc_client.cli", "audit", "list", "--follow", "--interval",
+                             "0.2", *args, "--server", server.address, "-o", "json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def stop(proc: subprocess.Popen[str]) -> str:
+    """Ctrl-C: a follow ends quietly with exit 0; its stderr."""
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=20) == 0
+    assert proc.stderr is not None
+    return proc.stderr.read()
+
+
+def test_audit_list_follow_prints_each_matching_record_as_it_commits(server: ServerProcess, client: Client) -> None:
+    """`audit list --follow`, as `tail -f`: one JSON line per new record that matches, until stopped."""
+    client.resolve(KIMI)  # history before the follow starts: not printed without --all
+    bad = {**KIMI, "parallelism": {"tp": 3}}
+    refused_filter = ("--filter", 'outcome = "INVALID_ARGUMENT"')
+    proc = follow(server, *refused_filter)
+    try:
+        assert proc.stderr is not None and proc.stdout is not None
+        started = proc.stderr.readline()  # said before it polls: what follows is new
+        assert started.startswith("following the audit log after auditRecords/") and "Ctrl-C" in started, started
+        start = int(re.findall(r"auditRecords/(\d+)", started)[0])
+        client.resolve(KIMI)  # matches nothing
+        for _ in range(2):
+            with pytest.raises(ServiceError):
+                client.resolve(bad)
+        refused = [json.loads(proc.stdout.readline())["record"] for _ in range(2)]
+        assert [r["outcome_code"] for r in refused] == [3, 3]  # INVALID_ARGUMENT
+        sequences = [int(r["sequence"]) for r in refused]
+        assert start < sequences[0] < sequences[1] == client.get_checkpoint().tree_size
+        assert "Traceback" not in stop(proc)
+    finally:
+        proc.kill()
+        proc.wait()
+    # --all --follow: the history that matches first, then what comes
+    proc = follow(server, "--all", "--filter", f'outcome = "INVALID_ARGUMENT" AND sequence > {start}')
+    try:
+        assert proc.stdout is not None
+        history = [json.loads(proc.stdout.readline())["record"] for _ in range(2)]
+        assert [int(r["sequence"]) for r in history] == sequences
+        with pytest.raises(ServiceError):
+            client.resolve(bad)
+        assert int(json.loads(proc.stdout.readline())["record"]["sequence"]) == client.get_checkpoint().tree_size
+        stop(proc)
+    finally:
+        proc.kill()
+        proc.wait()
+    # a table on a pipe whose reader goes away (`--follow | head -2`): the next record ends it, exit 0
+    proc = subprocess.Popen([sys.executable, "-m", "cgsvc_client.cli", "audit", "list", "-f", "--interval", "0.2",
+                             "--server", server.address, "-o", "table"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline().split() == ["seq", "time", "principal", "method", "model", "outcome", "plan",
+                                                  "launch", "detail", "hash"]
+        proc.stderr.readline()
+        client.resolve(KIMI)
+        row = proc.stdout.readline().split()
+        assert row[0] == str(client.get_checkpoint().tree_size) and row[3] == "ResolvePlan", row
+        proc.stdout.close()
+        client.resolve(KIMI)
+        assert proc.wait(timeout=20) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    bad_interval = cli("audit", "list", "--follow", "--interval", "0", "--server", server.address, "-o", "json")
+    assert bad_interval.returncode == 2
+    assert json.loads(bad_interval.stdout)["error"]["field_violations"][0]["field"] == "interval"
