@@ -66,6 +66,21 @@ def read_json(path: str, field: str, hint: str = "") -> Any:
         raise bad(field, f"malformed JSON in {where}: {exc}") from None
 
 
+def add_explain(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--explain", metavar="FIELD", help="only the decisions that shaped FIELD, a plan field the rules "
+                   "decide: attention_backend.prefill|decode, prefill.backend, decode.bs, ... (cgsvc-cli rules: 'writes')")
+
+
+def explained_field(field: str) -> str:
+    """--explain's field in its one spelling: a plan key a rule may write, in any case. Checked
+    before anything is sent, so a typo stores no plan."""
+    from cgsvc.resolve.engine import KEYS
+
+    if (key := field.strip().lower()) in KEYS:
+        return key
+    raise bad("explain", f"{field!r} is not a field the rules decide; valid: {', '.join(KEYS)}")
+
+
 def resource_name(collection: str, raw: str) -> str:
     """A resource name from what the user typed: a bare ID gets `collection/` in front; a name
     with a slash goes as typed, so a wrong collection's error quotes what the user wrote."""

@@ -22,24 +22,15 @@ from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc_client import evidence_commands, launch_commands, remote_commands, render
 from cgsvc_client.args import (
     CliError,
+    add_explain,
     add_output,
     add_policy,
     add_server,
     add_spec_flags,
-    bad,
     build_spec,
+    explained_field,
     resolve_offline,
 )
-
-
-def explained_field(field: str) -> str:
-    """--explain's field in its one spelling: a plan key a rule may write, in any case. Checked
-    before the spec is sent, so a typo stores no plan."""
-    from cgsvc.resolve.engine import KEYS
-
-    if (key := field.strip().lower()) in KEYS:
-        return key
-    raise bad("explain", f"{field!r} is not a field the rules decide; valid: {', '.join(KEYS)}")
 
 
 def cmd_resolve(ns: argparse.Namespace) -> int:
@@ -233,8 +224,7 @@ def parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("resolve", help="resolve a launch spec into a plan")
     add_spec_flags(r)
-    r.add_argument("--explain", metavar="FIELD", help="only the decisions that shaped FIELD, a plan field the rules "
-                   "decide: attention_backend.prefill|decode, prefill.backend, decode.bs, ... (cgsvc-cli rules: 'writes')")
+    add_explain(r)
     add_policy(r)
     add_output(r)
     add_server(r)

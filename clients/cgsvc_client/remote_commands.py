@@ -18,7 +18,16 @@ from cgsvc import codec
 from cgsvc.audit import checkpoint, keys, merkle
 from cgsvc.errors import CODE_NAMES, ServiceError
 from cgsvc_client import checkpoints, evidence_commands, render, witness
-from cgsvc_client.args import add_listing, add_output, add_server, bad, listing, resource_name
+from cgsvc_client.args import (
+    add_explain,
+    add_listing,
+    add_output,
+    add_server,
+    bad,
+    explained_field,
+    listing,
+    resource_name,
+)
 from cgsvc_client.client import Client
 
 
@@ -42,13 +51,18 @@ def plans_list(ns: argparse.Namespace) -> int:
 
 def plans_show(ns: argparse.Namespace) -> int:
     name = resource_name("plans", ns.name)
+    explain = explained_field(ns.explain) if ns.explain else None
     with Client.from_args(ns) as c:
         msg = c.get_plan(name)
-    if render.output_mode(ns) == "json":
+    if render.output_mode(ns) == "json" and explain:
+        render.print_json({"explain": {"field": explain, "name": msg.name, "audit_record": msg.audit_record,
+                                       "create_time": msg.create_time.ToJsonString(),
+                                       "decisions": [d.to_dict() for d in codec.plan_from_proto(msg).decisions_for(explain)]}})
+    elif render.output_mode(ns) == "json":
         render.print_json({"plan": codec.plan_dict_from_proto_resource(msg)})
     else:
         print(f"{msg.name}  created {msg.create_time.ToJsonString()}  audit {msg.audit_record}\n")
-        print(render.plan_table(codec.plan_from_proto(msg), render.Style(sys.stdout.isatty())))
+        print(render.plan_table(codec.plan_from_proto(msg), render.Style(sys.stdout.isatty()), explain))
     return 0
 
 
@@ -284,6 +298,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=plans_list)
     p2 = plans.add_parser("show", help="show one plan")
     p2.add_argument("name", help="plans/ID or ID")
+    add_explain(p2)
     p2.set_defaults(func=plans_show)
     evidence_commands.register_diff(plans)
 

@@ -410,3 +410,24 @@ def test_audit_list_follow_prints_each_matching_record_as_it_commits(server: Ser
     bad_interval = cli("audit", "list", "--follow", "--interval", "0", "--server", server.address, "-o", "json")
     assert bad_interval.returncode == 2
     assert json.loads(bad_interval.stdout)["error"]["field_violations"][0]["field"] == "interval"
+
+
+def test_plans_show_explain_answers_why_a_stored_plan_has_its_mode(server: ServerProcess, client: Client) -> None:
+    """The question a fleet asks of a plan already launched: which rules gave it its prefill graph."""
+    plan = client.resolve_proto(KIMI)
+    shown = cli("plans", "show", plan.name.split("/")[1], "--explain", "Prefill.Backend", "--server", server.address,
+                "-o", "json")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    explain = json.loads(shown.stdout)["explain"]
+    assert (explain["field"], explain["name"], explain["audit_record"]) == ("prefill.backend", plan.name,
+                                                                           plan.audit_record)
+    assert [d["rule_id"] for d in explain["decisions"]] == [
+        "default.prefill.backend", "prefill.exception.trtllm_mla", "breakable.mla"]
+    offline = json.loads(cli("resolve", "--spec", str(SPEC_FILE), "--explain", "prefill.backend", "-o",
+                             "json").stdout)["explain"]
+    assert explain["decisions"] == offline["decisions"]
+    table = cli("plans", "show", plan.name, "--explain", "prefill.backend", "--server", server.address,
+                "-o", "table").stdout
+    assert plan.name in table and "breakable.mla" in table and "sizes.decode.bs" not in table
+    typo = cli("plans", "show", plan.name, "--explain", "prefill.bakend", "--server", server.address, "-o", "json")
+    assert typo.returncode == 2 and json.loads(typo.stdout)["error"]["field_violations"][0]["field"] == "explain"
