@@ -85,15 +85,19 @@ _ENTRY_KEYS = {"tokens": ("principal", "roles", "sha256"), "certificates": ("com
 _OPTIONAL_KEYS = {"tokens": ("expires",), "certificates": ()}
 
 
-def load_token_file(path: str) -> tuple[dict[str, Principal], dict[str, Principal]]:
+def load_token_file(path: str, text: str | None = None) -> tuple[dict[str, Principal], dict[str, Principal]]:
     """(principals by token SHA-256, principals by certificate common name), every entry checked:
-    a typo must not leave a principal silently without its token, its roles, or at all."""
+    a typo must not leave a principal silently without its token, its roles, or at all. With
+    `text`, that is checked as the file's content (what the file would hold after an edit)."""
     def bad(where: str, what: str) -> TokenFileError:
         return TokenFileError(f"token_file {path}: {where}: {what}")
 
     try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+        if text is None:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        else:
+            data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise TokenFileError(f"token_file {path}: not TOML: {exc}") from None
     except OSError as exc:

@@ -4,8 +4,10 @@ store, dispatchers and log key, and who it takes the caller for (GetServerInfo).
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -73,3 +75,29 @@ def test_a_token_names_its_principal_roles_expiry_and_what_it_may_call(tmp_path:
         assert not {"LaunchService/CreateLaunch", "AuditService/VerifyAuditLog"} & set(caller["may_call"])
         nobody = cli("version", "--server", srv.address, "-o", "json")
         assert nobody.returncode == 1 and json.loads(nobody.stdout)["error"]["code"] == "UNAUTHENTICATED"
+
+
+def test_a_token_from_token_new_is_admitted_on_the_next_reload(tmp_path: Path) -> None:
+    """The operator's path end to end: `cgsvc token new --append`, SIGHUP, and the new principal
+    calls, as `cgsvc-cli version` shows."""
+    def new_token(*args: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "cgsvc.server.main", "token", "new", *args, "--append",
+                               str(tokens), "-o", "json"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return str(json.loads(proc.stdout)["token"]["token"])
+
+    tokens = tmp_path / "tokens.toml"
+    first = new_token("--principal", "ci-bot", "--role", "resolver")
+    with ServerProcess(tmp_path / "srv", "--token-file", str(tokens)) as srv:
+        assert version_json("--server", srv.address, "--token", first)["server"]["caller"]["principal"] == "ci-bot"
+        second = new_token("--principal", "night-ops", "--role", "auditor", "--expires-in-days", "30")
+        assert cli("version", "--server", srv.address, "--token", second, "-o", "json").returncode == 1  # not yet
+        assert srv.proc is not None
+        srv.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while (proc := cli("version", "--server", srv.address, "--token", second, "-o", "json")).returncode != 0:
+            assert time.monotonic() < deadline, proc.stdout
+            time.sleep(0.2)
+        caller = json.loads(proc.stdout)["version"]["server"]["caller"]
+        assert (caller["principal"], caller["roles"]) == ("night-ops", ["auditor"]) and caller["token_expires"]
+        assert version_json("--server", srv.address, "--token", first)["server"]["caller"]["principal"] == "ci-bot"
