@@ -160,6 +160,15 @@ def cmd_version(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_completion(ns: argparse.Namespace) -> int:
+    from cgsvc.resolve.engine import KEYS
+    from cgsvc_client import completion
+
+    script = completion.zsh_script if ns.shell == "zsh" else completion.bash_script
+    print(script(parser(), tuple(KEYS)), end="")
+    return 0
+
+
 EXIT_CODES = """exit codes (every command):
   0  success
   1  any other failure: NOT_FOUND, PERMISSION_DENIED, the server unreachable, ...
@@ -246,6 +255,11 @@ def parser() -> argparse.ArgumentParser:
     add_output(v)
     add_server(v)
     v.set_defaults(func=cmd_version)
+
+    cp = sub.add_parser("completion", help="a shell completion script for commands, options and their values: "
+                                           "source <(cgsvc-cli completion bash)")
+    cp.add_argument("shell", choices=("bash", "zsh"), help="bash (4 or later), or zsh (through bashcompinit)")
+    cp.set_defaults(func=cmd_completion)
 
     remote_commands.register(sub)
     launch_commands.register(sub)
