@@ -26,6 +26,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -162,12 +163,31 @@ class Watched:
     task: asyncio.Task[None] | None = None
 
 
-def tail(path: Path, lines: int) -> str:
+LOG_CHUNK_BYTES = 1 << 20  # at most this much of one log in one answer to a follow
+
+
+def read_log(path: Path, tail_lines: int, after: int | None = None, ended: bool = True) -> tuple[str, int]:
+    """One log's text for GetLaunchLogs and the byte offset just past it. Without `after`: its
+    last `tail_lines` lines (0: all). With `after`: what follows that offset, at most
+    LOG_CHUNK_BYTES, cut after its last newline unless the launch has `ended` (a line still being
+    written waits for its end; a line longer than a chunk goes in pieces); an offset past the end
+    (the file was replaced) reads from the start."""
     try:
-        text = path.read_text(errors="replace")
+        with open(path, "rb") as fh:
+            if after is None:
+                data = fh.read()
+                text = data.decode(errors="replace")
+                return ("\n".join(text.splitlines()[-tail_lines:]) if tail_lines > 0 else text), len(data)
+            start = after if after <= os.fstat(fh.fileno()).st_size else 0
+            fh.seek(start)
+            data = fh.read(LOG_CHUNK_BYTES)
     except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:]) if lines > 0 else text
+        return "", after or 0
+    if not ended or len(data) == LOG_CHUNK_BYTES:
+        cut = data.rfind(b"\n") + 1
+        if cut or len(data) < LOG_CHUNK_BYTES:
+            data = data[:cut]
+    return data.decode(errors="replace"), start + len(data)
 
 
 class Launches:
@@ -481,10 +501,10 @@ class Launches:
             return
         error = report.error or f"the worker supervisor exited with code {code}"
         for r in report.rank_errors:
-            last = tail(run.rank_log(r.rank), 5)
+            last = read_log(run.rank_log(r.rank), 5)[0]
             error += f"\nrank {r.rank} exited with code {r.exit_code}" + (f"; last log lines:\n{last}" if last else "")
         if not report.rank_errors:
-            last = tail(run.rank_log(0), 5) or tail(run.supervisor_log, 5)
+            last = read_log(run.rank_log(0), 5)[0] or read_log(run.supervisor_log, 5)[0]
             if last:
                 error += f"\nlast log lines:\n{last}"
         await self.transition(row, "FAILED", error.splitlines()[0], error=error,

@@ -22,8 +22,8 @@ from cgsvc.domain.launches import (
     Launches,
     order_for,
     read_checkpoint,
+    read_log,
     request_hash,
-    tail,
     workload_problems,
 )
 from cgsvc.domain.plans import Caller, Plans
@@ -149,9 +149,20 @@ class LaunchService:
         if request.tail_lines < 0:
             raise ServiceError.invalid([FieldViolation(
                 "tail_lines", f"must be 0 (the whole log) or more, got {request.tail_lines}")])
+        for log, offset in request.after_offsets.items():
+            if offset < 0:
+                raise ServiceError.invalid([FieldViolation(
+                    "after_offsets", f"{log}: a byte offset of 0 or more (an earlier answer's end_offset), got {offset}")])
         logs = RunDir(Path(row.run_dir)).logs
         names = sorted(p.name for p in logs.glob("*.log")) if logs.exists() else []
         if request.rank >= 0:
             names = [n for n in names if n == f"rank{request.rank}.log"]
-        return launch_pb2.LaunchLogs(logs=[launch_pb2.RankLog(name=n, text=tail(logs / n, request.tail_lines))
-                                           for n in names])
+        ended = row.state in TERMINAL  # read before the logs: an ended launch's logs are whole
+
+        def read() -> list[launch_pb2.RankLog]:
+            out = []
+            for n in names:
+                text, end = read_log(logs / n, request.tail_lines, request.after_offsets.get(n), ended)
+                out.append(launch_pb2.RankLog(name=n, text=text, end_offset=end))
+            return out
+        return launch_pb2.LaunchLogs(logs=await asyncio.to_thread(read), state=row.state)

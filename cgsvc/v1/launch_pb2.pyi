@@ -231,25 +231,38 @@ class LaunchEvent(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., launch: _Optional[_Union[Launch, _Mapping]] = ...) -> None: ...
 
 class GetLaunchLogsRequest(_message.Message):
-    __slots__ = ("name", "rank", "tail_lines")
+    __slots__ = ("name", "rank", "tail_lines", "after_offsets")
+    class AfterOffsetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     TAIL_LINES_FIELD_NUMBER: _ClassVar[int]
+    AFTER_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     name: str
     rank: int
     tail_lines: int
-    def __init__(self, name: _Optional[str] = ..., rank: _Optional[int] = ..., tail_lines: _Optional[int] = ...) -> None: ...
+    after_offsets: _containers.ScalarMap[str, int]
+    def __init__(self, name: _Optional[str] = ..., rank: _Optional[int] = ..., tail_lines: _Optional[int] = ..., after_offsets: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class RankLog(_message.Message):
-    __slots__ = ("name", "text")
+    __slots__ = ("name", "text", "end_offset")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     name: str
     text: str
-    def __init__(self, name: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
+    end_offset: int
+    def __init__(self, name: _Optional[str] = ..., text: _Optional[str] = ..., end_offset: _Optional[int] = ...) -> None: ...
 
 class LaunchLogs(_message.Message):
-    __slots__ = ("logs",)
+    __slots__ = ("logs", "state")
     LOGS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     logs: _containers.RepeatedCompositeFieldContainer[RankLog]
-    def __init__(self, logs: _Optional[_Iterable[_Union[RankLog, _Mapping]]] = ...) -> None: ...
+    state: str
+    def __init__(self, logs: _Optional[_Iterable[_Union[RankLog, _Mapping]]] = ..., state: _Optional[str] = ...) -> None: ...

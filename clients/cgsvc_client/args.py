@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -79,6 +80,42 @@ def explained_field(field: str) -> str:
     if (key := field.strip().lower()) in KEYS:
         return key
     raise bad("explain", f"{field!r} is not a field the rules decide; valid: {', '.join(KEYS)}")
+
+
+# Codes that mean no answer came at all (the server or the network is away for a while, as when
+# a replica restarts): a follow or a witness says so and asks again.
+NO_ANSWER = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+
+
+def add_follow(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--follow", "-f", action="store_true", help=what)
+    p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
+                   help="with --follow, how often to ask the server (default 2)")
+
+
+def follow(ns: argparse.Namespace, first: Callable[[], bool], step: Callable[[], bool]) -> int:
+    """Run `first`, then `step` every --interval seconds, until one returns True (what is
+    followed has ended), Ctrl-C or a closed pipe (`... --follow | head`), each exit 0. A poll the
+    server does not answer (NO_ANSWER) is said on stderr and tried again; any other error ends it."""
+    if ns.interval <= 0:
+        raise bad("interval", f"must be more than 0 seconds, got {ns.interval:g}")
+    try:
+        if first():
+            return 0
+        while True:
+            time.sleep(ns.interval)
+            try:
+                if step():
+                    return 0
+            except ServiceError as exc:
+                if exc.code not in NO_ANSWER:
+                    raise
+                print(f"{exc.code}: {exc.message}; asking again in {ns.interval:g} s", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 0
 
 
 def resource_name(collection: str, raw: str) -> str:

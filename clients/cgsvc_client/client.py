@@ -225,8 +225,10 @@ class Client:
     def list_replicas(self) -> launch_pb2.ListReplicasResponse:
         return self.call(self.launches.ListReplicas, launch_pb2.ListReplicasRequest())  # type: ignore[no-any-return]
 
-    def launch_logs(self, name: str, rank: int = -1, tail_lines: int = 0) -> launch_pb2.LaunchLogs:
-        req = launch_pb2.GetLaunchLogsRequest(name=name, rank=rank, tail_lines=tail_lines)
+    def launch_logs(self, name: str, rank: int = -1, tail_lines: int = 0,
+                    after_offsets: dict[str, int] | None = None) -> launch_pb2.LaunchLogs:
+        req = launch_pb2.GetLaunchLogsRequest(name=name, rank=rank, tail_lines=tail_lines,
+                                              after_offsets=after_offsets or {})
         return self.call(self.launches.GetLaunchLogs, req)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ experiments

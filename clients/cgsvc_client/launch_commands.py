@@ -12,6 +12,7 @@ from google.protobuf import json_format
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc_client import render
 from cgsvc_client.args import (
+    add_follow,
     add_listing,
     add_output,
     add_policy,
@@ -19,6 +20,7 @@ from cgsvc_client.args import (
     add_spec_flags,
     add_workload,
     build_spec,
+    follow,
     listing,
     resource_name,
     workload,
@@ -141,14 +143,50 @@ def launches_cancel(ns: argparse.Namespace) -> int:
 
 
 def launches_logs(ns: argparse.Namespace) -> int:
+    name = resource_name("launches", ns.name)
+    if ns.follow:
+        return follow_logs(ns, name)
     with Client.from_args(ns) as c:
-        logs = c.launch_logs(resource_name("launches", ns.name), ns.rank, ns.tail)
+        logs = c.launch_logs(name, ns.rank, ns.tail)
     if render.output_mode(ns) == "json":
-        render.print_json({"logs": [{"name": x.name, "text": x.text} for x in logs.logs]})
+        render.print_json({"logs": [{"name": x.name, "text": x.text, "end_offset": x.end_offset} for x in logs.logs],
+                           "state": logs.state})
     else:
         for x in logs.logs:
             print(f"==> {x.name} <==\n{x.text}")
     return 0
+
+
+def follow_logs(ns: argparse.Namespace, name: str) -> int:
+    """`launches logs --follow`, as `tail -f` over the ranks' logs: the tail, then each log's new
+    lines as they are written, until the launch ends (its state on stderr, exit 0). A log that
+    appears later is read from its start. JSON: one {"log", "text", "end_offset"} line a piece."""
+    as_json = render.output_mode(ns) == "json"
+    offsets: dict[str, int] = {}
+    shown = ""  # the log whose lines were printed last: its header is not repeated
+
+    def emit(answer: Any) -> bool:
+        nonlocal shown
+        for x in answer.logs:
+            offsets[x.name] = x.end_offset
+            if not x.text:
+                continue
+            if as_json:
+                print(json.dumps({"log": x.name, "text": x.text, "end_offset": x.end_offset}, ensure_ascii=False),
+                      flush=True)
+                continue
+            if x.name != shown:
+                print(f"==> {x.name} <==", flush=True)
+                shown = x.name
+            print(x.text, end="" if x.text.endswith("\n") else "\n", flush=True)
+        if answer.state in TERMINAL:
+            print(f"{name} ended {answer.state}", file=sys.stderr, flush=True)
+            return True
+        return False
+
+    with Client.from_args(ns) as c:
+        return follow(ns, lambda: emit(c.launch_logs(name, ns.rank, ns.tail)),
+                      lambda: emit(c.launch_logs(name, ns.rank, 0, after_offsets=offsets)))
 
 
 def replicas_list(ns: argparse.Namespace) -> int:
@@ -194,6 +232,8 @@ def register(sub: Any) -> None:
     p4.add_argument("name", help="launches/ID or ID")
     p4.add_argument("--rank", type=int, default=-1, help="one rank (default: every rank and the supervisor)")
     p4.add_argument("--tail", type=int, default=50, help="last N lines (0: all)")
+    add_follow(p4, "then print each log's new lines as they are written, until the launch ends (exit 0) or "
+                   "Ctrl-C; -o json: one {\"log\", \"text\", \"end_offset\"} line a piece")
     p4.set_defaults(func=launches_logs)
     rs = sub.add_parser("replicas", help="the server replicas on one database and their leases").add_subparsers(
         dest="replicas_command", required=True)

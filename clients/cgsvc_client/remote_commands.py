@@ -6,9 +6,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
-import time
 from typing import Any
 
 from google.protobuf import json_format
@@ -20,11 +18,12 @@ from cgsvc.errors import CODE_NAMES, ServiceError
 from cgsvc_client import checkpoints, evidence_commands, render, witness
 from cgsvc_client.args import (
     add_explain,
+    add_follow,
     add_listing,
     add_output,
     add_server,
-    bad,
     explained_field,
+    follow,
     listing,
     resource_name,
 )
@@ -88,24 +87,20 @@ def audit_list(ns: argparse.Namespace) -> int:
     return 0
 
 
-# Codes after which a follow tries again at the next poll rather than stopping: the server (or
-# the network) is away for a while, as when a replica restarts.
-RETRIED = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
-
-
 def follow_records(ns: argparse.Namespace) -> int:
     """`audit list --follow`, as `tail -f`: the records that match, in sequence order, as they
-    commit — from the end of the log now, or with --all from the start — until Ctrl-C or a closed
-    pipe (exit 0). Polls ListAuditRecords every --interval seconds for sequence > the last seen,
-    so it sees what every replica on the database commits. JSON: one {"record": ...} line each."""
-    if ns.interval <= 0:
-        raise bad("interval", f"must be more than 0 seconds, got {ns.interval:g}")
+    commit — from the end of the log now, or with --all from the start. Polls ListAuditRecords
+    for sequence > the last seen, so it sees what every replica on the database commits.
+    JSON: one {"record": ...} line each."""
     as_json = render.output_mode(ns) == "json"
     user_filter = ns.filter or ""
     widths = [len(h) for h in RECORD_COLUMNS]  # a table's columns widen as wider cells come, never narrow
+    last = 0
 
-    def emit(records: list[Any]) -> None:
+    def emit(records: Any) -> None:
+        nonlocal last
         for r in records:
+            last = r.sequence
             if as_json:
                 print(json.dumps({"record": as_dict(r)}, ensure_ascii=False), flush=True)
                 continue
@@ -113,41 +108,28 @@ def follow_records(ns: argparse.Namespace) -> int:
             widths[:] = [max(w, len(c)) for w, c in zip(widths, cells, strict=True)]
             print("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip(), flush=True)
 
-    try:
-        with Client.from_args(ns) as c:
+    with Client.from_args(ns) as c:
+        def first() -> bool:
+            nonlocal last
             if not as_json:
                 print("  ".join(RECORD_COLUMNS), flush=True)
             if ns.all:
-                records, _ = listing(ns, c.list_audit_records, "records")
-                emit(records)
-                last = records[-1].sequence if records else 0
+                emit(listing(ns, c.list_audit_records, "records")[0])
             else:
                 last = c.get_checkpoint().tree_size
-            print(f"following the audit log after auditRecords/{last}"
-                  + (f" where {user_filter}" if user_filter else "")
+            print(f"following the audit log after auditRecords/{last}" + (f" where {user_filter}" if user_filter else "")
                   + f", every {ns.interval:g} s; Ctrl-C stops", file=sys.stderr, flush=True)
+            return False
+
+        def step() -> bool:
+            query = " AND ".join(f for f in (user_filter, f"sequence > {last}") if f)
+            token = ""
             while True:
-                time.sleep(ns.interval)
-                query = " AND ".join(f for f in (user_filter, f"sequence > {last}") if f)
-                token = ""
-                try:
-                    while True:
-                        page = c.list_audit_records(filter=query, page_size=1000, page_token=token)
-                        emit(list(page.records))
-                        if page.records:
-                            last = page.records[-1].sequence
-                        if not (token := page.next_page_token):
-                            break
-                except ServiceError as exc:
-                    if exc.code not in RETRIED:
-                        raise
-                    print(f"{exc.code}: {exc.message}; trying again in {ns.interval:g} s", file=sys.stderr,
-                          flush=True)
-    except KeyboardInterrupt:
-        return 0
-    except BrokenPipeError:  # `... --follow | head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
-        return 0
+                page = c.list_audit_records(filter=query, page_size=1000, page_token=token)
+                emit(page.records)
+                if not (token := page.next_page_token):
+                    return False
+        return follow(ns, first, step)
 
 
 def audit_show(ns: argparse.Namespace) -> int:
@@ -305,11 +287,8 @@ def register(sub: Any) -> None:
     audit = sub.add_parser("audit", help="the audit log").add_subparsers(dest="audit_command", required=True)
     a = audit.add_parser("list", help="list audit records")
     add_listing(a, 'rule_id = "breakable.mla" AND outcome = "OK"')
-    a.add_argument("--follow", "-f", action="store_true",
-                   help="keep printing the records that match as they commit (from now on; with --all, the "
-                        "history first), until Ctrl-C; -o json: one {\"record\": ...} line each")
-    a.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
-                   help="with --follow, how often to ask the server (default 2)")
+    add_follow(a, "keep printing the records that match as they commit (from now on; with --all, the history "
+                  "first), until Ctrl-C; -o json: one {\"record\": ...} line each")
     a.set_defaults(func=audit_list)
     a2 = audit.add_parser("show", help="show one record")
     a2.add_argument("name", help="auditRecords/N or N")

@@ -42,11 +42,10 @@ from cgsvc.audit import checkpoint, merkle
 from cgsvc.audit.records import utc_now
 from cgsvc.errors import ServiceError
 from cgsvc_client import checkpoints, render
-from cgsvc_client.args import bad, read_json
+from cgsvc_client.args import NO_ANSWER, bad, read_json
 from cgsvc_client.client import Client
 
 LATEST = "latest.json"
-UNREACHABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")  # no answer at all, as opposed to an answer that is no checkpoint
 HISTORY = "history.jsonl"
 
 
@@ -229,7 +228,7 @@ def audit_witness(ns: argparse.Namespace) -> int:
                 # a server that restarts, or a network that drops, is not a verdict: say so and go on
                 # (or a replica left on a retired key, which refuses to sign: the next check may reach another)
                 result = {"witnessed_at": utc_now(), "ok": False, "checked": False,
-                          "reachable": exc.code not in UNREACHABLE, "reason": f"{exc.code}: {exc.message}"}
+                          "reachable": exc.code not in NO_ANSWER, "reason": f"{exc.code}: {exc.message}"}
                 rc = 1
             print(json.dumps({"witness": result}, ensure_ascii=False) if as_json else _line(result), flush=True)
             if not result["ok"] and result.get("checked") is not False:

@@ -291,3 +291,32 @@ def test_watch_streams_progress(srv: ServerProcess, ckpt: str) -> None:
         t.start()
         t.join(180)
         assert "progress" in kinds and done == sorted(done) and done[-1] == 40
+
+
+def test_logs_follow_streams_each_log_whole_until_the_launch_ends(srv: ServerProcess, ckpt: str) -> None:
+    """`launches logs --follow`: the pieces a follower prints join into each log exactly, and it
+    ends by itself, exit 0, when the launch does."""
+    with Client(srv.address) as c:
+        name = c.create_launch(ckpt, {**LONG, "output_len": 60}, spec=KIMI).metadata.name
+        proc = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "launches", "logs", name, "--follow",
+                               "--interval", "0.2", "--tail", "0", "--server", srv.address, "-o", "json"],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"{name} ended SUCCEEDED" in proc.stderr
+        pieces = [json.loads(line) for line in proc.stdout.splitlines()]
+        whole = {x.name: x.text for x in c.launch_logs(name).logs}
+        followed: dict[str, str] = {}
+        for piece in pieces:
+            followed[piece["log"]] = followed.get(piece["log"], "") + piece["text"]
+        assert followed == {k: v for k, v in whole.items() if v}
+        assert {"rank0.log", "rank1.log", "rank2.log", "rank3.log"} <= set(followed)
+        assert "rank 0: captured in" in followed["rank0.log"] and "60 of 60 tokens generated" in followed["rank0.log"]
+        assert len(pieces) > len(followed), "some log was followed as it grew, not only read at the end"
+        ended = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "launches", "logs", name, "-f", "--tail",
+                                "2", "--server", srv.address, "-o", "table"],
+                               capture_output=True, text=True, timeout=60, cwd=ROOT)  # an ended launch: tail, done
+        assert ended.returncode == 0 and f"{name} ended SUCCEEDED" in ended.stderr
+        assert ended.stdout.startswith("==> rank0.log <==\n") and "==> rank3.log <==" in ended.stdout
+        with pytest.raises(ServiceError) as e:
+            c.launch_logs(name, after_offsets={"rank0.log": -1})
+        assert e.value.code == "INVALID_ARGUMENT" and "after_offsets" in str(e.value.to_dict())

@@ -43,6 +43,12 @@ def emit(ns: argparse.Namespace, rank: int, event: StateEvent | ProgressEvent | 
         append_event(ns.events, event)
 
 
+def say(rank: int, text: str) -> None:
+    """A line of progress in this rank's log (its stderr): what it is doing now, so that a
+    follower (`cgsvc-cli launches logs --follow`) or a person at a terminal sees each stage."""
+    print(f"{time.strftime('%H:%M:%S')} rank {rank}: {text}", file=sys.stderr, flush=True)
+
+
 def redirect_logs(ns: argparse.Namespace, rank: int) -> None:
     """Send this rank's stdout and stderr (fds 1 and 2, so native libraries too) to its log file."""
     if not getattr(ns, "log_dir", None):
@@ -141,21 +147,30 @@ def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
     where = placement(group)
     emit(ns, group.rank, PlacedEvent(tuple(device_name(p) for p in where)))
     emit(ns, group.rank, StateEvent("loading"))
+    visible = where[group.rank]["visible_devices"]
+    say(group.rank, f"up on {group.device}{f' (CUDA_VISIBLE_DEVICES={visible})' if visible else ''}, one of "
+                    f"{world} ranks (process group in {t_group:.1f} s); loading {ns.model_path}")
     plan_view = read_plan(ns)
     engine = Engine(ns.model_path, group, plan_view, engine_options(ns))
     prompts = load_prompts(ns, engine.cfg.vocab_size, engine.max_context)
     emit(ns, group.rank, StateEvent("capturing"))
+    say(group.rank, f"loaded in {time.perf_counter() - t0 - t_group:.1f} s; capturing the planned sizes")
     t_cap = time.perf_counter()
     engine.capture()
     capture_s = time.perf_counter() - t_cap
     emit(ns, group.rank, StateEvent("running"))
-    last = [0.0]
+    say(group.rank, f"captured in {capture_s:.1f} s; running {len(prompts)} requests, up to {ns.max_new_tokens} "
+                    "new tokens each")
+    last = [0.0, time.perf_counter()]  # the last progress event, the last progress line
 
     def progress(done: int, total: int) -> None:
         now = time.perf_counter()
         if now - last[0] > 0.25 or done == total:
             last[0] = now
             emit(ns, group.rank, ProgressEvent(done, total))
+        if group.rank == 0 and (now - last[1] > 5 or done == total):
+            last[1] = now
+            say(group.rank, f"{done} of {total} tokens generated")
 
     sampler = driver.Sampler(ns.temperature, ns.seed)
     concurrency = ns.concurrency or len(prompts)
