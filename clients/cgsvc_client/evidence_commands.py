@@ -25,6 +25,7 @@ from cgsvc_client.args import (
     workload,
 )
 from cgsvc_client.client import Client
+from cgsvc_client.launch_commands import TERMINAL
 
 
 def _show(value: Any) -> str:
@@ -208,7 +209,7 @@ def experiment_table(d: dict[str, Any], style: render.Style) -> str:
 
 
 def _experiment_progress(msg: Any, last: list[str]) -> None:
-    done = sum(1 for r in msg.runs if r.state in ("SUCCEEDED", "FAILED", "CANCELLED", "LOST"))
+    done = sum(1 for r in msg.runs if r.state in TERMINAL)
     total = 2 * msg.repeats
     current = msg.runs[-1] if msg.runs else None
     line = f"{msg.state:<9} {done}/{total} launches" + (
