@@ -29,6 +29,7 @@ from cgsvc.domain import stats
 from cgsvc.domain.launches import (
     TERMINAL,
     Launches,
+    PlanSource,
     TakenOver,
     order_for,
     read_checkpoint,
@@ -131,7 +132,7 @@ class Experiments:
             ids.append(name[len(prefix):])
         ckpt = read_checkpoint(model_path, workload, self.plans.model_roots)
         for plan_id in ids:  # both arms must be launchable before anything runs
-            order_for(await self.plans.get(plan_id), ckpt, model_path, workload, dispatcher, True)
+            order_for(PlanSource.stored(await self.plans.get(plan_id)), ckpt, model_path, workload, dispatcher, True)
         if dispatcher not in self.launches.dispatchers:
             raise ServiceError("FAILED_PRECONDITION", f"dispatcher {dispatcher!r} is not configured on this server",
                                [FieldViolation("dispatcher", f"one of {', '.join(self.launches.dispatchers)}")])
@@ -201,7 +202,7 @@ class Experiments:
         substituted: dict[str, list[str]] = {arm: [] for arm in ARMS}
         try:
             ckpt = read_checkpoint(req["model_path"], workload, self.plans.model_roots)
-            plans = [await self.plans.get(name.removeprefix("plans/")) for name in req["plans"]]
+            plans = [PlanSource.stored(await self.plans.get(name.removeprefix("plans/"))) for name in req["plans"]]
             for repeat in range(1, req["repeats"] + 1):
                 for arm, plan in zip(ARMS, plans, strict=True):
                     order = order_for(plan, ckpt, req["model_path"], workload, req["dispatcher"], True)

@@ -126,23 +126,47 @@ def read_checkpoint(model_path: str, workload: Workload, roots: catalog.ModelRoo
     return ckpt
 
 
-def order_for(stored: StoredPlan, ckpt: catalog.ModelFacts, model_path: str, workload: Workload, dispatcher: str,
+@dataclass(frozen=True)
+class PlanSource:
+    """The plan a launch runs: a stored plan, or (validate_only) a resolution that is not stored
+    (no plan_id; `audit_record` is its validate_only ResolvePlan record)."""
+
+    plan_id: str
+    plan_json: str
+    spec_json: str
+    audit_record: str
+
+    @classmethod
+    def stored(cls, stored: StoredPlan) -> PlanSource:
+        return cls(stored.row.plan_id, stored.row.plan_json, stored.row.spec_json, f"auditRecords/{stored.sequence}")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What admitting an order found: the devices it would be placed on now (empty when it would
+    wait for them), and how many of the dispatcher's devices are free."""
+
+    devices: list[str]
+    free: int
+    slots: int
+
+
+def order_for(plan: PlanSource, ckpt: catalog.ModelFacts, model_path: str, workload: Workload, dispatcher: str,
               wait: bool, request_id: str = "", request_hash: str = "") -> LaunchOrder:
-    """The order that runs a stored plan on a checkpoint (FAILED_PRECONDITION when the
-    checkpoint is of another model family than the plan's)."""
-    spec = json.loads(stored.row.spec_json)
+    """The order that runs a plan on a checkpoint (FAILED_PRECONDITION when the checkpoint is of
+    another model family than the plan's)."""
+    spec = json.loads(plan.spec_json)
     wanted = catalog.facts_for_spec(spec)
     if wanted is not None and wanted.text_architecture != ckpt.text_architecture:
         raise ServiceError("FAILED_PRECONDITION",
                            f"the checkpoint at {model_path} is a {ckpt.text_architecture} model; the plan was "
                            f"resolved for {wanted.name} ({wanted.text_architecture})",
                            [FieldViolation("model_path", "a checkpoint of the plan's model family")])
-    return LaunchOrder(plan_id=stored.row.plan_id, plan_json=stored.row.plan_json, spec_json=stored.row.spec_json,
-                       plan_audit=f"auditRecords/{stored.sequence}",
-                       tp=int(spec.get("parallelism", {}).get("tp", 1)), model_path=model_path,
-                       workload=workload, dispatcher=dispatcher, wait=wait, request_id=request_id,
-                       request_hash=request_hash,
-                       rule_ids=tuple(rule_ids(codec.plan_from_dict(json.loads(stored.row.plan_json)))))
+    return LaunchOrder(plan_id=plan.plan_id, plan_json=plan.plan_json, spec_json=plan.spec_json,
+                       plan_audit=plan.audit_record, tp=int(spec.get("parallelism", {}).get("tp", 1)),
+                       model_path=model_path, workload=workload, dispatcher=dispatcher, wait=wait,
+                       request_id=request_id, request_hash=request_hash,
+                       rule_ids=tuple(rule_ids(codec.plan_from_dict(json.loads(plan.plan_json)))))
 
 
 def request_hash(parts: dict[str, Any]) -> str:
@@ -301,9 +325,10 @@ class Launches:
             return [d for r in held for d in r.devices]
         return [f"ray{i}" for i in range(sum(r.tp for r in held))]
 
-    async def create(self, order: LaunchOrder, caller: Caller) -> tuple[LaunchRow, bool]:
-        """Start a launch (or find the one this request_id already started); returns the row
-        and whether it is new."""
+    async def admit(self, order: LaunchOrder) -> Admission:
+        """Whether this server can run `order` now: its dispatcher is configured and reachable,
+        the plan fits the dispatcher's devices, and enough are free (or the order waits for
+        them); the refusal a launch gets otherwise."""
         disp = self.dispatchers.get(order.dispatcher)
         if disp is None:
             raise ServiceError("FAILED_PRECONDITION", f"dispatcher {order.dispatcher!r} is not configured on this "
@@ -316,11 +341,17 @@ class Launches:
             raise ServiceError("FAILED_PRECONDITION", f"the plan needs {order.tp} devices, the {order.dispatcher} "
                                f"dispatcher has {disp.slots} in all ({', '.join(disp.inventory.devices)})",
                                [FieldViolation("plan", f"tp={order.tp} > {disp.slots} devices")])
-        active = await asyncio.to_thread(self.store.in_states, ACTIVE)
-        free = disp.slots - len(self._busy(disp, active))
+        busy = self._busy(disp, await asyncio.to_thread(self.store.in_states, ACTIVE))
+        free = disp.slots - len(busy)
         if free < order.tp and not order.wait:
             raise ServiceError("RESOURCE_EXHAUSTED", f"the plan needs {order.tp} devices and {free} of {disp.slots} "
                                "are free; retry later or set wait_for_resources to queue")
+        return Admission(disp.inventory.take(order.tp, busy) or [], free, disp.slots)
+
+    async def create(self, order: LaunchOrder, caller: Caller) -> tuple[LaunchRow, bool]:
+        """Start a launch (or find the one this request_id already started); returns the row
+        and whether it is new."""
+        await self.admit(order)
         launch_id = new_id()
         run = RunDir(self.run_root / launch_id)
         row = LaunchRow(launch_id=launch_id, plan_id=order.plan_id, state="PLACING", principal=caller.principal,

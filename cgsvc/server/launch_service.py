@@ -10,16 +10,20 @@ is refused.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from cgsvc import codec
+from cgsvc.audit.auditor import Auditor
 from cgsvc.contract import RunDir
 from cgsvc.domain.launches import (
     CREATE_METHOD,
     TERMINAL,
     Launches,
+    PlanSource,
     order_for,
     read_checkpoint,
     read_log,
@@ -52,6 +56,8 @@ class LaunchService:
                            rc: RequestContext) -> launch_pb2.Operation:
         who = caller(rc)
         try:
+            if request.validate_only:
+                return await self._validate(request, who)
             row = await self._create(request, who)
         except ServiceError as err:
             fields = self.plans.auditor.spec_fields(
@@ -62,7 +68,10 @@ class LaunchService:
         msg = await self._proto(row)
         return launch_pb2.Operation(name=f"operations/{row.launch_id}", done=row.state in TERMINAL, metadata=msg)
 
-    async def _create(self, request: launch_pb2.CreateLaunchRequest, who: Caller) -> LaunchRow:
+    @staticmethod
+    def _checked(request: launch_pb2.CreateLaunchRequest) -> tuple[Workload, str, str, dict[str, Any]]:
+        """The request's workload, checkpoint path, dispatcher and source (a spec as a dict, or
+        {"plan": name}); INVALID_ARGUMENT naming every problem."""
         wl = request.workload
         workload = Workload(wl.input_len, wl.output_len, wl.requests, wl.concurrency, wl.seed)
         problems = workload_problems(workload, request.model_path)
@@ -70,10 +79,41 @@ class LaunchService:
             problems.append(FieldViolation("source", "give spec (resolved now) or plan (plans/ID of a stored plan)"))
         if problems:
             raise ServiceError.invalid(problems)
-        model_path = os.path.abspath(request.model_path)
-        dispatcher = request.dispatcher or "local"
         source = (codec.spec_dict_from_proto(request.spec) if request.WhichOneof("source") == "spec"
                   else {"plan": request.plan})
+        return workload, os.path.abspath(request.model_path), request.dispatcher or "local", source
+
+    async def _validate(self, request: launch_pb2.CreateLaunchRequest, who: Caller) -> launch_pb2.Operation:
+        """CreateLaunch with validate_only: every check a launch gets, one record, nothing stored
+        or started; the answer describes the launch that would be made."""
+        workload, model_path, dispatcher, source = self._checked(request)
+        ckpt = read_checkpoint(model_path, workload, self.plans.model_roots)
+        if request.WhichOneof("source") == "spec":
+            recorded = await self.plans.resolve_and_record(source, who, validate_only=True, policy=request.policy)
+            plan = PlanSource("", recorded.resolution.plan_json, recorded.resolution.audit_fields["spec_json"],
+                              recorded.audit_record)
+        else:
+            plan = PlanSource.stored(await self.plans.get(parse_name(request.plan, "plans", "plan")))
+        order = order_for(plan, ckpt, model_path, workload, dispatcher, request.wait_for_resources)
+        admitted = await self.launches.admit(order)
+        placement = (f"validate_only: {admitted.free} of {admitted.slots} {dispatcher} devices free now; "
+                     + (f"would be placed on {', '.join(admitted.devices)}" if admitted.devices
+                        else f"would wait in PLACING for {order.tp}"))
+        described = Auditor.spec_fields(json.loads(order.spec_json))
+        record = await self.launches.audit(
+            None, who.principal, CREATE_METHOD, "OK",
+            f"validate_only: would launch {order.plan_audit} on {order.tp} {dispatcher} ranks; nothing was started "
+            f"({admitted.free} of {admitted.slots} devices free)", caller=who, spec_json=order.spec_json,
+            model=described.get("model", ""), gpu=described.get("gpu", ""), rule_ids=order.rule_ids)
+        would = launch_pb2.Launch(
+            plan=f"plans/{plan.plan_id}" if plan.plan_id else "", workload=request.workload, model_path=model_path,
+            tp=order.tp, dispatcher=dispatcher, tokens_total=workload.requests * workload.output_len,
+            plan_audit_record=plan.audit_record, audit_records=[record], principal=who.principal,
+            devices=admitted.devices, placement=placement)
+        return launch_pb2.Operation(done=True, metadata=would)
+
+    async def _create(self, request: launch_pb2.CreateLaunchRequest, who: Caller) -> LaunchRow:
+        workload, model_path, dispatcher, source = self._checked(request)
         digest = request_hash({"source": source, "policy": request.policy, "workload": workload.__dict__,
                                "model_path": model_path,
                                "dispatcher": dispatcher, "wait_for_resources": request.wait_for_resources})
@@ -88,7 +128,7 @@ class LaunchService:
             plan_id = recorded.plan_id
         else:
             plan_id = parse_name(request.plan, "plans", "plan")
-        order = order_for(await self.plans.get(plan_id), ckpt, model_path, workload, dispatcher,
+        order = order_for(PlanSource.stored(await self.plans.get(plan_id)), ckpt, model_path, workload, dispatcher,
                           request.wait_for_resources, request.request_id, digest)
         row, new = await self.launches.create(order, who)
         if not new:  # another call with this request_id got there first (a concurrent retry)

@@ -153,7 +153,7 @@ class ListReplicasResponse(_message.Message):
     def __init__(self, replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
 
 class CreateLaunchRequest(_message.Message):
-    __slots__ = ("spec", "plan", "workload", "model_path", "request_id", "dispatcher", "wait_for_resources", "policy")
+    __slots__ = ("spec", "plan", "workload", "model_path", "request_id", "dispatcher", "wait_for_resources", "policy", "validate_only")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,7 @@ class CreateLaunchRequest(_message.Message):
     DISPATCHER_FIELD_NUMBER: _ClassVar[int]
     WAIT_FOR_RESOURCES_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
     spec: _launch_spec_pb2.LaunchSpec
     plan: str
     workload: LaunchWorkload
@@ -170,7 +171,8 @@ class CreateLaunchRequest(_message.Message):
     dispatcher: str
     wait_for_resources: bool
     policy: str
-    def __init__(self, spec: _Optional[_Union[_launch_spec_pb2.LaunchSpec, _Mapping]] = ..., plan: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., request_id: _Optional[str] = ..., dispatcher: _Optional[str] = ..., wait_for_resources: _Optional[bool] = ..., policy: _Optional[str] = ...) -> None: ...
+    validate_only: bool
+    def __init__(self, spec: _Optional[_Union[_launch_spec_pb2.LaunchSpec, _Mapping]] = ..., plan: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., request_id: _Optional[str] = ..., dispatcher: _Optional[str] = ..., wait_for_resources: _Optional[bool] = ..., policy: _Optional[str] = ..., validate_only: _Optional[bool] = ...) -> None: ...
 
 class Operation(_message.Message):
     __slots__ = ("name", "done", "metadata", "error_code", "error_message")

@@ -194,10 +194,12 @@ class Client:
     # ------------------------------------------------------------------ launches
     def create_launch(self, model_path: str, workload: dict[str, int], spec: dict[str, Any] | None = None,
                       plan: str = "", wait_for_resources: bool = False, dispatcher: str = "",
-                      request_id: str | None = None, policy: str = "") -> launch_pb2.Operation:
+                      request_id: str | None = None, policy: str = "",
+                      validate_only: bool = False) -> launch_pb2.Operation:
         req = launch_pb2.CreateLaunchRequest(model_path=model_path, workload=launch_pb2.LaunchWorkload(**workload),
                                              wait_for_resources=wait_for_resources, dispatcher=dispatcher,
-                                             request_id=request_id or uuid.uuid4().hex, policy=policy)
+                                             request_id=request_id or uuid.uuid4().hex, policy=policy,
+                                             validate_only=validate_only)
         if spec is not None:
             req.spec.CopyFrom(codec.spec_proto_from_dict(spec))
         else:

@@ -61,7 +61,8 @@ class Progress:
 
 def report_table(launch: Any) -> str:
     r = launch.report
-    rows = [("launch", f"{launch.name} ({launch.state})"), ("plan", f"{launch.plan} (audit {launch.plan_audit_record})"),
+    rows = [("launch", f"{launch.name} ({launch.state})" if launch.name else "none made (validate_only)"),
+            ("plan", f"{launch.plan or 'resolved for the check, not stored'} (audit {launch.plan_audit_record})"),
             ("workers", f"{launch.tp} ranks, {launch.dispatcher} dispatcher, {launch.model_path}"),
             ("devices", ", ".join(launch.devices) or "(not placed yet)"),
             ("supervised by", launch.owner or "-"),
@@ -90,11 +91,21 @@ def cmd_launch(ns: argparse.Namespace) -> int:
         raise ServiceError.invalid([FieldViolation("plan", "give a spec or --plan, not both")])
     if spec is None and not ns.plan:
         raise ServiceError.invalid([FieldViolation("spec", "give --spec FILE (or --model/--gpu flags) or --plan plans/ID")])
+    if ns.validate_only and ns.wait:
+        raise ServiceError.invalid([FieldViolation("wait", "a --validate-only launch starts nothing to wait for")])
     with Client.from_args(ns) as c:
         op = c.create_launch(ns.checkpoint, workload(ns), spec=spec, plan=ns.plan or "",
                              wait_for_resources=ns.wait_for_resources, dispatcher=ns.dispatcher or "",
-                             request_id=ns.request_id, policy=ns.policy or "")
+                             request_id=ns.request_id, policy=ns.policy or "", validate_only=ns.validate_only)
         launch = op.metadata
+        if ns.validate_only:
+            if render.output_mode(ns) == "json":
+                render.print_json({"validated": launch_dict(launch)})
+            else:
+                print(f"valid: would launch {launch.plan or launch.plan_audit_record} on {launch.tp} "
+                      f"{launch.dispatcher} ranks; nothing was started (audit {launch.audit_records[0]})\n")
+                print(report_table(launch))
+            return 0
         if ns.wait:
             bar = Progress()
             for event in c.watch_launch(launch.name):
@@ -214,6 +225,9 @@ def register(sub: Any) -> None:
                                           "(default: a fresh id per invocation)")
     la.add_argument("--wait", action="store_true", help="follow progress until the launch ends")
     la.add_argument("--wait-for-resources", action="store_true", help="queue when devices are busy instead of failing")
+    la.add_argument("--validate-only", action="store_true",
+                    help="check everything a launch is checked for (workload, checkpoint and model family, plan, "
+                         "dispatcher, free devices), audited, and start nothing")
     la.set_defaults(func=cmd_launch)
     add_output(la)
     add_server(la, required=True)

@@ -320,3 +320,47 @@ def test_logs_follow_streams_each_log_whole_until_the_launch_ends(srv: ServerPro
         with pytest.raises(ServiceError) as e:
             c.launch_logs(name, after_offsets={"rank0.log": -1})
         assert e.value.code == "INVALID_ARGUMENT" and "after_offsets" in str(e.value.to_dict())
+
+
+def test_validate_only_checks_everything_a_launch_would_and_starts_nothing(srv: ServerProcess, ckpt: str,
+                                                                          tmp_path: Path) -> None:
+    """CreateLaunch with validate_only (`launch --validate-only`): the same checks, the devices it
+    would get now, one audited answer; no launch, no plan, no process."""
+    with Client(srv.address) as c:
+        before = c.get_checkpoint().tree_size
+        op = c.create_launch(ckpt, SHORT, spec=KIMI, validate_only=True)
+        would = op.metadata
+        assert (op.name, op.done, would.name, would.state, would.plan) == ("", True, "", "", "")
+        assert would.tp == 4 and list(would.devices) == ["cpu0", "cpu1", "cpu2", "cpu3"]
+        assert would.placement.startswith("validate_only: 4 of 4 local devices free now")
+        assert would.model_path == os.path.abspath(ckpt) and would.workload.output_len == SHORT["output_len"]
+        records = c.list_audit_records(f"sequence > {before}").records
+        assert [(r.method.rsplit("/", 1)[1], r.outcome_code, r.plan_id, r.launch_id) for r in records] == [
+            ("ResolvePlan", 0, "", ""), ("CreateLaunch", 0, "", "")]
+        assert records[1].outcome_message.startswith("validate_only: would launch") and records[1].rule_ids
+        assert list(would.audit_records) == [records[1].name] and would.plan_audit_record == records[0].name
+        stored = c.resolve_proto(KIMI)  # a stored plan validates against the checkpoint too
+        assert c.create_launch(ckpt, SHORT, plan=stored.name, validate_only=True).metadata.plan == stored.name
+        # what a launch would be refused for, it is refused for, audited alike
+        for kwargs, code in (({"spec": KIMI, "workload": {**SHORT, "requests": 0}}, "INVALID_ARGUMENT"),
+                             ({"spec": KIMI, "model_path": str(llama_dir(tmp_path / "llama"))}, "FAILED_PRECONDITION"),
+                             ({"spec": {**KIMI, "parallelism": {"tp": 8}, "hardware": {"gpu": "GB300", "gpu_count": 8}}},
+                              "FAILED_PRECONDITION")):
+            args = {"model_path": ckpt, "workload": SHORT, **kwargs}
+            with pytest.raises(ServiceError) as e:
+                c.create_launch(args.pop("model_path"), args.pop("workload"), validate_only=True, **args)
+            assert e.value.code == code, (kwargs, e.value.message)
+        running = c.create_launch(ckpt, {**LONG, "output_len": 30}, spec=KIMI).metadata.name
+        with pytest.raises(ServiceError) as e:  # the devices are busy: as a launch would be, unless it would queue
+            c.create_launch(ckpt, SHORT, spec=KIMI, validate_only=True)
+        assert e.value.code == "RESOURCE_EXHAUSTED"
+        queued = c.create_launch(ckpt, SHORT, spec=KIMI, validate_only=True, wait_for_resources=True).metadata
+        assert list(queued.devices) == [] and "would wait in PLACING" in queued.placement
+        assert [x.name for x in c.list_launches().launches] == [running]  # none of the checks made a launch
+        wait_state(c, running, ("SUCCEEDED",), timeout=180)
+    out = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "launch", "--validate-only", "--spec",
+                          str(ROOT / "examples" / "kimi-k2.6-gb300-tp4.json"), "--model-path", ckpt,
+                          "--server", srv.address, "-o", "table"], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("valid: would launch") and "nothing was started" in out.stdout
