@@ -10,7 +10,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from cgsvc.errors import FieldViolation, ServiceError
@@ -222,20 +222,53 @@ def add_listing(p: argparse.ArgumentParser, example: str) -> None:
                    help="follow next_page_token to the last page: every match in one table or JSON list")
 
 
-def listing(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field: str) -> tuple[list[Any], str]:
-    """A List command's items: the page --page-token names or, with --all, every page from there
-    to the last (progress on a terminal's stderr); and the next page's token ("" after the last)."""
-    items: list[Any] = []
+def pages(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field: str) -> Iterator[tuple[Any, str]]:
+    """The pages a List command reads, each with the next page's token: the page --page-token
+    names or, with --all, every page from there to the last (a running count on a terminal's
+    stderr)."""
     token = ns.page_token or ""
     progress = ns.all and sys.stderr.isatty()
+    seen = 0
     while True:
         page = fetch(ns.filter or "", ns.page_size, token)
-        items += getattr(page, field)
-        token = page.next_page_token
+        items, token = getattr(page, field), page.next_page_token
+        seen += len(items)
         if progress:
-            print(f"\r{len(items)} {field} so far ...", end="" if token else "\n", file=sys.stderr, flush=True)
+            print(f"\r{seen} {field} so far ...", end="" if token else "\n", file=sys.stderr, flush=True)
+        yield items, token
         if not (ns.all and token):
-            return items, token
+            return
+
+
+def listing(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field: str) -> tuple[list[Any], str]:
+    """A List command's items (pages()) and the next page's token ("" after the last)."""
+    items: list[Any] = []
+    token = ""
+    for got, after in pages(ns, fetch, field):
+        items += got
+        token = after
+    return items, token
+
+
+def streamed(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field: str,
+             to_dict: Callable[[Any], dict[str, Any]]) -> bool:
+    """`--all -o json`: print each page's items as they come, in the very layout print_json gives
+    the whole answer, so that an export of a million audit records runs in constant memory.
+    False (nothing printed) for any other listing."""
+    from cgsvc_client import render
+
+    if not (ns.all and render.output_mode(ns) == "json"):
+        return False
+    out, first = sys.stdout, True
+    out.write(f"{{\n  {json.dumps(field)}: [")
+    for items, _ in pages(ns, fetch, field):
+        for item in items:
+            text = json.dumps(to_dict(item), indent=2, ensure_ascii=False).replace("\n", "\n    ")
+            out.write(("\n    " if first else ",\n    ") + text)
+            first = False
+        out.flush()
+    out.write(("]" if first else "\n  ]") + ',\n  "next_page_token": ""\n}\n')
+    return True
 
 
 def add_server(p: argparse.ArgumentParser, required: bool = False) -> None:

@@ -22,6 +22,7 @@ from cgsvc_client.args import (
     read_json,
     resolve_offline,
     resource_name,
+    streamed,
     workload,
 )
 from cgsvc_client.client import Client
@@ -252,6 +253,8 @@ def cmd_experiments_show(ns: argparse.Namespace) -> int:
 
 def cmd_experiments_list(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
+        if streamed(ns, c.list_experiments, "experiments", codec.experiment_dict):
+            return 0
         found, token = listing(ns, c.list_experiments, "experiments")
     items = [codec.experiment_dict(m) for m in found]
     if render.output_mode(ns) == "json":

@@ -23,6 +23,7 @@ from cgsvc_client.args import (
     follow,
     listing,
     resource_name,
+    streamed,
     workload,
 )
 from cgsvc_client.client import Client
@@ -122,6 +123,8 @@ def cmd_launch(ns: argparse.Namespace) -> int:
 
 def launches_list(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
+        if streamed(ns, c.list_launches, "launches", launch_dict):
+            return 0
         launches, token = listing(ns, c.list_launches, "launches")
     if render.output_mode(ns) == "json":
         render.print_json({"launches": [launch_dict(x) for x in launches], "next_page_token": token})

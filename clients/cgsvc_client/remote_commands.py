@@ -26,6 +26,7 @@ from cgsvc_client.args import (
     follow,
     listing,
     resource_name,
+    streamed,
 )
 from cgsvc_client.client import Client
 
@@ -36,6 +37,8 @@ def as_dict(msg: Message) -> dict[str, Any]:
 
 def plans_list(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
+        if streamed(ns, c.list_plans, "plans", codec.plan_dict_from_proto_resource):
+            return 0
         plans, token = listing(ns, c.list_plans, "plans")
     if render.output_mode(ns) == "json":
         render.print_json({"plans": [codec.plan_dict_from_proto_resource(p) for p in plans], "next_page_token": token})
@@ -79,6 +82,8 @@ def audit_list(ns: argparse.Namespace) -> int:
     if ns.follow:
         return follow_records(ns)
     with Client.from_args(ns) as c:
+        if streamed(ns, c.list_audit_records, "records", as_dict):
+            return 0
         records, token = listing(ns, c.list_audit_records, "records")
     if render.output_mode(ns) == "json":
         render.print_json({"records": [as_dict(r) for r in records], "next_page_token": token})

@@ -111,6 +111,11 @@ def test_list_all_follows_every_page(server: ServerProcess, client: Client) -> N
             break
     every = listed("audit", "list", "--page-size", "2", "--all")
     assert len(by_hand) >= 3 and every["records"] == by_hand and every["next_page_token"] == ""
+    # streamed page by page (constant memory for a million records), in print_json's very layout
+    raw = cli("audit", "list", "--page-size", "2", "--all", "--server", server.address, "-o", "json").stdout
+    assert raw == json.dumps({"records": by_hand, "next_page_token": ""}, indent=2, ensure_ascii=False) + "\n"
+    none = cli("launches", "list", "--filter", 'state = "RUNNING"', "--all", "--server", server.address, "-o", "json")
+    assert none.stdout == '{\n  "launches": [],\n  "next_page_token": ""\n}\n'
     plans = listed("plans", "list", "--page-size", "1", "--all")
     assert len(plans["plans"]) >= 3 and plans["next_page_token"] == ""
     table = cli("plans", "list", "--page-size", "1", "--all", "--server", server.address, "-o", "table").stdout
@@ -431,3 +436,32 @@ def test_plans_show_explain_answers_why_a_stored_plan_has_its_mode(server: Serve
     assert plan.name in table and "breakable.mla" in table and "sizes.decode.bs" not in table
     typo = cli("plans", "show", plan.name, "--explain", "prefill.bakend", "--server", server.address, "-o", "json")
     assert typo.returncode == 2 and json.loads(typo.stdout)["error"]["field_violations"][0]["field"] == "explain"
+
+
+def test_a_follow_outlives_a_server_restart(tmp_path: Path) -> None:
+    """A follower says the server is not answering and asks again; the restarted server's records
+    come through, none twice and none missed."""
+    srv = ServerProcess(tmp_path / "srv").start()
+    proc = follow(srv, "--filter", 'method = "ResolvePlan"')
+    try:
+        assert proc.stderr is not None and proc.stdout is not None
+        assert proc.stderr.readline().startswith("following the audit log after auditRecords/")
+        with Client(srv.address) as c:
+            c.resolve(KIMI)
+        first = json.loads(proc.stdout.readline())["record"]
+        srv.stop()
+        assert "UNAVAILABLE" in proc.stderr.readline()  # said, and asked again
+        srv.start()  # the same data directory and port
+        with Client(srv.address) as c:
+            c.resolve(KIMI)
+            c.resolve(KIMI)
+            last = c.get_checkpoint().tree_size
+        later = [json.loads(proc.stdout.readline())["record"] for _ in range(2)]
+        sequences = [int(first["sequence"]), *(int(r["sequence"]) for r in later)]
+        assert sequences == sorted(set(sequences)) and sequences[-1] == last
+        assert all(r["method"].endswith("/ResolvePlan") for r in later)
+        assert "Traceback" not in stop(proc)
+    finally:
+        proc.kill()
+        proc.wait()
+        srv.stop()
