@@ -2,9 +2,7 @@
 
     cgsvc serve [--config FILE.toml] [--address HOST:PORT] [--data-dir DIR] [--database-url URL]
                 [--tls-cert F --tls-key F [--tls-client-ca F]] [--token-file F] [--metrics-address HOST:PORT]
-    cgsvc token new --principal P --role R [--expires T] [--append FILE]   a new token and its entry
-    cgsvc token hash [TOKEN]        print the SHA-256 to put in a token file (reads stdin without TOKEN)
-    cgsvc token check FILE [-o json] check a token file as `serve` would; list who it admits
+    cgsvc token new|revoke|check|hash ...   the token file's commands (cgsvc/server/token_commands.py)
 
 Every setting can also come from the environment as CGSVC_<NAME> (e.g. CGSVC_DATABASE_URL).
 """
@@ -13,29 +11,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import datetime as dt
 import gc
-import json
 import logging
 import os
-import secrets
 import signal
-import stat
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from pathlib import Path
 from typing import Any
 
 import structlog
 
 from cgsvc import __version__
-from cgsvc.errors import FieldViolation, ServiceError
-from cgsvc.server.auth import ROLES, Principal, TokenFileError, hash_token, load_token_file
+from cgsvc.server import token_commands
 from cgsvc.server.config import ServerConfig, load_config
+from cgsvc.server.token_commands import EXPIRY_WARNING_DAYS, token_warnings
 
 # The server itself (gRPC, the stores, the services) is imported where it is served, not here:
 # the audit writer's child process is started with spawn, which imports this module again first.
@@ -193,145 +185,10 @@ async def serve(cfg: ServerConfig, loop_line: str = "") -> int:
     return 0
 
 
-NO_ROLES = "it is authenticated but may call no cgsvc method (health and reflection need no token)"
-EXPIRY_WARNING_DAYS = 7
-
-
-def token_warnings(tokens: dict[str, Principal], certificates: dict[str, Principal], now: float) -> list[str]:
-    """What a token file admits that is likely a mistake or about to bite: a principal with no
-    roles (a typo, or an account switched off by hand: either way it can call nothing of
-    cgsvc's), a token already expired, one that expires within EXPIRY_WARNING_DAYS."""
-    out = sorted({f"token principal {p.name!r} has no roles: {NO_ROLES}" for p in tokens.values() if not p.roles}
-                 | {f"certificate {cn!r} has no roles: {NO_ROLES}" for cn, p in certificates.items() if not p.roles})
-    for p in sorted(tokens.values(), key=lambda p: (p.name, p.expires)):
-        if p.expires and p.expires <= now:
-            out.append(f"a token of principal {p.name!r} expired at {p.expiry()}: it is refused")
-        elif p.expires and p.expires - now < EXPIRY_WARNING_DAYS * 86400:
-            out.append(f"a token of principal {p.name!r} expires at {p.expiry()}, in "
-                       f"{(p.expires - now) / 86400:.1f} days")
-    return out
-
-
 def _redact(url: str) -> str:
     from cgsvc.audit.records import mask_secrets
 
     return str(mask_secrets(url))
-
-
-def _check_token_file(path: str, output: str) -> int:
-    """Exit 0 and list the file's principals, or exit 2 naming the entry `serve` would refuse."""
-    from cgsvc_client import render
-
-    try:
-        tokens, certificates = load_token_file(path)
-    except TokenFileError as exc:
-        if output == "json":
-            error = ServiceError("INVALID_ARGUMENT", str(exc), [FieldViolation("token_file", str(exc))])
-            render.print_json({"error": error.to_dict()})
-        else:
-            print(f"cgsvc: {exc}", file=sys.stderr)
-        return 2
-    rows = ([{"kind": "token", "principal": p.name, "roles": list(p.roles), "sha256": digest, "expires": p.expiry()}
-             for digest, p in tokens.items()]
-            + [{"kind": "certificate", "principal": p.name, "roles": list(p.roles), "sha256": "", "expires": ""}
-               for p in certificates.values()])
-    warnings = token_warnings(tokens, certificates, time.time())
-    if output == "json":
-        render.print_json({"token_file": path, "principals": rows, "warnings": warnings})
-        return 0
-    print(render.table(["kind", "principal", "roles", "sha256", "expires"],
-                       [(r["kind"], r["principal"], ",".join(r["roles"]) or "-", r["sha256"][:16] or "-",
-                         r["expires"] or "-") for r in rows]))
-    print(f"{path}: {len(tokens)} tokens, {len(certificates)} certificate names")
-    for warning in warnings:
-        print(f"WARNING: {warning}")
-    return 0
-
-
-TOKEN_PREFIX = "cgsvc_"  # so that secret scanners and a reader can tell a cgsvc token at sight
-
-
-def _new_token(ns: argparse.Namespace) -> int:
-    """`cgsvc token new`: a random bearer token (256 bits) printed alone on stdout, once, and the
-    token-file entry that admits it (its SHA-256, never the token) on stderr, or added to the file
-    with --append. Exit 2 naming the field for bad input; the file is then left as it was."""
-    from cgsvc_client import render
-
-    def refuse(field: str, message: str) -> int:
-        if ns.output == "json":
-            render.print_json({"error": ServiceError.invalid([FieldViolation(field, message)]).to_dict()})
-        else:
-            print(f"cgsvc: {field}: {message}", file=sys.stderr)
-        return 2
-
-    name = ns.principal
-    if not name.strip() or not name.isprintable():
-        return refuse("principal", f"a non-empty name of printable characters (every audit record of its calls "
-                                   f"names it); got {name!r}")
-    expires: dt.datetime | None = None
-    if ns.expires_in_days is not None:
-        if ns.expires:
-            return refuse("expires", "give --expires or --expires-in-days, not both")
-        if ns.expires_in_days <= 0:
-            return refuse("expires_in_days", f"must be more than 0 days, got {ns.expires_in_days:g}")
-        expires = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(days=ns.expires_in_days)
-    elif ns.expires:
-        try:
-            expires = dt.datetime.fromisoformat(ns.expires)
-        except ValueError:
-            expires = None
-        if expires is None or expires.tzinfo is None:
-            return refuse("expires", f"a date-time with an offset, e.g. 2027-01-31T00:00:00Z; got {ns.expires!r}")
-        if expires.timestamp() <= time.time():
-            return refuse("expires", f"{ns.expires} has passed: the token would be refused from the start")
-    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    roles = list(dict.fromkeys(ns.role))
-    entry = "\n".join(["[[tokens]]", f"principal = {json.dumps(name, ensure_ascii=False)}",
-                       f"roles = {json.dumps(roles)}", f'sha256 = "{hash_token(secret)}"',
-                       *([f"expires = {expires.isoformat()}"] if expires else [])]) + "\n"
-    if ns.append:
-        try:
-            _append_token_entry(ns.append, entry)
-        except TokenFileError as exc:
-            return refuse("append", f"{exc}; nothing was written")
-        except OSError as exc:
-            return refuse("append", f"{ns.append}: {exc.strerror or exc}; nothing was written")
-    if ns.output == "json":
-        render.print_json({"token": {"token": secret, "principal": name, "roles": roles, "sha256": hash_token(secret),
-                                     "expires": expires.isoformat() if expires else "", "entry": entry,
-                                     "appended_to": ns.append or ""}})
-        return 0
-    print(secret, flush=True)
-    if ns.append:
-        print(f"appended principal {name!r} ({', '.join(roles)}) to {ns.append}: a server admits it after "
-              "`kill -HUP` or at its next --credentials-poll-seconds check", file=sys.stderr)
-    else:
-        print(f"the token is printed once, above; the token file holds only its hash:\n\n{entry}", file=sys.stderr)
-    return 0
-
-
-def _append_token_entry(path: str, entry: str) -> None:
-    """Add `entry` to the token file at `path` (made with mode 0600 when absent) only if the whole
-    file then loads as `serve` loads it; written beside it and renamed over it, so a server that
-    reloads meanwhile reads the old file or the new one, never half of one."""
-    target = Path(path).resolve()
-    old = target.read_text(encoding="utf-8") if target.exists() else ""
-    blank_line = "\n" if old.endswith("\n") else "\n\n"  # between the entries
-    text = old + blank_line + entry if old.strip() else entry
-    load_token_file(path, text)
-    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o600
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -348,34 +205,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             s.add_argument(flag, action="store_const", const=True, default=None, help=text)
         else:
             s.add_argument(flag, default=None, help=text)
-    t = sub.add_parser("token", help="token file helpers")
-    tsub = t.add_subparsers(dest="token_command", required=True)
-    h = tsub.add_parser("hash", help="print the SHA-256 of a token for the token file")
-    h.add_argument("token", nargs="?", help="the token (read from stdin when absent)")
-    n = tsub.add_parser("new", help="make a random bearer token for a principal: the token alone on stdout "
-                                     "(once), its token-file entry on stderr or added to a file with --append")
-    n.add_argument("--principal", required=True, help="who the token's calls are audited as, e.g. ci-bot")
-    n.add_argument("--role", action="append", required=True, choices=ROLES,
-                   help="a role it holds (give it again for several): " + ", ".join(ROLES))
-    n.add_argument("--expires", metavar="DATETIME", help="refused from then on, e.g. 2027-01-31T00:00:00Z")
-    n.add_argument("--expires-in-days", type=float, metavar="DAYS", help="refused from this many days from now")
-    n.add_argument("--append", metavar="FILE", help="add the entry to this token file (made, mode 0600, when "
-                   "absent), only if the whole file then passes `cgsvc token check`")
-    n.add_argument("-o", "--output", choices=("table", "json"), default="table",
-                   help="table (default: the token on stdout, the entry on stderr) or json")
-    c = tsub.add_parser("check", help="check a token file as `serve` would, and list who it admits")
-    c.add_argument("file", help="the token file (TOML: [[tokens]] and [[certificates]])")
-    c.add_argument("-o", "--output", choices=("table", "json"), default="table", help="table (default) or json")
+    token_commands.register(sub)
     ns = ap.parse_args(argv)
 
-    if ns.command == "token" and ns.token_command == "check":
-        return _check_token_file(ns.file, ns.output)
-    if ns.command == "token" and ns.token_command == "new":
-        return _new_token(ns)
     if ns.command == "token":
-        token = ns.token if ns.token is not None else sys.stdin.readline().strip()
-        print(hash_token(token))
-        return 0
+        return token_commands.run(ns)
     try:
         cfg = load_config(ns.config, overrides={f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerConfig)})
         run, loop_line = event_loop(cfg.event_loop)

@@ -69,3 +69,50 @@ def test_bad_input_names_the_field_and_leaves_the_file_as_it_was(tmp_path: Path)
                                                         str(broken), "-o", "json"))["error"]["message"]
     unknown_role = token("--principal", "a", "--role", "root")
     assert unknown_role.returncode == 2 and "invalid choice: 'root'" in unknown_role.stderr
+
+
+def revoke(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cgsvc.server.main", "token", "revoke", *args, "-o", "json"],
+                          input=stdin, capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+def test_revoke_removes_tokens_by_hash_by_token_or_by_principal_and_keeps_the_rest(tmp_path: Path) -> None:
+    tf = tmp_path / "tokens.toml"
+    tf.write_text("# cgsvc tokens, kept by ops\n")
+    made = {}
+    for key, principal, role in (("ci1", "ci-bot", "resolver"), ("ci2", "ci-bot", "resolver"), ("ops", "ops", "admin")):
+        made[key] = as_json(token("--principal", principal, "--role", role, "--append", str(tf), "-o",
+                                  "json"))["token"]["token"]
+    with tf.open("a") as fh:
+        fh.write('\n[[certificates]]\ncommon_name = "orchestrator"\nroles = ["launcher"]\n')
+    tf.chmod(0o640)
+    by_hash = revoke("--file", str(tf), "--sha256", hash_token(made["ops"])[:12])
+    assert by_hash.returncode == 0, by_hash.stdout + by_hash.stderr
+    assert [g["principal"] for g in as_json(by_hash)["revoked"]] == ["ops"] and as_json(by_hash)["tokens_left"] == 2
+    by_token = revoke("--file", str(tf), "--token", "-", stdin=made["ci1"] + "\n")  # a leaked token you hold
+    assert as_json(by_token)["revoked"][0]["sha256"] == hash_token(made["ci1"])
+    by_principal = revoke("--file", str(tf), "--principal", "ci-bot")
+    assert as_json(by_principal)["revoked"][0]["sha256"] == hash_token(made["ci2"])
+    tokens, certificates = load_token_file(str(tf))
+    assert tokens == {} and list(certificates) == ["orchestrator"]  # the certificate entry stays
+    assert tf.read_text().startswith("# cgsvc tokens, kept by ops\n") and stat.S_IMODE(tf.stat().st_mode) == 0o640
+
+
+def test_revoke_refuses_what_names_no_token_or_several_and_changes_nothing(tmp_path: Path) -> None:
+    tf = tmp_path / "tokens.toml"
+    tf.write_text("".join(f'[[tokens]]\nprincipal = "p{i}"\nroles = ["resolver"]\nsha256 = "abcdef01{d * 56}"\n\n'
+                          for i, d in enumerate("01")))
+    before = tf.read_text()
+    for args, field, words in ((("--principal", "nobody"), "principal", "no token of principal 'nobody'"),
+                               (("--sha256", "abcdef01"), "sha256", "names 2 tokens (p0, p1)"),
+                               (("--sha256", "abc"), "sha256", "8 to 64 hex digits"),
+                               (("--token", "t0ken"), "token", "shell's history"),
+                               ((), "principal", "give one of"),
+                               (("--principal", "p0", "--sha256", "abcdef01"), "principal", "give one of")):
+        proc = revoke("--file", str(tf), *args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        (violation,) = as_json(proc)["error"]["field_violations"]
+        assert violation["field"] == field and words in violation["description"], (args, violation)
+    assert tf.read_text() == before
+    missing = revoke("--file", str(tmp_path / "absent.toml"), "--principal", "p0")
+    assert missing.returncode == 2 and as_json(missing)["error"]["field_violations"][0]["field"] == "file"

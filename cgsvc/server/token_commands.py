@@ -1,0 +1,308 @@
+"""`cgsvc token ...`: the token file's commands, run where the file lives (no server needed).
+
+    cgsvc token new --principal P --role R [--expires T] [--append FILE]   a random token and its entry
+    cgsvc token revoke --file FILE (--principal P | --sha256 HEX | --token -)   remove entries
+    cgsvc token check FILE [-o json]   check a file as `serve` would; list who it admits
+    cgsvc token hash [TOKEN]           the SHA-256 a token file holds (reads stdin without TOKEN)
+
+A file is changed only whole: the new text is checked as `serve` loads it, written beside the
+file and renamed over it, so a server reloading meanwhile (SIGHUP, --credentials-poll-seconds)
+reads the old file or the new one, never half of one. The format is in cgsvc/server/auth.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import re
+import secrets
+import stat
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from cgsvc.errors import FieldViolation, ServiceError
+from cgsvc.server.auth import ROLES, Principal, TokenFileError, hash_token, load_token_file
+
+NO_ROLES = "it is authenticated but may call no cgsvc method (health and reflection need no token)"
+EXPIRY_WARNING_DAYS = 7
+
+
+def token_warnings(tokens: dict[str, Principal], certificates: dict[str, Principal], now: float) -> list[str]:
+    """What a token file admits that is likely a mistake or about to bite: a principal with no
+    roles (a typo, or an account switched off by hand: either way it can call nothing of
+    cgsvc's), a token already expired, one that expires within EXPIRY_WARNING_DAYS."""
+    out = sorted({f"token principal {p.name!r} has no roles: {NO_ROLES}" for p in tokens.values() if not p.roles}
+                 | {f"certificate {cn!r} has no roles: {NO_ROLES}" for cn, p in certificates.items() if not p.roles})
+    for p in sorted(tokens.values(), key=lambda p: (p.name, p.expires)):
+        if p.expires and p.expires <= now:
+            out.append(f"a token of principal {p.name!r} expired at {p.expiry()}: it is refused")
+        elif p.expires and p.expires - now < EXPIRY_WARNING_DAYS * 86400:
+            out.append(f"a token of principal {p.name!r} expires at {p.expiry()}, in "
+                       f"{(p.expires - now) / 86400:.1f} days")
+    return out
+
+
+def check(path: str, output: str) -> int:
+    """Exit 0 and list the file's principals, or exit 2 naming the entry `serve` would refuse."""
+    from cgsvc_client import render
+
+    try:
+        tokens, certificates = load_token_file(path)
+    except TokenFileError as exc:
+        if output == "json":
+            error = ServiceError("INVALID_ARGUMENT", str(exc), [FieldViolation("token_file", str(exc))])
+            render.print_json({"error": error.to_dict()})
+        else:
+            print(f"cgsvc: {exc}", file=sys.stderr)
+        return 2
+    rows = ([{"kind": "token", "principal": p.name, "roles": list(p.roles), "sha256": digest, "expires": p.expiry()}
+             for digest, p in tokens.items()]
+            + [{"kind": "certificate", "principal": p.name, "roles": list(p.roles), "sha256": "", "expires": ""}
+               for p in certificates.values()])
+    warnings = token_warnings(tokens, certificates, time.time())
+    if output == "json":
+        render.print_json({"token_file": path, "principals": rows, "warnings": warnings})
+        return 0
+    print(render.table(["kind", "principal", "roles", "sha256", "expires"],
+                       [(r["kind"], r["principal"], ",".join(r["roles"]) or "-", r["sha256"][:16] or "-",
+                         r["expires"] or "-") for r in rows]))
+    print(f"{path}: {len(tokens)} tokens, {len(certificates)} certificate names")
+    for warning in warnings:
+        print(f"WARNING: {warning}")
+    return 0
+
+
+TOKEN_PREFIX = "cgsvc_"  # so that secret scanners and a reader can tell a cgsvc token at sight
+
+
+def new(ns: argparse.Namespace) -> int:
+    """`cgsvc token new`: a random bearer token (256 bits) printed alone on stdout, once, and the
+    token-file entry that admits it (its SHA-256, never the token) on stderr, or added to the file
+    with --append. Exit 2 naming the field for bad input; the file is then left as it was."""
+    from cgsvc_client import render
+
+    def refuse(field: str, message: str) -> int:
+        return _refuse(ns, field, message)
+
+    name = ns.principal
+    if not name.strip() or not name.isprintable():
+        return refuse("principal", f"a non-empty name of printable characters (every audit record of its calls "
+                                   f"names it); got {name!r}")
+    expires: dt.datetime | None = None
+    if ns.expires_in_days is not None:
+        if ns.expires:
+            return refuse("expires", "give --expires or --expires-in-days, not both")
+        if ns.expires_in_days <= 0:
+            return refuse("expires_in_days", f"must be more than 0 days, got {ns.expires_in_days:g}")
+        expires = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(days=ns.expires_in_days)
+    elif ns.expires:
+        try:
+            expires = dt.datetime.fromisoformat(ns.expires)
+        except ValueError:
+            expires = None
+        if expires is None or expires.tzinfo is None:
+            return refuse("expires", f"a date-time with an offset, e.g. 2027-01-31T00:00:00Z; got {ns.expires!r}")
+        if expires.timestamp() <= time.time():
+            return refuse("expires", f"{ns.expires} has passed: the token would be refused from the start")
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    roles = list(dict.fromkeys(ns.role))
+    entry = "\n".join(["[[tokens]]", f"principal = {json.dumps(name, ensure_ascii=False)}",
+                       f"roles = {json.dumps(roles)}", f'sha256 = "{hash_token(secret)}"',
+                       *([f"expires = {expires.isoformat()}"] if expires else [])]) + "\n"
+    if ns.append:
+        try:
+            append_entry(ns.append, entry)
+        except TokenFileError as exc:
+            return refuse("append", f"{exc}; nothing was written")
+        except OSError as exc:
+            return refuse("append", f"{ns.append}: {exc.strerror or exc}; nothing was written")
+    if ns.output == "json":
+        render.print_json({"token": {"token": secret, "principal": name, "roles": roles, "sha256": hash_token(secret),
+                                     "expires": expires.isoformat() if expires else "", "entry": entry,
+                                     "appended_to": ns.append or ""}})
+        return 0
+    print(secret, flush=True)
+    if ns.append:
+        print(f"appended principal {name!r} ({', '.join(roles)}) to {ns.append}: a server admits it after "
+              "`kill -HUP` or at its next --credentials-poll-seconds check", file=sys.stderr)
+    else:
+        print(f"the token is printed once, above; the token file holds only its hash:\n\n{entry}", file=sys.stderr)
+    return 0
+
+
+def append_entry(path: str, entry: str) -> None:
+    """Add `entry` to the token file at `path` (write_file: made when absent, checked whole)."""
+    target = Path(path).resolve()
+    old = target.read_text(encoding="utf-8") if target.exists() else ""
+    blank_line = "\n" if old.endswith("\n") else "\n\n"  # between the entries
+    write_file(path, old + blank_line + entry if old.strip() else entry)
+
+
+def _refuse(ns: argparse.Namespace, field: str, message: str) -> int:
+    """Bad input: exit 2 naming the field, as JSON under -o json."""
+    from cgsvc_client import render
+
+    if ns.output == "json":
+        render.print_json({"error": ServiceError.invalid([FieldViolation(field, message)]).to_dict()})
+    else:
+        print(f"cgsvc: {field}: {message}", file=sys.stderr)
+    return 2
+
+
+def write_file(path: str, text: str) -> None:
+    """Replace the token file at `path` with `text` (made with mode 0600 when absent) only if the
+    text loads as `serve` loads it (TokenFileError otherwise, nothing written)."""
+    load_token_file(path, text)
+    target = Path(path).resolve()
+    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o600
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+HEADER = re.compile(r"^\s*\[")  # a table or array-of-tables header starts an entry
+
+
+def _entries(text: str) -> list[str]:
+    """The file cut before each table header: the preamble, then one piece per entry (its
+    header, keys, and the comments and blank lines that follow it)."""
+    pieces: list[str] = []
+    current: list[str] = []
+    for line in text.splitlines(keepends=True):
+        if HEADER.match(line) and current:
+            pieces.append("".join(current))
+            current = []
+        current.append(line)
+    if current:
+        pieces.append("".join(current))
+    return pieces
+
+
+def revoke(ns: argparse.Namespace) -> int:
+    """`cgsvc token revoke`: remove the [[tokens]] entries of a principal, of a token's hash (or
+    a prefix of it naming one entry), or of a token read from stdin; exit 2 naming why when none
+    (or, for a prefix, more than one) matches, the file untouched."""
+    chosen = [k for k in ("principal", "sha256", "token") if getattr(ns, k) is not None]
+    if len(chosen) != 1:
+        return _refuse(ns, "principal", "give one of --principal NAME, --sha256 HEX or --token - (the token on stdin)")
+    try:
+        text = Path(ns.file).read_text(encoding="utf-8")
+        tokens, _ = load_token_file(ns.file, text)
+    except TokenFileError as exc:
+        return _refuse(ns, "file", str(exc))
+    except OSError as exc:
+        return _refuse(ns, "file", f"{ns.file}: {exc.strerror or exc}")
+    if ns.token is not None:
+        if ns.token != "-":
+            return _refuse(ns, "token", "give - and the token on stdin: a token on the command line stays in the "
+                                        "shell's history and the process list")
+        wanted = hash_token(sys.stdin.readline().strip())
+
+        def matches(entry: dict[str, Any]) -> bool:
+            return str(entry.get("sha256", "")).lower() == wanted
+    elif ns.sha256 is not None:
+        prefix = ns.sha256.strip().lower()
+        if len(prefix) < 8 or any(c not in "0123456789abcdef" for c in prefix):
+            return _refuse(ns, "sha256", f"8 to 64 hex digits of the token's SHA-256 (cgsvc token check lists them); "
+                                         f"got {ns.sha256!r}")
+        found = sorted(d for d in tokens if d.startswith(prefix))
+        if len(found) > 1:
+            return _refuse(ns, "sha256", f"{prefix} names {len(found)} tokens ({', '.join(tokens[d].name for d in found)}): "
+                                         "give more digits")
+
+        def matches(entry: dict[str, Any]) -> bool:
+            return str(entry.get("sha256", "")).lower().startswith(prefix)
+    else:
+        def matches(entry: dict[str, Any]) -> bool:
+            return entry.get("principal") == ns.principal
+
+    kept, removed = [], []
+    for piece in _entries(text):
+        parsed = tomllib.loads(piece)
+        entries = parsed.get("tokens", [])
+        if HEADER.match(piece) and len(entries) == 1 and matches(entries[0]):
+            removed.append(entries[0])
+        else:
+            kept.append(piece)
+    remaining, _ = load_token_file(ns.file, "".join(kept))
+    if len(remaining) != len(tokens) - len(removed):  # entries written in another form than [[tokens]]
+        return _refuse(ns, "file", f"{ns.file} lists tokens other than as [[tokens]] tables: edit it by hand")
+    if not removed:
+        which = {"principal": f"principal {ns.principal!r}", "sha256": f"sha256 {ns.sha256}",
+                 "token": "that token"}[chosen[0]]
+        return _refuse(ns, chosen[0], f"no token of {which} in {ns.file}; nothing was changed")
+    try:
+        write_file(ns.file, "".join(kept))
+    except TokenFileError as exc:
+        return _refuse(ns, "file", f"{exc}; nothing was changed")
+    except OSError as exc:
+        return _refuse(ns, "file", f"{ns.file}: {exc.strerror or exc}; nothing was changed")
+    gone = [{"principal": e["principal"], "sha256": str(e["sha256"]).lower(), "roles": e.get("roles", [])}
+            for e in removed]
+    if ns.output == "json":
+        from cgsvc_client import render
+
+        render.print_json({"revoked": gone, "token_file": ns.file, "tokens_left": len(remaining)})
+    else:
+        for g in gone:
+            print(f"revoked a token of principal {g['principal']!r} (sha256 {g['sha256'][:16]}...)")
+        print(f"{ns.file}: {len(remaining)} tokens left; a server refuses the revoked ones after `kill -HUP` or at "
+              "its next --credentials-poll-seconds check")
+    return 0
+
+
+def register(sub: Any) -> None:
+    """The `token` command and its subcommands."""
+    t = sub.add_parser("token", help="token file helpers: new, revoke, check, hash")
+    tsub = t.add_subparsers(dest="token_command", required=True)
+    n = tsub.add_parser("new", help="make a random bearer token for a principal: the token alone on stdout "
+                                     "(once), its token-file entry on stderr or added to a file with --append")
+    n.add_argument("--principal", required=True, help="who the token's calls are audited as, e.g. ci-bot")
+    n.add_argument("--role", action="append", required=True, choices=ROLES,
+                   help="a role it holds (give it again for several): " + ", ".join(ROLES))
+    n.add_argument("--expires", metavar="DATETIME", help="refused from then on, e.g. 2027-01-31T00:00:00Z")
+    n.add_argument("--expires-in-days", type=float, metavar="DAYS", help="refused from this many days from now")
+    n.add_argument("--append", metavar="FILE", help="add the entry to this token file (made, mode 0600, when "
+                   "absent), only if the whole file then passes `cgsvc token check`")
+    r = tsub.add_parser("revoke", help="remove tokens from a token file: a principal's, one by its hash, or one "
+                                        "read from stdin")
+    r.add_argument("--file", required=True, help="the token file")
+    r.add_argument("--principal", help="every token of this principal")
+    r.add_argument("--sha256", metavar="HEX", help="the token with this SHA-256 (8 or more leading hex digits "
+                                                   "that name one entry)")
+    r.add_argument("--token", metavar="-", help="- : the token itself, read from stdin (a leaked token you hold)")
+    c = tsub.add_parser("check", help="check a token file as `serve` would, and list who it admits")
+    c.add_argument("file", help="the token file (TOML: [[tokens]] and [[certificates]])")
+    h = tsub.add_parser("hash", help="print the SHA-256 of a token for the token file")
+    h.add_argument("token", nargs="?", help="the token (read from stdin when absent)")
+    for p, default_help in ((n, "table (default: the token on stdout, the entry on stderr) or json"),
+                            (r, "table (default) or json"), (c, "table (default) or json")):
+        p.add_argument("-o", "--output", choices=("table", "json"), default="table", help=default_help)
+
+
+def run(ns: argparse.Namespace) -> int:
+    if ns.token_command == "check":
+        return check(ns.file, ns.output)
+    if ns.token_command == "new":
+        return new(ns)
+    if ns.token_command == "revoke":
+        return revoke(ns)
+    token = ns.token if ns.token is not None else sys.stdin.readline().strip()
+    print(hash_token(token))
+    return 0
