@@ -101,3 +101,14 @@ def test_a_token_from_token_new_is_admitted_on_the_next_reload(tmp_path: Path) -
         caller = json.loads(proc.stdout)["version"]["server"]["caller"]
         assert (caller["principal"], caller["roles"]) == ("night-ops", ["auditor"]) and caller["token_expires"]
         assert version_json("--server", srv.address, "--token", first)["server"]["caller"]["principal"] == "ci-bot"
+        # the first token leaks: revoked from the file, refused after the next reload
+        revoked = subprocess.run([sys.executable, "-m", "cgsvc.server.main", "token", "revoke", "--file", str(tokens),
+                                  "--token", "-"], input=first, capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert revoked.returncode == 0 and "revoked a token of principal 'ci-bot'" in revoked.stdout, revoked.stderr
+        srv.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while (proc := cli("version", "--server", srv.address, "--token", first, "-o", "json")).returncode == 0:
+            assert time.monotonic() < deadline, proc.stdout
+            time.sleep(0.2)
+        assert json.loads(proc.stdout)["error"]["code"] == "UNAUTHENTICATED"
+        assert version_json("--server", srv.address, "--token", second)["server"]["caller"]["principal"] == "night-ops"
