@@ -288,6 +288,23 @@ def hoist_leading_options(argv: Sequence[str]) -> list[str]:
     return [*argv[i:], *argv[:i]]
 
 
+def with_hint(err: ServiceError, ns: argparse.Namespace) -> ServiceError:
+    """A connection failure with the flag that fixes it: gRPC reports plaintext to a TLS server as
+    'Socket closed' and TLS to a plaintext one as a handshake error, neither naming TLS plainly."""
+    if err.code != "UNAVAILABLE":
+        return err
+    tls = bool(getattr(ns, "tls_ca", None) or getattr(ns, "tls_cert", None))
+    if not tls and "Socket closed" in err.message:
+        hint = (f"{ns.server} closed the connection at once, as a server that serves TLS does to a plaintext "
+                "client: give --tls-ca CA.pem (the CA that signed its certificate)")
+    elif tls and ("WRONG_VERSION_NUMBER" in err.message or "Tls handshake failed" in err.message):
+        hint = (f"{ns.server} does not speak TLS (the handshake got a plaintext answer): drop --tls-ca, or check "
+                "the address")
+    else:
+        return err
+    return ServiceError(err.code, f"{err.message}; {hint}", err.violations)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = hoist_leading_options(sys.argv[1:] if argv is None else argv)
     try:
@@ -306,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return func(ns)
         except ServiceError as err:  # a server's refusal or failure, decoded by the client
-            raise CliError.from_resolve(err) from None
+            raise CliError.from_resolve(with_hint(err, ns)) from None
     except CliError as exc:
         if render.output_mode(ns) == "json":
             render.print_json({"error": exc.error})

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +13,7 @@ from cgsvc_client.client import Client
 
 from cgsvc.errors import ServiceError
 from cgsvc.server.auth import hash_token
-from tests.conftest import llama_dir
+from tests.conftest import ROOT, llama_dir
 from tests.e2e.certs import ThrowawayPKI
 from tests.e2e.server import ServerProcess
 
@@ -239,3 +242,24 @@ def test_token_check_lists_who_a_file_admits_or_names_the_bad_entry(tmp_path: Pa
         "reflection need no token)"]
     assert "WARNING: token principal 'auditor-bot' has no roles" in check(unroled).stdout
     assert json.loads(listed.stdout)["warnings"] == []
+
+
+def test_a_tls_mismatch_says_which_side_to_fix_without_grpc_noise(tmp_path: Path) -> None:
+    """Plaintext to a TLS server reads 'Socket closed', TLS to a plaintext one a handshake error:
+    the CLI says which flag to change, and gRPC's own log lines stay out of the way."""
+    pki = ThrowawayPKI(tmp_path)
+    cert, key = pki.issue("server", "localhost", server=True)
+
+    def verify(srv: ServerProcess, *args: str) -> tuple[int, str, str]:
+        proc = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "audit", "verify", "--server", srv.address,
+                               *args, "-o", "json"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        return proc.returncode, json.loads(proc.stdout)["error"]["message"], proc.stderr
+
+    with ServerProcess(tmp_path / "tls", "--tls-cert", cert, "--tls-key", key) as srv:
+        rc, message, stderr = verify(srv)
+        assert rc == 1 and "serves TLS" in message and "--tls-ca" in message, message
+        assert stderr == ""
+    with ServerProcess(tmp_path / "plain") as srv:
+        rc, message, stderr = verify(srv, "--tls-ca", pki.ca_path)
+        assert rc == 1 and "does not speak TLS" in message and "drop --tls-ca" in message, message
+        assert "ssl_transport_security" not in stderr and stderr == ""
