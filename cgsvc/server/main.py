@@ -217,6 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cgsvc: configuration error: {exc}", file=sys.stderr)
         return 2
     configure_logging(cfg.log_level)
+    # The logs on stderr are JSON, a line each; gRPC's C core would add lines of its own (a client's
+    # failed TLS handshake, at INFO), so it logs errors only unless GRPC_VERBOSITY says otherwise. It
+    # is read once, when grpc is first imported: here, before the server's modules are.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     from cgsvc.server import app
 
     try:

@@ -259,6 +259,9 @@ def test_a_tls_mismatch_says_which_side_to_fix_without_grpc_noise(tmp_path: Path
         rc, message, stderr = verify(srv)
         assert rc == 1 and "serves TLS" in message and "--tls-ca" in message, message
         assert stderr == ""
+    # the server's log stayed JSON, a line each: no line of gRPC's own about the failed handshake
+    lines = [line for line in srv.log_path.read_text().splitlines() if line.strip()]
+    assert lines and all(isinstance(json.loads(line), dict) for line in lines), lines[-3:]
     with ServerProcess(tmp_path / "plain") as srv:
         rc, message, stderr = verify(srv, "--tls-ca", pki.ca_path)
         assert rc == 1 and "does not speak TLS" in message and "drop --tls-ca" in message, message
