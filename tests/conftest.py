@@ -18,8 +18,9 @@ LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_h
 
 
 # The CLI's and the client's own environment: a developer's shell may point them at a server or
-# carry a token; the suite starts every server it talks to and says so itself.
-for _name in ("CGSVC_SERVER", "CGSVC_TOKEN"):
+# carry a token; the suite starts every server it talks to and says so itself. GRPC_VERBOSITY is
+# left to the programs' own default (errors only), which a test of their logs relies on.
+for _name in ("CGSVC_SERVER", "CGSVC_TOKEN", "GRPC_VERBOSITY"):
     os.environ.pop(_name, None)
 
 
