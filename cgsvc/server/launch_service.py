@@ -194,6 +194,13 @@ class LaunchService:
                 raise ServiceError.invalid([FieldViolation(
                     "after_offsets", f"{log}: a byte offset of 0 or more (an earlier answer's end_offset), got {offset}")])
         logs = RunDir(Path(row.run_dir)).logs
+        if not logs.exists() and row.owner and row.owner != self.launches.instance:
+            # its group ran under another replica, on a machine whose disk this one cannot see: an
+            # empty answer would read as "the ranks wrote nothing"
+            hosts = {lease.owner: lease.host for lease in await asyncio.to_thread(self.launches.leases.leases)}
+            where = f" on {hosts[row.owner]}" if row.owner in hosts else ""
+            raise ServiceError("FAILED_PRECONDITION", f"{request.name}'s logs are kept by replicas/{row.owner}{where}, "
+                               f"which supervises it, in {logs}: ask that replica (cgsvc-cli replicas list)")
         names = sorted(p.name for p in logs.glob("*.log")) if logs.exists() else []
         if request.rank >= 0:
             names = [n for n in names if n == f"rank{request.rank}.log"]

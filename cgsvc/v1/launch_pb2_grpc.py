@@ -109,7 +109,10 @@ class LaunchServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetLaunchLogs(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The ranks' and the supervisor's logs, read from the machine that runs the group: a replica
+        that cannot see them (the group runs on another replica's machine) answers
+        FAILED_PRECONDITION naming that replica and its host.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

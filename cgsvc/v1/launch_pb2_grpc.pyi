@@ -41,6 +41,10 @@ class LaunchServiceStub:
     WatchLaunch: _grpc.UnaryStreamMultiCallable[_launch_pb2.WatchLaunchRequest, _launch_pb2.LaunchEvent]
     """The launch now, then every state change and progress update until it ends."""
     GetLaunchLogs: _grpc.UnaryUnaryMultiCallable[_launch_pb2.GetLaunchLogsRequest, _launch_pb2.LaunchLogs]
+    """The ranks' and the supervisor's logs, read from the machine that runs the group: a replica
+    that cannot see them (the group runs on another replica's machine) answers
+    FAILED_PRECONDITION naming that replica and its host.
+    """
     ListReplicas: _grpc.UnaryUnaryMultiCallable[_launch_pb2.ListReplicasRequest, _launch_pb2.ListReplicasResponse]
     """The replicas (server instances) that share this server's database, with their leases:
     which replica supervises how many launches, and which has stopped renewing (once its
@@ -60,6 +64,10 @@ class LaunchServiceAsyncStub(LaunchServiceStub):
     WatchLaunch: _aio.UnaryStreamMultiCallable[_launch_pb2.WatchLaunchRequest, _launch_pb2.LaunchEvent]  # type: ignore[assignment]
     """The launch now, then every state change and progress update until it ends."""
     GetLaunchLogs: _aio.UnaryUnaryMultiCallable[_launch_pb2.GetLaunchLogsRequest, _launch_pb2.LaunchLogs]  # type: ignore[assignment]
+    """The ranks' and the supervisor's logs, read from the machine that runs the group: a replica
+    that cannot see them (the group runs on another replica's machine) answers
+    FAILED_PRECONDITION naming that replica and its host.
+    """
     ListReplicas: _aio.UnaryUnaryMultiCallable[_launch_pb2.ListReplicasRequest, _launch_pb2.ListReplicasResponse]  # type: ignore[assignment]
     """The replicas (server instances) that share this server's database, with their leases:
     which replica supervises how many launches, and which has stopped renewing (once its
@@ -111,7 +119,11 @@ class LaunchServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _launch_pb2.GetLaunchLogsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_launch_pb2.LaunchLogs, _abc.Awaitable[_launch_pb2.LaunchLogs]]: ...
+    ) -> _typing.Union[_launch_pb2.LaunchLogs, _abc.Awaitable[_launch_pb2.LaunchLogs]]:
+        """The ranks' and the supervisor's logs, read from the machine that runs the group: a replica
+        that cannot see them (the group runs on another replica's machine) answers
+        FAILED_PRECONDITION naming that replica and its host.
+        """
 
     @_abc_1.abstractmethod
     def ListReplicas(

@@ -325,3 +325,22 @@ def test_log_lines_carry_the_request_they_serve(ckpt: str, tmp_path: Path) -> No
                                     and x.get("launch_id") == name.split("/")[1]]
     assert states and all(x.get("request_id") == "bound-request" for x in states), states
     assert all(x.get("method") == "/cgsvc.v1.LaunchService/CreateLaunch" for x in states)
+
+
+def test_logs_kept_on_another_replicas_machine_name_that_replica(tmp_path: Path) -> None:
+    """A replica asked for logs it does not hold (the group ran on another replica's machine)
+    names the replica and host that hold them, rather than answering an empty list that reads as
+    'the ranks wrote nothing'."""
+    with pg_replicas(tmp_path, "launch_logs", 1) as (servers, tiny, spec), \
+            Client(servers[0].address) as c0, Client(servers[1].address) as c1:
+        name = c0.create_launch(tiny, {"input_len": 4, "output_len": 4, "requests": 1, "concurrency": 1},
+                                spec=spec).metadata.name
+        done = wait_state(c0, name, TERMINAL, timeout=120)
+        assert done.state == "SUCCEEDED" and c1.launch_logs(name).logs  # one machine: replica 1 reads them too
+        (run,) = run_dirs(servers[0])
+        run.rename(run.with_name(run.name + ".elsewhere"))  # as if on replica 0's own disk, on another machine
+        with pytest.raises(ServiceError) as e:
+            c1.launch_logs(name)
+        assert e.value.code == "FAILED_PRECONDITION", e.value.message
+        assert done.owner in e.value.message and f"on {HOST}" in e.value.message, e.value.message
+        assert c0.launch_logs(name).logs == []  # its own replica: nothing there (and it says no more)
