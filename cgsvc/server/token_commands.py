@@ -51,7 +51,7 @@ def token_warnings(tokens: dict[str, Principal], certificates: dict[str, Princip
 
 def check(path: str, output: str) -> int:
     """Exit 0 and list the file's principals, or exit 2 naming the entry `serve` would refuse."""
-    from cgsvc_client import render
+    import cgsvc_client.render as render  # the CLI's renderer; imported where used, as the server never needs it
 
     try:
         tokens, certificates = load_token_file(path)
@@ -86,7 +86,7 @@ def new(ns: argparse.Namespace) -> int:
     """`cgsvc token new`: a random bearer token (256 bits) printed alone on stdout, once, and the
     token-file entry that admits it (its SHA-256, never the token) on stderr, or added to the file
     with --append. Exit 2 naming the field for bad input; the file is then left as it was."""
-    from cgsvc_client import render
+    import cgsvc_client.render as render
 
     def refuse(field: str, message: str) -> int:
         return _refuse(ns, field, message)
@@ -147,7 +147,7 @@ def append_entry(path: str, entry: str) -> None:
 
 def _refuse(ns: argparse.Namespace, field: str, message: str) -> int:
     """Bad input: exit 2 naming the field, as JSON under -o json."""
-    from cgsvc_client import render
+    import cgsvc_client.render as render
 
     if ns.output == "json":
         render.print_json({"error": ServiceError.invalid([FieldViolation(field, message)]).to_dict()})
@@ -256,7 +256,7 @@ def revoke(ns: argparse.Namespace) -> int:
     gone = [{"principal": e["principal"], "sha256": str(e["sha256"]).lower(), "roles": e.get("roles", [])}
             for e in removed]
     if ns.output == "json":
-        from cgsvc_client import render
+        import cgsvc_client.render as render
 
         render.print_json({"revoked": gone, "token_file": ns.file, "tokens_left": len(remaining)})
     else:
