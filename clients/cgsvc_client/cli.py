@@ -27,6 +27,7 @@ from cgsvc_client.args import (
     add_policy,
     add_server,
     add_spec_flags,
+    bad,
     build_spec,
     explained_field,
     resolve_offline,
@@ -64,16 +65,28 @@ def cmd_resolve(ns: argparse.Namespace) -> int:
 
 def cmd_rules(ns: argparse.Namespace) -> int:
     from cgsvc.resolve import get_policy, policy_version
+    from cgsvc.resolve.engine import KEYS
 
     try:
         policy = get_policy(ns.policy or "")
     except ServiceError as exc:
         raise CliError.from_resolve(exc) from None
     rules = [r.describe() for r in policy.rules]
+    heading = f"{len(rules)} rules"
+    for option, kind in (("writes", "write"), ("reads", "read")):
+        if (asked := getattr(ns, option)) is None:
+            continue
+        known = sorted({f for r in rules for f in r[option]} | (set(KEYS) if option == "writes" else set()))
+        field = asked.strip().lower()
+        if field not in {k.lower() for k in known}:
+            raise bad(option, f"{asked!r} is not a field a rule of {policy.name} {option}; valid: {', '.join(known)}")
+        field = next(k for k in known if k.lower() == field)
+        total, rules = len(rules), [r for r in rules if field in r[option]]
+        heading = f"{len(rules)} rules of {total} that {kind} {field}"
     if render.output_mode(ns) == "json":
         render.print_json({"policy": policy.name, "policy_version": policy_version(policy.name), "rules": rules})
     else:
-        print(f"policy {policy.name} {policy_version(policy.name)}: {len(rules)} rules, in evaluation order")
+        print(f"policy {policy.name} {policy_version(policy.name)}: {heading}, in evaluation order")
         print(render.table(["stage", "rule", "hardness", "writes", "reason"],
                            [(r["stage"], r["id"], r["hardness"], ",".join(r["writes"]) or "(warning)",
                              r["reason"]) for r in rules]))
@@ -240,6 +253,10 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_resolve)
 
     rl = sub.add_parser("rules", help="list a policy's rule table")
+    rl.add_argument("--writes", metavar="FIELD", help="only the rules that may decide this plan field, e.g. "
+                                                      "prefill.backend (the rules --explain FIELD can name)")
+    rl.add_argument("--reads", metavar="FIELD", help="only the rules that read this spec or plan field, e.g. "
+                                                     "hardware.gpu")
     add_policy(rl)
     add_output(rl)
     rl.set_defaults(func=cmd_rules)

@@ -80,3 +80,19 @@ def test_one_side_may_come_on_standard_input_but_not_both() -> None:
     assert both.returncode == 2
     (violation,) = as_json(both)["error"]["field_violations"]
     assert violation["field"] == "b" and "standard input" in violation["description"]
+
+
+def test_rules_writes_and_reads_narrow_the_table_to_one_field() -> None:
+    every = as_json(cli("rules", "-o", "json"))["rules"]
+    writers = as_json(cli("rules", "--writes", "Prefill.Backend", "-o", "json"))
+    assert writers["rules"] == [r for r in every if "prefill.backend" in r["writes"]]
+    assert {"default.prefill.backend", "prefill.exception.trtllm_mla", "breakable.mla"} <= {r["id"] for r in writers["rules"]}
+    readers = as_json(cli("rules", "--reads", "hardware.gpu", "--policy", "sglang-0.5.17", "-o", "json"))["rules"]
+    assert readers and all("hardware.gpu" in r["reads"] for r in readers)
+    table = cli("rules", "--writes", "decode.bs", "-o", "table").stdout
+    assert table.startswith("policy cgsvc ") and "rules of " in table.splitlines()[0] and "write decode.bs" in table
+    for flag, typo in (("--writes", "prefill.bakend"), ("--reads", "hardware.gpuu")):
+        bad = cli("rules", flag, typo, "-o", "json")
+        assert bad.returncode == 2, bad.stdout
+        (violation,) = as_json(bad)["error"]["field_violations"]
+        assert violation["field"] == flag.lstrip("-") and "valid:" in violation["description"]
