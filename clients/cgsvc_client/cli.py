@@ -140,18 +140,30 @@ def cmd_version(ns: argparse.Namespace) -> int:
         from cgsvc_client.client import Client
 
         with Client.from_args(ns) as c:
-            info = c.server_info()
-        server = {"address": ns.server, **json_format.MessageToDict(
-            info, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)}
-        if info.version != __version__:
-            warnings.append(f"this client is {__version__} and the server {info.version}: a field one of them "
-                            "does not know is dropped on the wire")
+            try:
+                info = c.server_info()
+            except ServiceError as err:
+                if err.code != "UNIMPLEMENTED":
+                    raise
+                info = None
+        if info is None:  # a release from before GetServerInfo: it answers, but cannot say which
+            server = {"address": ns.server, "version": ""}
+            warnings.append(f"{ns.server} does not answer GetServerInfo: a cgsvc server older than GetServerInfo "
+                            f"(this client is {__version__}), or not a cgsvc server")
+        else:
+            server = {"address": ns.server, **json_format.MessageToDict(
+                info, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)}
+            if info.version != __version__:
+                warnings.append(f"this client is {__version__} and the server {info.version}: a field one of them "
+                                "does not know is dropped on the wire")
     if render.output_mode(ns) == "json":
         render.print_json({"version": {"client": client, "server": server, "warnings": warnings}})
         return 0
     rows: list[tuple[str, str]] = [("client", f"cgsvc-cli {__version__} (Python {client['python']}, grpcio "
                                               f"{client['grpcio']}, protobuf {protobuf_version})")]
-    if server is not None:
+    if server is not None and not server["version"]:
+        rows.append(("server", f"at {ns.server}: release unknown (see the warning)"))
+    elif server is not None:
         who = server["caller"]
         how = {"none": "none: the server authenticates nobody"}.get(who["credential"], who["credential"])
         expires = f", expires {who['token_expires']}" if who["token_expires"] else ""

@@ -112,3 +112,25 @@ def test_a_token_from_token_new_is_admitted_on_the_next_reload(tmp_path: Path) -
             time.sleep(0.2)
         assert json.loads(proc.stdout)["error"]["code"] == "UNAUTHENTICATED"
         assert version_json("--server", srv.address, "--token", second)["server"]["caller"]["principal"] == "night-ops"
+
+
+def test_a_server_older_than_get_server_info_is_said_so(tmp_path: Path) -> None:
+    """A server that does not know GetServerInfo (an older release; here a gRPC server with no
+    cgsvc services) answers UNIMPLEMENTED: `version` still prints the client's release, and says
+    why the server's is unknown, exit 0."""
+    import concurrent.futures
+
+    import grpc
+
+    old = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+    port = old.add_insecure_port("127.0.0.1:0")
+    old.start()
+    try:
+        info = version_json("--server", f"127.0.0.1:{port}")
+        assert info["client"]["version"] == RELEASE
+        assert info["server"] == {"address": f"127.0.0.1:{port}", "version": ""}
+        assert len(info["warnings"]) == 1 and "older than GetServerInfo" in info["warnings"][0]
+        table = cli("version", "--server", f"127.0.0.1:{port}", "-o", "table")
+        assert table.returncode == 0 and "release unknown" in table.stdout and "WARNING" in table.stderr
+    finally:
+        old.stop(0)
