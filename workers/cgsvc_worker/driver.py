@@ -71,8 +71,11 @@ class Sampler:
 
 
 def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int, concurrency: int, sampler: Sampler,
-        progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Serve every prompt; returns the report's workload part. Raises on engine errors."""
+        progress: Callable[[int, int], None] | None = None,
+        finished_request: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Serve every prompt; returns the report's workload part. Raises on engine errors.
+    `progress(tokens done, tokens in all)` after each step; `finished_request(metrics)` as each
+    request ends (its entry of the report's `requests`)."""
     pending = [Request(i, p, max_new_tokens) for i, p in enumerate(prompts)]
     pending.reverse()
     active: list[Request] = []
@@ -106,6 +109,8 @@ def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int, concurren
             active.remove(r)
             engine.release(r.rid)
             finished.append(r)
+            if finished_request is not None:
+                finished_request(r.metrics())
         if progress is not None:
             progress(produced, total)
     wall = time.perf_counter() - t_start

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import time
 import traceback
@@ -162,6 +163,7 @@ def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
     say(group.rank, f"captured in {capture_s:.1f} s; running {len(prompts)} requests, up to {ns.max_new_tokens} "
                     "new tokens each")
     last = [0.0, time.perf_counter()]  # the last progress event, the last progress line
+    ended: list[dict[str, Any]] = []  # the requests finished so far, as the report lists them
 
     def progress(done: int, total: int) -> None:
         now = time.perf_counter()
@@ -170,11 +172,13 @@ def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
             emit(ns, group.rank, ProgressEvent(done, total))
         if group.rank == 0 and (now - last[1] > 5 or done == total):
             last[1] = now
-            say(group.rank, f"{done} of {total} tokens generated")
+            ttfts = [m["ttft_ms"] for m in ended if m.get("ttft_ms") is not None]
+            median = f" (TTFT median so far {statistics.median(ttfts):.1f} ms)" if ttfts else ""
+            say(group.rank, f"{done} of {total} tokens generated, {len(ended)} of {len(prompts)} requests done{median}")
 
     sampler = driver.Sampler(ns.temperature, ns.seed)
     concurrency = ns.concurrency or len(prompts)
-    workload = driver.run(engine, prompts, ns.max_new_tokens, concurrency, sampler, progress)
+    workload = driver.run(engine, prompts, ns.max_new_tokens, concurrency, sampler, progress, ended.append)
     described = engine.describe()
     report = {"status": "ok", "command": ns.command, **described, **workload, "placement": where,
               "workload": {"requests": len(prompts), "concurrency": concurrency, "max_new_tokens": ns.max_new_tokens,
