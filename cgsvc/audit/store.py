@@ -257,6 +257,11 @@ replica_leases = sa.Table(
     sa.Column("started_at", sa.Text, nullable=False),
     sa.Column("renewed_at", sa.Float, nullable=False),  # seconds since the epoch, the database's clock
 )
+# Migration 13: the cgsvc release each replica runs, written with each renewal ("" for a replica
+# of an earlier release), so that a rolling upgrade's mixed fleet shows.
+REPLICA_COLUMNS_13 = (sa.Column("version", sa.Text, nullable=False, server_default=""),)
+for _column in REPLICA_COLUMNS_13:
+    replica_leases.append_column(_column)
 # The log's signing keys, one generation each (the highest signs today). Not evidence: a
 # replica's check at start and before each checkpoint that it signs with the log's key. The
 # evidence is the rotation records in the log itself (cgsvc/audit/keys.py).
@@ -295,6 +300,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
     (11, "why a cancel was asked, where the service asked it (launches.cancel_reason)", (),
      tuple((launches, c) for c in LAUNCH_COLUMNS_11)),
     (12, "the log's signing key, one generation at a time (signing_keys)", (signing_keys,), ()),
+    (13, "the release each replica runs (replica_leases.version)", (),
+     tuple((replica_leases, c) for c in REPLICA_COLUMNS_13)),
 )
 
 AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principal": "str", "outcome": "str",

@@ -617,7 +617,7 @@ class Launches:
         rows = await asyncio.to_thread(self.store.in_states, ACTIVE)
         active = collections.Counter(r.owner for r in rows)
         if not self.shared:
-            return [(Lease(self.instance, HOST, self.started_at, 0.0), len(rows))]
+            return [(Lease(self.instance, HOST, self.started_at, 0.0, __version__), len(rows))]
         return [(lease, active[lease.owner]) for lease in await asyncio.to_thread(self.leases.leases)]
 
     async def take_over(self, lease: Lease) -> list[str]:

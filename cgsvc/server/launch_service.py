@@ -178,7 +178,8 @@ class LaunchService:
         return launch_pb2.ListReplicasResponse(lease_seconds=seconds, replicas=[launch_pb2.Replica(
             name=f"replicas/{lease.owner}", host=lease.host, start_time=codec.timestamp(lease.started_at),
             seconds_since_renewal=round(lease.age, 3), lapsed=lease.age >= seconds, active_launches=active,
-            answering=lease.owner == self.launches.instance) for lease, active in await self.launches.replicas()])
+            answering=lease.owner == self.launches.instance, version=lease.version)
+            for lease, active in await self.launches.replicas()])
 
     async def GetLaunchLogs(self, request: launch_pb2.GetLaunchLogsRequest,  # noqa: N802
                             rc: RequestContext) -> launch_pb2.LaunchLogs:

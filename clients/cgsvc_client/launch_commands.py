@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import sys
 from typing import Any
@@ -206,15 +207,21 @@ def follow_logs(ns: argparse.Namespace, name: str) -> int:
 def replicas_list(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
         page = c.list_replicas()
+    releases = collections.Counter(x.version or "unknown (older)" for x in page.replicas)
+    warnings = ([f"the replicas run different releases: {', '.join(f'{v} ({n})' for v, n in sorted(releases.items()))}"]
+                if len(releases) > 1 else [])
     if render.output_mode(ns) == "json":
-        render.print_json(json_format.MessageToDict(page, preserving_proto_field_name=True,
-                                                    always_print_fields_with_no_presence=True))
+        render.print_json({**json_format.MessageToDict(page, preserving_proto_field_name=True,
+                                                       always_print_fields_with_no_presence=True),
+                           "warnings": warnings})
         return 0
-    print(render.table(["name", "host", "started", "renewed", "lease", "active launches", "answering"],
-                      [(x.name, x.host, x.start_time.ToJsonString(), f"{x.seconds_since_renewal:.1f} s ago",
-                        "LAPSED" if x.lapsed else "held", x.active_launches, "yes" if x.answering else "")
-                       for x in page.replicas]))
+    print(render.table(["name", "host", "version", "started", "renewed", "lease", "active launches", "answering"],
+                      [(x.name, x.host, x.version or "-", x.start_time.ToJsonString(),
+                        f"{x.seconds_since_renewal:.1f} s ago", "LAPSED" if x.lapsed else "held", x.active_launches,
+                        "yes" if x.answering else "") for x in page.replicas]))
     print(f"a lease lapses after {page.lease_seconds:g} s unrenewed; the other replicas then take its launches over")
+    for w in warnings:
+        print(f"WARNING: {w}", file=sys.stderr)
     return 0
 
 

@@ -8,6 +8,8 @@ import contextlib
 import json
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -23,6 +25,7 @@ from cgsvc_worker.checkpoint import make_checkpoint
 from cgsvc.contract import RunDir, read_report
 from cgsvc.errors import ServiceError
 from cgsvc.launch.dispatch import HOST, session_members
+from tests.conftest import ROOT
 from tests.e2e.server import ServerProcess
 from tests.e2e.test_launches import KIMI, SHORT, no_processes_left, wait_state
 from tests.integration.pg import pg_url_or_skip
@@ -344,3 +347,30 @@ def test_logs_kept_on_another_replicas_machine_name_that_replica(tmp_path: Path)
         assert e.value.code == "FAILED_PRECONDITION", e.value.message
         assert done.owner in e.value.message and f"on {HOST}" in e.value.message, e.value.message
         assert c0.launch_logs(name).logs == []  # its own replica: nothing there (and it says no more)
+
+
+def test_replicas_list_says_each_replicas_release_and_warns_of_a_mixed_fleet(tmp_path: Path) -> None:
+    """During a rolling upgrade replicas on one database run different releases: `replicas list`
+    says which runs which (migration 13 keeps it with the lease) and warns while they differ."""
+    from cgsvc import __version__
+
+    # a long lease: no renewal rewrites the version the test sets (the first is at start)
+    with pg_replicas(tmp_path, "replica_versions", 1, "--lease-seconds", "600") as (servers, _tiny, _spec):
+        def listed() -> tuple[dict[str, Any], str]:
+            proc = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "replicas", "list", "--server",
+                                   servers[1].address, "-o", "json"], capture_output=True, text=True, timeout=60,
+                                  cwd=ROOT)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            return json.loads(proc.stdout), proc.stderr
+
+        page, _ = listed()
+        assert [r["version"] for r in page["replicas"]] == [__version__, __version__] and page["warnings"] == []
+        owner = page["replicas"][0]["name"].split("/")[1]
+        url = next(a for a in servers[0].args if a.startswith("postgresql"))
+        engine = sa.create_engine(url)
+        with engine.begin() as conn:  # as an older release's replica would have written it
+            conn.execute(sa.text("UPDATE replica_leases SET version = '0.0.9' WHERE owner = :o"), {"o": owner})
+        engine.dispose()
+        page, _ = listed()
+        assert sorted(r["version"] for r in page["replicas"]) == ["0.0.9", __version__]
+        assert page["warnings"] == [f"the replicas run different releases: 0.0.9 (1), {__version__} (1)"]
