@@ -6,8 +6,11 @@ output mode, the server connection, and the one error type commands raise. Comma
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime as dt
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -213,13 +216,44 @@ def add_output(p: argparse.ArgumentParser) -> None:
                    help="table (default on a terminal) or json (default otherwise)")
 
 
-def add_listing(p: argparse.ArgumentParser, example: str) -> None:
-    """--filter and paging for List commands."""
+def add_listing(p: argparse.ArgumentParser, example: str, time_field: str = "create_time") -> None:
+    """--filter, --since (a term on the collection's `time_field`) and paging for List commands."""
     p.add_argument("--filter", help=f"AIP-160 subset: FIELD OP VALUE joined by AND, e.g. {example}")
+    p.add_argument("--since", metavar="WHEN", help=f"only those with {time_field} at or after WHEN: a duration ago "
+                                                   "(90s, 15m, 2h, 7d) or an RFC 3339 time; joined to --filter")
+    p.set_defaults(time_field=time_field)
     p.add_argument("--page-size", type=int, default=50, help="results per page (default 50, at most 1000)")
     p.add_argument("--page-token", help="next_page_token of the previous page")
     p.add_argument("--all", action="store_true",
                    help="follow next_page_token to the last page: every match in one table or JSON list")
+
+
+AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def since_time(when: str) -> str:
+    """--since as the services write times (RFC 3339, UTC, microseconds, which sorts as text): a
+    duration ago, or a time with an offset."""
+    text = when.strip()
+    moment: dt.datetime | None = None
+    if m := AGO.match(text):
+        moment = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=float(m[1]) * SECONDS[m[2]])
+    else:
+        with contextlib.suppress(ValueError):
+            moment = dt.datetime.fromisoformat(text)
+    if moment is None or moment.tzinfo is None:
+        raise bad("since", f"a duration ago (90s, 15m, 2h, 7d) or an RFC 3339 time with an offset "
+                           f"(2026-12-06T08:00:00Z); got {when!r}")
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def list_filter(ns: argparse.Namespace) -> str:
+    """The filter a List command sends: --filter, and --since as a term on its time field."""
+    terms = [ns.filter] if ns.filter else []
+    if getattr(ns, "since", None):
+        terms.append(f'{ns.time_field} >= "{since_time(ns.since)}"')
+    return " AND ".join(terms)
 
 
 def pages(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field: str) -> Iterator[tuple[Any, str]]:
@@ -229,8 +263,9 @@ def pages(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field: 
     token = ns.page_token or ""
     progress = ns.all and sys.stderr.isatty()
     seen = 0
+    query = list_filter(ns)
     while True:
-        page = fetch(ns.filter or "", ns.page_size, token)
+        page = fetch(query, ns.page_size, token)
         items, token = getattr(page, field), page.next_page_token
         seen += len(items)
         if progress:

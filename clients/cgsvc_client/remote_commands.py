@@ -24,6 +24,7 @@ from cgsvc_client.args import (
     add_server,
     explained_field,
     follow,
+    list_filter,
     listing,
     resource_name,
     streamed,
@@ -98,7 +99,7 @@ def follow_records(ns: argparse.Namespace) -> int:
     for sequence > the last seen, so it sees what every replica on the database commits.
     JSON: one {"record": ...} line each."""
     as_json = render.output_mode(ns) == "json"
-    user_filter = ns.filter or ""
+    user_filter = list_filter(ns)
     widths = [len(h) for h in RECORD_COLUMNS]  # a table's columns widen as wider cells come, never narrow
     last = 0
 
@@ -291,7 +292,7 @@ def register(sub: Any) -> None:
 
     audit = sub.add_parser("audit", help="the audit log").add_subparsers(dest="audit_command", required=True)
     a = audit.add_parser("list", help="list audit records")
-    add_listing(a, 'rule_id = "breakable.mla" AND outcome = "OK"')
+    add_listing(a, 'rule_id = "breakable.mla" AND outcome = "OK"', time_field="time")
     add_follow(a, "keep printing the records that match as they commit (from now on; with --all, the history "
                   "first), until Ctrl-C; -o json: one {\"record\": ...} line each")
     a.set_defaults(func=audit_list)

@@ -465,3 +465,27 @@ def test_a_follow_outlives_a_server_restart(tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
         srv.stop()
+
+
+def test_since_narrows_any_list_to_recent_items(server: ServerProcess, client: Client) -> None:
+    """`--since 15m` or `--since TIME` on any list: a term on the collection's time field, joined
+    to --filter."""
+    def listed(*args: str) -> Any:
+        out = cli(*args, "--server", server.address, "-o", "json")
+        assert out.returncode == 0, out.stdout + out.stderr
+        return json.loads(out.stdout)
+
+    first = client.resolve_proto(KIMI)
+    cut = client.get_audit_record(first.audit_record).time.ToJsonString()
+    second = client.resolve_proto(KIMI)
+    recent = listed("audit", "list", "--since", cut, "--filter", 'method = "ResolvePlan"', "--all")["records"]
+    assert [r["name"] for r in recent] == [first.audit_record, second.audit_record]
+    plans = listed("plans", "list", "--since", cut, "--all")["plans"]
+    assert [p["name"] for p in plans] == [first.name, second.name]
+    assert listed("audit", "list", "--since", "10m", "--all")["records"][-1]["name"] == second.audit_record
+    assert listed("launches", "list", "--since", "1d")["launches"] == []
+    assert listed("experiments", "list", "--since", "2099-01-01T00:00:00Z")["experiments"] == []
+    for bad_since in ("yesterday", "2026-12-06", "-5m"):
+        bad = cli("audit", "list", "--since", bad_since, "--server", server.address, "-o", "json")
+        assert bad.returncode == 2, (bad_since, bad.stdout)
+        assert json.loads(bad.stdout)["error"]["field_violations"][0]["field"] == "since"
