@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import json_format
@@ -22,10 +24,12 @@ from cgsvc_client.args import (
     add_listing,
     add_output,
     add_server,
+    bad,
     explained_field,
     follow,
     list_filter,
     listing,
+    pages,
     resource_name,
     streamed,
 )
@@ -49,6 +53,46 @@ def plans_list(ns: argparse.Namespace) -> int:
                         p.spec.hardware.gpu, p.policy or "cgsvc", p.prefill.backend, p.decode.backend,
                         f"{p.attention_backend.prefill}/{p.attention_backend.decode}", p.audit_record)
                        for p in plans], token))
+    return 0
+
+
+# What `plans summary --by` groups stored plans by: a plan's field, read off its message.
+SUMMARY_FIELDS: dict[str, Callable[[Any], Any]] = {
+    "model": lambda p: p.spec.model.name or p.spec.model.path,
+    "gpu": lambda p: p.spec.hardware.gpu,
+    "tp": lambda p: p.spec.parallelism.tp,
+    "prefill_backend": lambda p: p.prefill.backend,
+    "decode_backend": lambda p: p.decode.backend,
+    "attention_prefill": lambda p: p.attention_backend.prefill,
+    "attention_decode": lambda p: p.attention_backend.decode,
+    "kv_cache_dtype": lambda p: p.kv_cache_dtype,
+    "policy": lambda p: p.policy or "cgsvc",
+    "policy_version": lambda p: p.policy_version,
+}
+
+
+def plans_summary(ns: argparse.Namespace) -> int:
+    """How many stored plans (every page that matches --filter and --since) share each value of
+    the --by fields, the most common first: what the fleet runs, in one table."""
+    by = [f.strip().lower() for f in ns.by.split(",") if f.strip()]
+    unknown = [f for f in by if f not in SUMMARY_FIELDS]
+    if not by or unknown:
+        raise bad("by", f"{', '.join(unknown) or 'nothing'}: not a plan field to group by; valid: "
+                        f"{', '.join(SUMMARY_FIELDS)} (comma-separated)")
+    counts: collections.Counter[tuple[Any, ...]] = collections.Counter()
+    ns.all, ns.page_size, ns.page_token = True, 1000, None
+    with Client.from_args(ns) as c:
+        for items, _ in pages(ns, c.list_plans, "plans"):
+            counts.update(tuple(SUMMARY_FIELDS[f](p) for f in by) for p in items)
+    total = sum(counts.values())
+    groups = [{**dict(zip(by, key, strict=True)), "plans": n}
+              for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], [str(v) for v in kv[0]]))]
+    if render.output_mode(ns) == "json":
+        render.print_json({"summary": {"by": by, "plans": total, "groups": groups}})
+        return 0
+    print(render.table([*by, "plans", "share"], [(*(g[f] for f in by), g["plans"], f"{g['plans'] / total:.0%}")
+                                                 for g in groups]))
+    print(f"{total} plans in {len(groups)} groups")
     return 0
 
 
@@ -284,6 +328,15 @@ def register(sub: Any) -> None:
     p = plans.add_parser("list", help="list plans")
     add_listing(p, 'model = "deepseek-ai/DeepSeek-V3" AND gpu = "H100"')
     p.set_defaults(func=plans_list)
+    ps = plans.add_parser("summary", help="how many stored plans share each value of some fields (what the fleet "
+                                          "runs), the most common first")
+    ps.add_argument("--by", default="gpu,prefill_backend,decode_backend",
+                    help=f"the fields to group by, comma-separated (default gpu,prefill_backend,decode_backend): "
+                         f"{', '.join(SUMMARY_FIELDS)}")
+    ps.add_argument("--filter", help='AIP-160 subset, as plans list takes it, e.g. model = "deepseek-ai/DeepSeek-V3"')
+    ps.add_argument("--since", metavar="WHEN", help="only plans created at or after WHEN: a duration ago (90s, 15m, "
+                                                    "2h, 7d) or an RFC 3339 time")
+    ps.set_defaults(func=plans_summary, time_field="create_time")
     p2 = plans.add_parser("show", help="show one plan")
     p2.add_argument("name", help="plans/ID or ID")
     add_explain(p2)
@@ -313,7 +366,7 @@ def register(sub: Any) -> None:
     a7 = audit.add_parser("keys", help="the keys that have signed this log and each rotation between them, "
                                        "checked here (exit 3 when one is not signed by the key it retires)")
     a7.set_defaults(func=audit_keys)
-    for parser in (p, p2, a, a2, a3, a4, a5, a6, a7):
+    for parser in (p, ps, p2, a, a2, a3, a4, a5, a6, a7):
         add_output(parser)
         add_server(parser, required=True)
     add_output(witness.register_evidence(audit))  # offline: the file alone

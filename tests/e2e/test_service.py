@@ -489,3 +489,34 @@ def test_since_narrows_any_list_to_recent_items(server: ServerProcess, client: C
         bad = cli("audit", "list", "--since", bad_since, "--server", server.address, "-o", "json")
         assert bad.returncode == 2, (bad_since, bad.stdout)
         assert json.loads(bad.stdout)["error"]["field_violations"][0]["field"] == "since"
+
+
+def test_plans_summary_counts_the_fleets_plans_by_the_fields_asked(server: ServerProcess, client: Client) -> None:
+    """`plans summary --by gpu,prefill_backend`: how many stored plans run which modes, over every
+    page, with --filter and --since as a listing takes them."""
+    h200 = {**KIMI, "hardware": {"gpu": "H200", "gpu_count": 4}}
+    start = client.get_audit_record(client.resolve_proto(KIMI).audit_record).time.ToJsonString()
+    client.resolve_proto(KIMI)
+    client.resolve_proto(h200)
+
+    def summary(*args: str) -> Any:
+        out = cli("plans", "summary", *args, "--since", start, "--server", server.address, "-o", "json")
+        assert out.returncode == 0, out.stdout + out.stderr
+        return json.loads(out.stdout)["summary"]
+
+    got = summary("--by", "GPU,prefill_backend")
+    assert got["by"] == ["gpu", "prefill_backend"] and got["plans"] == 3
+    every = json.loads(cli("plans", "list", "--since", start, "--all", "--server", server.address, "-o",
+                           "json").stdout)["plans"]
+    expected: dict[tuple[str, str], int] = {}
+    for p in every:
+        key = (p["spec"]["hardware"]["gpu"], p["prefill"]["backend"])
+        expected[key] = expected.get(key, 0) + 1
+    assert {(g["gpu"], g["prefill_backend"]): g["plans"] for g in got["groups"]} == expected
+    assert [g["plans"] for g in got["groups"]] == sorted((g["plans"] for g in got["groups"]), reverse=True)
+    only = summary("--by", "model", "--filter", 'gpu = "H200"')
+    assert only["plans"] == 1 and only["groups"] == [{"model": "nvidia/Kimi-K2.6-NVFP4", "plans": 1}]
+    table = cli("plans", "summary", "--since", start, "--server", server.address, "-o", "table").stdout
+    assert "3 plans in" in table and "GB300" in table and "share" in table
+    bad = cli("plans", "summary", "--by", "gpu,colour", "--server", server.address, "-o", "json")
+    assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field_violations"][0]["field"] == "by"
