@@ -189,11 +189,21 @@ def audit_show(ns: argparse.Namespace) -> int:
     d = as_dict(rec)
     if render.output_mode(ns) == "json":
         render.print_json({"record": d})
-    else:
-        for key, value in d.items():
-            if key in ("spec_json", "plan_json") and value:
-                value = json.dumps(json.loads(value), indent=2)[:4000]
-            print(f"{key}: {value}")
+        return 0
+    style = render.Style(sys.stdout.isatty())
+    spec = json.dumps(json.loads(d["spec_json"]), separators=(",", ":")) if d.get("spec_json") else ""
+    rows = [(k, spec if k == "spec_json" else ", ".join(map(str, v)) if isinstance(v, list) else str(v))
+            for k, v in d.items() if k not in ("plan_json", "outcome_code", "outcome_message")]
+    outcome = CODE_NAMES.get(rec.outcome_code, str(rec.outcome_code))  # OK is the proto default, absent from d
+    at = next(i for i, (k, _) in enumerate(rows) if k == "method") + 1 if "method" in d else len(rows)
+    rows.insert(at, ("outcome", f"{outcome}: {rec.outcome_message}" if rec.outcome_message else outcome))
+    print(render.fields(rows, style))
+    if d.get("plan_json"):  # the plan it recorded, as resolve shows one: modes, then the decision trail
+        try:
+            shown = render.plan_table(codec.plan_from_dict(json.loads(d["plan_json"])), style)
+        except (KeyError, TypeError, ValueError):  # a plan of an older record schema: its JSON as kept
+            shown = json.dumps(json.loads(d["plan_json"]), indent=2)
+        print(f"\n{shown}")
     return 0
 
 

@@ -520,3 +520,19 @@ def test_plans_summary_counts_the_fleets_plans_by_the_fields_asked(server: Serve
     assert "3 plans in" in table and "GB300" in table and "share" in table
     bad = cli("plans", "summary", "--by", "gpu,colour", "--server", server.address, "-o", "json")
     assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field_violations"][0]["field"] == "by"
+
+
+def test_audit_show_on_a_terminal_renders_the_recorded_plan_with_its_decision_trail(server: ServerProcess,
+                                                                                    client: Client) -> None:
+    plan = client.resolve_proto(KIMI)
+    table = cli("audit", "show", plan.audit_record, "--server", server.address, "-o", "table")
+    assert table.returncode == 0, table.stderr
+    head, _, rest = table.stdout.partition("\n\n")
+    assert head.splitlines()[0].split() == ["name", plan.audit_record]
+    assert "method" in head and "ResolvePlan" in head and '"gpu":"GB300"' in head  # the spec, on one line
+    lines = dict(line.split(None, 1) for line in head.splitlines())
+    assert lines["outcome"] == "OK" and lines["rule_ids"].startswith("default.prefill.backend, ")
+    assert "decision trail" in rest and "breakable.mla" in rest and "prefill graph" in rest
+    recorded = json.loads(cli("audit", "show", plan.audit_record, "--server", server.address, "-o",
+                              "json").stdout)["record"]
+    assert json.loads(recorded["plan_json"])["plan_hash"] == plan.plan_hash  # JSON keeps the record whole
