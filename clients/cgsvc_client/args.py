@@ -6,6 +6,7 @@ output mode, the server connection, and the one error type commands raise. Comma
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import datetime as dt
 import json
@@ -283,6 +284,51 @@ def listing(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field
         items += got
         token = after
     return items, token
+
+
+Measure = tuple[Callable[[Any], Any], Callable[[list[Any]], Any]]  # a value of an item (None: none), how to reduce them
+
+
+def summarize(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field: str,
+              fields: dict[str, Callable[[Any], Any]], measures: dict[str, Measure] | None = None,
+              ) -> tuple[list[str], int, list[dict[str, Any]]]:
+    """A `summary` command's answer: every item of every page that matches --filter and --since,
+    counted by the --by fields (checked against `fields`, in any case), the most common group
+    first; each group also with each measure, reduced over the items that have a value (None when
+    none has). Constant memory: counts and values, not items. Returns (by, items, groups)."""
+    by = [f.strip().lower() for f in ns.by.split(",") if f.strip()]
+    unknown = [f for f in by if f not in fields]
+    if not by or unknown:
+        raise bad("by", f"{', '.join(unknown) or 'nothing'}: not a field to group by; valid: {', '.join(fields)} "
+                        "(comma-separated)")
+    measures = measures or {}
+    counts: collections.Counter[tuple[Any, ...]] = collections.Counter()
+    values: dict[tuple[Any, ...], dict[str, list[Any]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+    ns.all, ns.page_size, ns.page_token = True, 1000, None
+    for items, _ in pages(ns, fetch, field):
+        for item in items:
+            key = tuple(fields[f](item) for f in by)
+            counts[key] += 1
+            for name, (get, _reduce) in measures.items():
+                if (value := get(item)) is not None:
+                    values[key][name].append(value)
+    groups = []
+    for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], [str(v) for v in kv[0]])):
+        group: dict[str, Any] = {**dict(zip(by, key, strict=True)), field: n}
+        for name, (_get, reduce) in measures.items():
+            group[name] = reduce(values[key][name]) if values[key][name] else None
+        groups.append(group)
+    return by, sum(counts.values()), groups
+
+
+def add_summary(p: argparse.ArgumentParser, default: str, fields: dict[str, Any], what: str) -> None:
+    """--by, --filter and --since for a `summary` command."""
+    p.add_argument("--by", default=default, help=f"the fields to group by, comma-separated (default {default}): "
+                                                 f"{', '.join(fields)}")
+    p.add_argument("--filter", help=f"AIP-160 subset, as {what} list takes it")
+    p.add_argument("--since", metavar="WHEN", help="only those created at or after WHEN: a duration ago (90s, 15m, "
+                                                   "2h, 7d) or an RFC 3339 time")
+    p.set_defaults(time_field="create_time")
 
 
 def streamed(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field: str,

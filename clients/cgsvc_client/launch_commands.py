@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import statistics
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import json_format
@@ -13,18 +15,21 @@ from google.protobuf import json_format
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc_client import render
 from cgsvc_client.args import (
+    Measure,
     add_follow,
     add_listing,
     add_output,
     add_policy,
     add_server,
     add_spec_flags,
+    add_summary,
     add_workload,
     build_spec,
     follow,
     listing,
     resource_name,
     streamed,
+    summarize,
     workload,
 )
 from cgsvc_client.client import Client
@@ -137,6 +142,49 @@ def launches_list(ns: argparse.Namespace) -> int:
     return 0
 
 
+# What `launches summary --by` groups launches by, and what it measures of each group.
+LAUNCH_FIELDS: dict[str, Callable[[Any], Any]] = {
+    "state": lambda x: x.state,
+    "plan": lambda x: x.plan,
+    "dispatcher": lambda x: x.dispatcher,
+    "tp": lambda x: x.tp,
+    "model_path": lambda x: x.model_path,
+    **{f: (lambda name: lambda x: getattr(x.report, name) or "-")(f)
+       for f in ("prefill_requested", "prefill_effective", "decode_requested", "decode_effective",
+                 "attention_prefill_effective", "attention_decode_effective")},
+}
+
+
+def _succeeded(metric: str) -> Callable[[Any], float | None]:
+    return lambda x: float(getattr(x.report, metric)) if x.state == "SUCCEEDED" else None
+
+
+LAUNCH_MEASURES: dict[str, Measure] = {
+    "succeeded": ((lambda x: 1 if x.state == "SUCCEEDED" else None), sum),
+    "ttft_ms_p50_median": (_succeeded("ttft_ms_p50"), statistics.median),
+    "tpot_ms_p50_median": (_succeeded("tpot_ms_p50"), statistics.median),
+    "throughput_tok_s_median": (_succeeded("throughput_tok_s"), statistics.median),
+}
+
+
+def launches_summary(ns: argparse.Namespace) -> int:
+    """The launches grouped by the --by fields: how many ran each way, and what the ones that
+    succeeded measured (medians of their TTFT and TPOT p50 and throughput)."""
+    with Client.from_args(ns) as c:
+        by, total, groups = summarize(ns, c.list_launches, "launches", LAUNCH_FIELDS, LAUNCH_MEASURES)
+    if render.output_mode(ns) == "json":
+        render.print_json({"summary": {"by": by, "launches": total, "groups": groups}})
+        return 0
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+    print(render.table([*by, "launches", "succeeded", "TTFT p50 ms", "TPOT p50 ms", "tokens/s"],
+                       [(*(g[f] for f in by), g["launches"], g["succeeded"] or 0, ms(g["ttft_ms_p50_median"]),
+                         ms(g["tpot_ms_p50_median"]), ms(g["throughput_tok_s_median"])) for g in groups]))
+    print(f"{total} launches in {len(groups)} groups; latencies are medians over each group's succeeded launches")
+    return 0
+
+
 def launches_show(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
         launch = c.get_launch(resource_name("launches", ns.name))
@@ -246,6 +294,10 @@ def register(sub: Any) -> None:
     p = ls.add_parser("list", help="list launches")
     add_listing(p, 'state = "RUNNING" AND plan = "plans/ID"')
     p.set_defaults(func=launches_list)
+    pm = ls.add_parser("summary", help="launches counted by some fields, with the median TTFT, TPOT and "
+                                        "throughput of each group's succeeded launches")
+    add_summary(pm, "prefill_effective,decode_effective", LAUNCH_FIELDS, "launches")
+    pm.set_defaults(func=launches_summary)
     p2 = ls.add_parser("show", help="show one launch: state, devices, report and plan fidelity")
     p2.add_argument("name", help="launches/ID or ID")
     p2.set_defaults(func=launches_show)
@@ -263,6 +315,6 @@ def register(sub: Any) -> None:
         dest="replicas_command", required=True)
     p5 = rs.add_parser("list", help="list replicas: host, lease, active launches each supervises")
     p5.set_defaults(func=replicas_list)
-    for parser in (p, p2, p3, p4, p5):
+    for parser in (p, pm, p2, p3, p4, p5):
         add_output(parser)
         add_server(parser, required=True)

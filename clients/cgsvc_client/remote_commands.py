@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import collections
 import hashlib
 import json
 import sys
@@ -24,14 +23,14 @@ from cgsvc_client.args import (
     add_listing,
     add_output,
     add_server,
-    bad,
+    add_summary,
     explained_field,
     follow,
     list_filter,
     listing,
-    pages,
     resource_name,
     streamed,
+    summarize,
 )
 from cgsvc_client.client import Client
 
@@ -72,21 +71,9 @@ SUMMARY_FIELDS: dict[str, Callable[[Any], Any]] = {
 
 
 def plans_summary(ns: argparse.Namespace) -> int:
-    """How many stored plans (every page that matches --filter and --since) share each value of
-    the --by fields, the most common first: what the fleet runs, in one table."""
-    by = [f.strip().lower() for f in ns.by.split(",") if f.strip()]
-    unknown = [f for f in by if f not in SUMMARY_FIELDS]
-    if not by or unknown:
-        raise bad("by", f"{', '.join(unknown) or 'nothing'}: not a plan field to group by; valid: "
-                        f"{', '.join(SUMMARY_FIELDS)} (comma-separated)")
-    counts: collections.Counter[tuple[Any, ...]] = collections.Counter()
-    ns.all, ns.page_size, ns.page_token = True, 1000, None
+    """How many stored plans share each value of the --by fields: what the fleet runs."""
     with Client.from_args(ns) as c:
-        for items, _ in pages(ns, c.list_plans, "plans"):
-            counts.update(tuple(SUMMARY_FIELDS[f](p) for f in by) for p in items)
-    total = sum(counts.values())
-    groups = [{**dict(zip(by, key, strict=True)), "plans": n}
-              for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], [str(v) for v in kv[0]]))]
+        by, total, groups = summarize(ns, c.list_plans, "plans", SUMMARY_FIELDS)
     if render.output_mode(ns) == "json":
         render.print_json({"summary": {"by": by, "plans": total, "groups": groups}})
         return 0
@@ -340,13 +327,8 @@ def register(sub: Any) -> None:
     p.set_defaults(func=plans_list)
     ps = plans.add_parser("summary", help="how many stored plans share each value of some fields (what the fleet "
                                           "runs), the most common first")
-    ps.add_argument("--by", default="gpu,prefill_backend,decode_backend",
-                    help=f"the fields to group by, comma-separated (default gpu,prefill_backend,decode_backend): "
-                         f"{', '.join(SUMMARY_FIELDS)}")
-    ps.add_argument("--filter", help='AIP-160 subset, as plans list takes it, e.g. model = "deepseek-ai/DeepSeek-V3"')
-    ps.add_argument("--since", metavar="WHEN", help="only plans created at or after WHEN: a duration ago (90s, 15m, "
-                                                    "2h, 7d) or an RFC 3339 time")
-    ps.set_defaults(func=plans_summary, time_field="create_time")
+    add_summary(ps, "gpu,prefill_backend,decode_backend", SUMMARY_FIELDS, "plans")
+    ps.set_defaults(func=plans_summary)
     p2 = plans.add_parser("show", help="show one plan")
     p2.add_argument("name", help="plans/ID or ID")
     add_explain(p2)

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 import threading
@@ -365,3 +366,29 @@ def test_validate_only_checks_everything_a_launch_would_and_starts_nothing(srv: 
                          cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.startswith("valid: would launch") and "nothing was started" in out.stdout
+
+
+def cli(*args: str, server: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cgsvc_client.cli", *args, "--server", server], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+
+
+def test_launches_summary_gives_each_group_its_count_and_median_latencies(srv: ServerProcess, ckpt: str) -> None:
+    """`launches summary --by prefill_effective,decode_effective`: what the launches that ran each
+    way measured — counts, and the medians of their TTFT and TPOT p50 and throughput."""
+    with Client(srv.address) as c:
+        names = [c.create_launch(ckpt, SHORT, spec=KIMI).metadata.name]
+        wait_state(c, names[0], ("SUCCEEDED",), timeout=180)
+        names.append(c.create_launch(ckpt, SHORT, spec=KIMI).metadata.name)
+        done = [wait_state(c, n, ("SUCCEEDED",), timeout=180) for n in names]
+    out = cli("launches", "summary", "--by", "prefill_effective,decode_effective", "-o", "json",
+              server=srv.address)
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json.loads(out.stdout)["summary"]
+    (group,) = summary["groups"]
+    assert (group["prefill_effective"], group["decode_effective"]) == ("disabled", "static_eager")
+    assert (group["launches"], group["succeeded"]) == (2, 2) and summary["launches"] == 2
+    assert group["ttft_ms_p50_median"] == pytest.approx(statistics.median(x.report.ttft_ms_p50 for x in done))
+    assert group["tpot_ms_p50_median"] == pytest.approx(statistics.median(x.report.tpot_ms_p50 for x in done))
+    table = cli("launches", "summary", "--by", "state", "-o", "table", server=srv.address).stdout
+    assert "SUCCEEDED" in table and "TTFT p50 ms" in table and "2 launches in 1 groups" in table
