@@ -260,6 +260,14 @@ class Launches:
                            model=model, gpu=gpu, rule_ids=rule_ids)
         return str((await self.auditor.append(entry)).record.name)
 
+    async def audit_order(self, row: LaunchRow | None, order: LaunchOrder, caller: Caller, message: str) -> str:
+        """The accepted CreateLaunch record of `order` (`row` None: checked, not made): its
+        spec's fields and its plan's rules, so that `rule_id = X` finds it."""
+        described = Auditor.spec_fields(json.loads(order.spec_json)) if order.spec_json else {}
+        return await self.audit(row, caller.principal, CREATE_METHOD, "OK", message, caller=caller,
+                                spec_json=order.spec_json, model=described.get("model", ""),
+                                gpu=described.get("gpu", ""), rule_ids=order.rule_ids)
+
     async def transition(self, row: LaunchRow, state: str, reason: str = "", principal: str = "cgsvc",
                          **values: Any) -> LaunchRow:
         """Persist, audit and announce a state change of a launch this server supervises;
@@ -363,11 +371,8 @@ class Launches:
         if not created.new:
             return created.row, False
         write_plan(run, order.plan_json, order.spec_json)
-        described = Auditor.spec_fields(json.loads(order.spec_json)) if order.spec_json else {}
-        await self.audit(created.row, caller.principal, CREATE_METHOD, "OK",
-                         f"launch of {order.plan_audit} on {order.tp} {order.dispatcher} ranks", caller=caller,
-                         spec_json=order.spec_json, model=described.get("model", ""), gpu=described.get("gpu", ""),
-                         rule_ids=order.rule_ids)
+        await self.audit_order(created.row, order, caller,
+                               f"launch of {order.plan_audit} on {order.tp} {order.dispatcher} ranks")
         self.watched[launch_id] = Watched()
         await self.schedule()
         got = await asyncio.to_thread(self.store.get, launch_id)

@@ -10,14 +10,12 @@ is refused.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from cgsvc import codec
-from cgsvc.audit.auditor import Auditor
 from cgsvc.contract import RunDir
 from cgsvc.domain.launches import (
     CREATE_METHOD,
@@ -99,12 +97,9 @@ class LaunchService:
         placement = (f"validate_only: {admitted.free} of {admitted.slots} {dispatcher} devices free now; "
                      + (f"would be placed on {', '.join(admitted.devices)}" if admitted.devices
                         else f"would wait in PLACING for {order.tp}"))
-        described = Auditor.spec_fields(json.loads(order.spec_json))
-        record = await self.launches.audit(
-            None, who.principal, CREATE_METHOD, "OK",
-            f"validate_only: would launch {order.plan_audit} on {order.tp} {dispatcher} ranks; nothing was started "
-            f"({admitted.free} of {admitted.slots} devices free)", caller=who, spec_json=order.spec_json,
-            model=described.get("model", ""), gpu=described.get("gpu", ""), rule_ids=order.rule_ids)
+        record = await self.launches.audit_order(
+            None, order, who, f"validate_only: would launch {order.plan_audit} on {order.tp} {dispatcher} ranks; "
+                              f"nothing was started ({admitted.free} of {admitted.slots} devices free)")
         would = launch_pb2.Launch(
             plan=f"plans/{plan.plan_id}" if plan.plan_id else "", workload=request.workload, model_path=model_path,
             tp=order.tp, dispatcher=dispatcher, tokens_total=workload.requests * workload.output_len,
