@@ -217,12 +217,18 @@ def add_output(p: argparse.ArgumentParser) -> None:
                    help="table (default on a terminal) or json (default otherwise)")
 
 
-def add_listing(p: argparse.ArgumentParser, example: str, time_field: str = "create_time") -> None:
-    """--filter, --since (a term on the collection's `time_field`) and paging for List commands."""
+def add_filters(p: argparse.ArgumentParser, example: str, time_field: str = "create_time") -> None:
+    """--filter and --since (a term on the collection's `time_field`, list_filter()) for the
+    commands that read a collection: list and summary."""
     p.add_argument("--filter", help=f"AIP-160 subset: FIELD OP VALUE joined by AND, e.g. {example}")
     p.add_argument("--since", metavar="WHEN", help=f"only those with {time_field} at or after WHEN: a duration ago "
                                                    "(90s, 15m, 2h, 7d) or an RFC 3339 time; joined to --filter")
     p.set_defaults(time_field=time_field)
+
+
+def add_listing(p: argparse.ArgumentParser, example: str, time_field: str = "create_time") -> None:
+    """add_filters() and paging for List commands."""
+    add_filters(p, example, time_field)
     p.add_argument("--page-size", type=int, default=50, help="results per page (default 50, at most 1000)")
     p.add_argument("--page-token", help="next_page_token of the previous page")
     p.add_argument("--all", action="store_true",
@@ -257,23 +263,28 @@ def list_filter(ns: argparse.Namespace) -> str:
     return " AND ".join(terms)
 
 
+def each_page(fetch: Callable[[str, int, str], Any], field: str, query: str, page_size: int, token: str = "",
+              every: bool = True) -> Iterator[tuple[Any, str]]:
+    """The pages of a List call that match `query`, each with the next page's token: from the
+    page `token` names to the last (or that page alone, `every` False)."""
+    while True:
+        page = fetch(query, page_size, token)
+        items, token = getattr(page, field), page.next_page_token
+        yield items, token
+        if not (every and token):
+            return
+
+
 def pages(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field: str) -> Iterator[tuple[Any, str]]:
-    """The pages a List command reads, each with the next page's token: the page --page-token
-    names or, with --all, every page from there to the last (a running count on a terminal's
-    stderr)."""
-    token = ns.page_token or ""
+    """The pages a List command reads (list_filter(), --page-size): the page --page-token names
+    or, with --all, every page from there to the last (a running count on a terminal's stderr)."""
     progress = ns.all and sys.stderr.isatty()
     seen = 0
-    query = list_filter(ns)
-    while True:
-        page = fetch(query, ns.page_size, token)
-        items, token = getattr(page, field), page.next_page_token
+    for items, token in each_page(fetch, field, list_filter(ns), ns.page_size, ns.page_token or "", ns.all):
         seen += len(items)
         if progress:
             print(f"\r{seen} {field} so far ...", end="" if token else "\n", file=sys.stderr, flush=True)
         yield items, token
-        if not (ns.all and token):
-            return
 
 
 def listing(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field: str) -> tuple[list[Any], str]:
@@ -321,14 +332,11 @@ def summarize(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], fie
     return by, sum(counts.values()), groups
 
 
-def add_summary(p: argparse.ArgumentParser, default: str, fields: dict[str, Any], what: str) -> None:
-    """--by, --filter and --since for a `summary` command."""
+def add_summary(p: argparse.ArgumentParser, default: str, fields: dict[str, Any], example: str) -> None:
+    """--by and add_filters() for a `summary` command."""
     p.add_argument("--by", default=default, help=f"the fields to group by, comma-separated (default {default}): "
                                                  f"{', '.join(fields)}")
-    p.add_argument("--filter", help=f"AIP-160 subset, as {what} list takes it")
-    p.add_argument("--since", metavar="WHEN", help="only those created at or after WHEN: a duration ago (90s, 15m, "
-                                                   "2h, 7d) or an RFC 3339 time")
-    p.set_defaults(time_field="create_time")
+    add_filters(p, example)
 
 
 def streamed(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field: str,

@@ -142,6 +142,8 @@ def launches_list(ns: argparse.Namespace) -> int:
     return 0
 
 
+LAUNCH_FILTER_EXAMPLE = 'state = "RUNNING" AND plan = "plans/ID"'
+
 # What `launches summary --by` groups launches by, and what it measures of each group.
 LAUNCH_FIELDS: dict[str, Callable[[Any], Any]] = {
     "state": lambda x: x.state,
@@ -292,11 +294,11 @@ def register(sub: Any) -> None:
 
     ls = sub.add_parser("launches", help="launches").add_subparsers(dest="launches_command", required=True)
     p = ls.add_parser("list", help="list launches")
-    add_listing(p, 'state = "RUNNING" AND plan = "plans/ID"')
+    add_listing(p, LAUNCH_FILTER_EXAMPLE)
     p.set_defaults(func=launches_list)
     pm = ls.add_parser("summary", help="launches counted by some fields, with the median TTFT, TPOT and "
                                         "throughput of each group's succeeded launches")
-    add_summary(pm, "prefill_effective,decode_effective", LAUNCH_FIELDS, "launches")
+    add_summary(pm, "prefill_effective,decode_effective", LAUNCH_FIELDS, LAUNCH_FILTER_EXAMPLE)
     pm.set_defaults(func=launches_summary)
     p2 = ls.add_parser("show", help="show one launch: state, devices, report and plan fidelity")
     p2.add_argument("name", help="launches/ID or ID")

@@ -24,6 +24,7 @@ from cgsvc_client.args import (
     add_output,
     add_server,
     add_summary,
+    each_page,
     explained_field,
     follow,
     list_filter,
@@ -54,6 +55,8 @@ def plans_list(ns: argparse.Namespace) -> int:
                        for p in plans], token))
     return 0
 
+
+PLAN_FILTER_EXAMPLE = 'model = "deepseek-ai/DeepSeek-V3" AND gpu = "H100"'
 
 # What `plans summary --by` groups stored plans by: a plan's field, read off its message.
 SUMMARY_FIELDS: dict[str, Callable[[Any], Any]] = {
@@ -160,12 +163,9 @@ def follow_records(ns: argparse.Namespace) -> int:
 
         def step() -> bool:
             query = " AND ".join(f for f in (user_filter, f"sequence > {last}") if f)
-            token = ""
-            while True:
-                page = c.list_audit_records(filter=query, page_size=1000, page_token=token)
-                emit(page.records)
-                if not (token := page.next_page_token):
-                    return False
+            for records, _ in each_page(c.list_audit_records, "records", query, 1000):
+                emit(records)
+            return False
         return follow(ns, first, step)
 
 
@@ -323,11 +323,11 @@ def register(sub: Any) -> None:
     """Add the commands that talk to a server."""
     plans = sub.add_parser("plans", help="stored plans").add_subparsers(dest="plans_command", required=True)
     p = plans.add_parser("list", help="list plans")
-    add_listing(p, 'model = "deepseek-ai/DeepSeek-V3" AND gpu = "H100"')
+    add_listing(p, PLAN_FILTER_EXAMPLE)
     p.set_defaults(func=plans_list)
     ps = plans.add_parser("summary", help="how many stored plans share each value of some fields (what the fleet "
                                           "runs), the most common first")
-    add_summary(ps, "gpu,prefill_backend,decode_backend", SUMMARY_FIELDS, "plans")
+    add_summary(ps, "gpu,prefill_backend,decode_backend", SUMMARY_FIELDS, PLAN_FILTER_EXAMPLE)
     ps.set_defaults(func=plans_summary)
     p2 = plans.add_parser("show", help="show one plan")
     p2.add_argument("name", help="plans/ID or ID")
