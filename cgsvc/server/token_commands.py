@@ -5,29 +5,27 @@
     cgsvc token check FILE [-o json]   check a file as `serve` would; list who it admits
     cgsvc token hash [TOKEN]           the SHA-256 a token file holds (reads stdin without TOKEN)
 
-A file is changed only whole: the new text is checked as `serve` loads it, written beside the
-file and renamed over it, so a server reloading meanwhile (SIGHUP, --credentials-poll-seconds)
+A file is changed only whole: the new text is checked as `serve` loads it, then written with
+cgsvc.files.write_atomically, so a server reloading meanwhile (SIGHUP, --credentials-poll-seconds)
 reads the old file or the new one, never half of one. The format is in cgsvc/server/auth.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import json
-import os
 import re
 import secrets
 import stat
 import sys
-import tempfile
 import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from cgsvc.errors import FieldViolation, ServiceError
+from cgsvc.files import write_atomically
 from cgsvc.server.auth import ROLES, Principal, TokenFileError, hash_token, load_token_file
 
 NO_ROLES = "it is authenticated but may call no cgsvc method (health and reflection need no token)"
@@ -161,19 +159,7 @@ def write_file(path: str, text: str) -> None:
     text loads as `serve` loads it (TokenFileError otherwise, nothing written)."""
     load_token_file(path, text)
     target = Path(path).resolve()
-    mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o600
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomically(target, text, stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o600)
 
 
 HEADER = re.compile(r"^\s*\[")  # a table or array-of-tables header starts an entry

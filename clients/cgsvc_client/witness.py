@@ -41,31 +41,13 @@ from cgsvc import codec
 from cgsvc.audit import checkpoint, merkle
 from cgsvc.audit.records import utc_now
 from cgsvc.errors import ServiceError
+from cgsvc.files import write_atomically
 from cgsvc_client import checkpoints, render
 from cgsvc_client.args import NO_ANSWER, bad, read_json
 from cgsvc_client.client import Client
 
 LATEST = "latest.json"
 HISTORY = "history.jsonl"
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Replace `path` with `text`, durably: a crash leaves the old file or the new, never half."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _sync_dir(path.parent)
-
-
-def _sync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _append_line(path: Path, value: Any) -> None:
@@ -122,7 +104,7 @@ class Witness:
     def _keep(self, cp: checkpoint.Checkpoint, at: str, changed: bool) -> None:
         if changed:  # the history first: a crash between the two leaves latest.json the older one
             _append_line(self.dir / HISTORY, {"witnessed_at": at, "checkpoint": cp.to_dict()})
-        _write_atomically(self.dir / LATEST, json.dumps({"checkpoint": cp.to_dict()}, indent=2) + "\n")
+        write_atomically(self.dir / LATEST, json.dumps({"checkpoint": cp.to_dict()}, indent=2) + "\n")
         self.kept = cp
 
     def _evidence(self, at: str, presented: checkpoint.Checkpoint | None, reason: str, proof: list[str]) -> Path:
@@ -136,7 +118,7 @@ class Witness:
                 "kept": self.kept.to_dict() if self.kept else None,
                 "presented": presented.to_dict() if presented else None,
                 "consistency_proof": proof}
-        _write_atomically(path, json.dumps(body, indent=2) + "\n")
+        write_atomically(path, json.dumps(body, indent=2) + "\n")
         return path
 
     def check(self, c: Client) -> dict[str, Any]:
