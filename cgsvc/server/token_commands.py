@@ -86,19 +86,16 @@ def new(ns: argparse.Namespace) -> int:
     with --append. Exit 2 naming the field for bad input; the file is then left as it was."""
     import cgsvc_client.render as render
 
-    def refuse(field: str, message: str) -> int:
-        return _refuse(ns, field, message)
-
     name = ns.principal
     if not name.strip() or not name.isprintable():
-        return refuse("principal", f"a non-empty name of printable characters (every audit record of its calls "
+        return _refuse(ns, "principal", f"a non-empty name of printable characters (every audit record of its calls "
                                    f"names it); got {name!r}")
     expires: dt.datetime | None = None
     if ns.expires_in_days is not None:
         if ns.expires:
-            return refuse("expires", "give --expires or --expires-in-days, not both")
+            return _refuse(ns, "expires", "give --expires or --expires-in-days, not both")
         if ns.expires_in_days <= 0:
-            return refuse("expires_in_days", f"must be more than 0 days, got {ns.expires_in_days:g}")
+            return _refuse(ns, "expires_in_days", f"must be more than 0 days, got {ns.expires_in_days:g}")
         expires = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(days=ns.expires_in_days)
     elif ns.expires:
         try:
@@ -106,9 +103,9 @@ def new(ns: argparse.Namespace) -> int:
         except ValueError:
             expires = None
         if expires is None or expires.tzinfo is None:
-            return refuse("expires", f"a date-time with an offset, e.g. 2027-01-31T00:00:00Z; got {ns.expires!r}")
+            return _refuse(ns, "expires", f"a date-time with an offset, e.g. 2027-01-31T00:00:00Z; got {ns.expires!r}")
         if expires.timestamp() <= time.time():
-            return refuse("expires", f"{ns.expires} has passed: the token would be refused from the start")
+            return _refuse(ns, "expires", f"{ns.expires} has passed: the token would be refused from the start")
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     roles = list(dict.fromkeys(ns.role))
     entry = "\n".join(["[[tokens]]", f"principal = {json.dumps(name, ensure_ascii=False)}",
@@ -118,9 +115,9 @@ def new(ns: argparse.Namespace) -> int:
         try:
             append_entry(ns.append, entry)
         except TokenFileError as exc:
-            return refuse("append", f"{exc}; nothing was written")
+            return _refuse(ns, "append", f"{exc}; nothing was written")
         except OSError as exc:
-            return refuse("append", f"{ns.append}: {exc.strerror or exc}; nothing was written")
+            return _refuse(ns, "append", f"{ns.append}: {exc.strerror or exc}; nothing was written")
     if ns.output == "json":
         render.print_json({"token": {"token": secret, "principal": name, "roles": roles, "sha256": hash_token(secret),
                                      "expires": expires.isoformat() if expires else "", "entry": entry,
