@@ -81,17 +81,24 @@ class LaunchService:
                   else {"plan": request.plan})
         return workload, os.path.abspath(request.model_path), request.dispatcher or "local", source
 
+    async def _plan(self, request: launch_pb2.CreateLaunchRequest, who: Caller, source: dict[str, Any],
+                    validate_only: bool = False) -> PlanSource:
+        """The plan a CreateLaunch runs: the stored plan it names, or its spec resolved and
+        recorded now — stored as a plan, or with validate_only recorded as a check and not stored.
+        (The launch carries the idempotency key; the plan it resolves is recorded plainly.)"""
+        if request.WhichOneof("source") != "spec":
+            return PlanSource.stored(await self.plans.get(parse_name(request.plan, "plans", "plan")))
+        recorded = await self.plans.resolve_and_record(source, who, validate_only=validate_only, policy=request.policy)
+        resolution = recorded.resolution
+        return PlanSource(recorded.plan_id, resolution.plan_json, resolution.audit_fields["spec_json"],
+                          recorded.audit_record)
+
     async def _validate(self, request: launch_pb2.CreateLaunchRequest, who: Caller) -> launch_pb2.Operation:
         """CreateLaunch with validate_only: every check a launch gets, one record, nothing stored
         or started; the answer describes the launch that would be made."""
         workload, model_path, dispatcher, source = self._checked(request)
         ckpt = read_checkpoint(model_path, workload, self.plans.model_roots)
-        if request.WhichOneof("source") == "spec":
-            recorded = await self.plans.resolve_and_record(source, who, validate_only=True, policy=request.policy)
-            plan = PlanSource("", recorded.resolution.plan_json, recorded.resolution.audit_fields["spec_json"],
-                              recorded.audit_record)
-        else:
-            plan = PlanSource.stored(await self.plans.get(parse_name(request.plan, "plans", "plan")))
+        plan = await self._plan(request, who, source, validate_only=True)
         order = order_for(plan, ckpt, model_path, workload, dispatcher, request.wait_for_resources)
         admitted = await self.launches.admit(order)
         placement = (f"validate_only: {admitted.free} of {admitted.slots} {dispatcher} devices free now; "
@@ -117,13 +124,7 @@ class LaunchService:
             if earlier is not None:
                 return earlier
         ckpt = read_checkpoint(model_path, workload, self.plans.model_roots)
-        if request.WhichOneof("source") == "spec":
-            # The launch carries the idempotency key; the plan it resolves is recorded plainly.
-            recorded = await self.plans.resolve_and_record(source, who, policy=request.policy)
-            plan_id = recorded.plan_id
-        else:
-            plan_id = parse_name(request.plan, "plans", "plan")
-        order = order_for(PlanSource.stored(await self.plans.get(plan_id)), ckpt, model_path, workload, dispatcher,
+        order = order_for(await self._plan(request, who, source), ckpt, model_path, workload, dispatcher,
                           request.wait_for_resources, request.request_id, digest)
         row, new = await self.launches.create(order, who)
         if not new:  # another call with this request_id got there first (a concurrent retry)
