@@ -302,9 +302,8 @@ LEADING_OPTIONS = frozenset({"--server", "--token", "--tls-ca", "--tls-cert", "-
                              "-o"})
 
 
-def hoist_leading_options(argv: Sequence[str]) -> list[str]:
-    """Move LEADING_OPTIONS given before the command to the end, where the command's own parser
-    reads them (a command that does not take one then says so by name)."""
+def leading_options_end(argv: Sequence[str]) -> int:
+    """How many of argv's first arguments are LEADING_OPTIONS and their values."""
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -314,6 +313,19 @@ def hoist_leading_options(argv: Sequence[str]) -> list[str]:
             i += 1  # --server=HOST:PORT, -ojson
         else:
             break
+    return min(i, len(argv))
+
+
+def commands(ap: argparse.ArgumentParser) -> list[str]:
+    """The top-level commands, in the order --help lists them."""
+    return [name for action in ap._actions  # noqa: SLF001 - argparse has no public list of them
+            if isinstance(action, argparse._SubParsersAction) for name in action.choices]  # noqa: SLF001
+
+
+def hoist_leading_options(argv: Sequence[str]) -> list[str]:
+    """Move LEADING_OPTIONS given before the command to the end, where the command's own parser
+    reads them (a command that does not take one then says so by name)."""
+    i = leading_options_end(argv)
     return [*argv[i:], *argv[:i]]
 
 
@@ -335,9 +347,14 @@ def with_hint(err: ServiceError, ns: argparse.Namespace) -> ServiceError:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = hoist_leading_options(sys.argv[1:] if argv is None else argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = hoist_leading_options(given)
     try:
-        ns = parser().parse_args(args)
+        ap = parser()
+        if given and leading_options_end(given) == len(given):  # options, and no command for them
+            raise UsageError(ap, f"argument command: required after {' '.join(given)} (choose from "
+                                 f"{', '.join(map(repr, commands(ap)))})")
+        ns = ap.parse_args(args)
     except UsageError as exc:
         prog = exc.parser.prog
         if json_requested(args):

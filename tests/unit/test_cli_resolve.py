@@ -192,7 +192,8 @@ def test_bad_json_on_standard_input_names_the_field_and_the_stream() -> None:
 
 
 def test_a_usage_error_under_o_json_is_a_json_error_naming_the_argument() -> None:
-    for args, field, words in ((("-o", "json"), "command", "choose from 'resolve'"),
+    for args, field, words in ((("-o", "json"), "command", "required after -o json (choose from 'resolve'"),
+                               (("--server", "h:1", "-ojson"), "command", "required after --server h:1 -ojson"),
                                (("resolve", "--tp", "four", "-o", "json"), "tp", "invalid int value"),
                                (("--output=json", "resolve", "--tpp", "4"), "argv", "unrecognized arguments: --tpp"),
                                (("-ojson", "resolve", "-o", "yaml"), "output", "invalid choice")):
@@ -201,7 +202,7 @@ def test_a_usage_error_under_o_json_is_a_json_error_naming_the_argument() -> Non
         err = as_json(proc)["error"]
         assert err["code"] == "INVALID_ARGUMENT" and words in err["message"], (args, err)
         assert err["field_violations"][0]["field"] == field, (args, err)
-        assert "--help" in err["message"], err
+        assert "--help" in err["message"] and "invalid choice: 'json'" not in err["message"], err
     missing = as_json(cli("audit", "prove", "-o", "json"))["error"]  # one violation per missing argument
     assert [(v["field"], v["description"]) for v in missing["field_violations"]] == [
         ("name", "required"), ("checkpoint", "required"), ("server", "required")]
