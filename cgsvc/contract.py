@@ -14,11 +14,12 @@ naming the field, which the server turns into a clear launch failure.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from cgsvc.files import write_atomically
 
 SCHEMA_VERSION = 1
 WORKER_STATES = ("loading", "capturing", "running", "succeeded", "failed")
@@ -345,7 +346,4 @@ def write_report(path: str | Path | None, report: WorkerReport | dict[str, Any])
     if path is None:
         print(text)
         return
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    write_atomically(path, text)

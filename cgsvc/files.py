@@ -1,5 +1,5 @@
 """Files replaced whole: the one way cgsvc rewrites a file that someone else may read meanwhile
-(a token file a server reloads, a witness's kept checkpoint)."""
+(a token file a server reloads, a witness's kept checkpoint, a worker's report)."""
 
 from __future__ import annotations
 

@@ -67,6 +67,16 @@ def test_reports_round_trip_and_keep_their_body(tmp_path: Path) -> None:
     assert not back.ok and back.rank_errors == (RankError(2, -9, "killed"),) and back.error == "rank 2 died"
 
 
+def test_a_report_is_written_whole_past_a_leftover_temporary_file(tmp_path: Path) -> None:
+    """A worker killed mid-write once left `r.json.tmp` behind; the next report must not trip on
+    it, nor leave one of its own."""
+    (tmp_path / "r.json.tmp").mkdir()  # what a fixed temporary name would collide with
+    write_report(tmp_path / "r.json", OK_REPORT)
+    write_report(tmp_path / "r.json", OK_REPORT)  # replaced whole, again
+    assert read_report(tmp_path / "r.json").ok
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.json.tmp"]
+
+
 @pytest.mark.parametrize(("change", "names"), [
     ({"status": "maybe"}, "report.status: 'maybe' is not one of ok, failed"),
     ({"aggregate": None}, "report.aggregate: expected dict"),
