@@ -53,13 +53,8 @@ def check(path: str, output: str) -> int:
 
     try:
         tokens, certificates = load_token_file(path)
-    except TokenFileError as exc:
-        if output == "json":
-            error = ServiceError("INVALID_ARGUMENT", str(exc), [FieldViolation("token_file", str(exc))])
-            render.print_json({"error": error.to_dict()})
-        else:
-            print(f"cgsvc: {exc}", file=sys.stderr)
-        return 2
+    except TokenFileError as exc:  # "token_file PATH: where: what"
+        return _refuse(output, "token_file", str(exc).removeprefix("token_file "))
     rows = ([{"kind": "token", "principal": p.name, "roles": list(p.roles), "sha256": digest, "expires": p.expiry()}
              for digest, p in tokens.items()]
             + [{"kind": "certificate", "principal": p.name, "roles": list(p.roles), "sha256": "", "expires": ""}
@@ -88,14 +83,14 @@ def new(ns: argparse.Namespace) -> int:
 
     name = ns.principal
     if not name.strip() or not name.isprintable():
-        return _refuse(ns, "principal", f"a non-empty name of printable characters (every audit record of its calls "
+        return _refuse(ns.output, "principal", f"a non-empty name of printable characters (every audit record of its calls "
                                    f"names it); got {name!r}")
     expires: dt.datetime | None = None
     if ns.expires_in_days is not None:
         if ns.expires:
-            return _refuse(ns, "expires", "give --expires or --expires-in-days, not both")
+            return _refuse(ns.output, "expires", "give --expires or --expires-in-days, not both")
         if ns.expires_in_days <= 0:
-            return _refuse(ns, "expires_in_days", f"must be more than 0 days, got {ns.expires_in_days:g}")
+            return _refuse(ns.output, "expires_in_days", f"must be more than 0 days, got {ns.expires_in_days:g}")
         expires = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(days=ns.expires_in_days)
     elif ns.expires:
         try:
@@ -103,9 +98,9 @@ def new(ns: argparse.Namespace) -> int:
         except ValueError:
             expires = None
         if expires is None or expires.tzinfo is None:
-            return _refuse(ns, "expires", f"a date-time with an offset, e.g. 2027-01-31T00:00:00Z; got {ns.expires!r}")
+            return _refuse(ns.output, "expires", f"a date-time with an offset, e.g. 2027-01-31T00:00:00Z; got {ns.expires!r}")
         if expires.timestamp() <= time.time():
-            return _refuse(ns, "expires", f"{ns.expires} has passed: the token would be refused from the start")
+            return _refuse(ns.output, "expires", f"{ns.expires} has passed: the token would be refused from the start")
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     roles = list(dict.fromkeys(ns.role))
     entry = "\n".join(["[[tokens]]", f"principal = {json.dumps(name, ensure_ascii=False)}",
@@ -115,9 +110,9 @@ def new(ns: argparse.Namespace) -> int:
         try:
             append_entry(ns.append, entry)
         except TokenFileError as exc:
-            return _refuse(ns, "append", f"{exc}; nothing was written")
+            return _refuse(ns.output, "append", f"{exc}; nothing was written")
         except OSError as exc:
-            return _refuse(ns, "append", f"{ns.append}: {exc.strerror or exc}; nothing was written")
+            return _refuse(ns.output, "append", f"{ns.append}: {exc.strerror or exc}; nothing was written")
     if ns.output == "json":
         render.print_json({"token": {"token": secret, "principal": name, "roles": roles, "sha256": hash_token(secret),
                                      "expires": expires.isoformat() if expires else "", "entry": entry,
@@ -140,11 +135,11 @@ def append_entry(path: str, entry: str) -> None:
     write_file(path, old + blank_line + entry if old.strip() else entry)
 
 
-def _refuse(ns: argparse.Namespace, field: str, message: str) -> int:
+def _refuse(output: str, field: str, message: str) -> int:
     """Bad input: exit 2 naming the field, as JSON under -o json."""
     import cgsvc_client.render as render
 
-    if ns.output == "json":
+    if output == "json":
         render.print_json({"error": ServiceError.invalid([FieldViolation(field, message)]).to_dict()})
     else:
         print(f"cgsvc: {field}: {message}", file=sys.stderr)
@@ -183,17 +178,17 @@ def revoke(ns: argparse.Namespace) -> int:
     (or, for a prefix, more than one) matches, the file untouched."""
     chosen = [k for k in ("principal", "sha256", "token") if getattr(ns, k) is not None]
     if len(chosen) != 1:
-        return _refuse(ns, "principal", "give one of --principal NAME, --sha256 HEX or --token - (the token on stdin)")
+        return _refuse(ns.output, "principal", "give one of --principal NAME, --sha256 HEX or --token - (the token on stdin)")
     try:
         text = Path(ns.file).read_text(encoding="utf-8")
         tokens, _ = load_token_file(ns.file, text)
     except TokenFileError as exc:
-        return _refuse(ns, "file", str(exc))
+        return _refuse(ns.output, "file", str(exc))
     except OSError as exc:
-        return _refuse(ns, "file", f"{ns.file}: {exc.strerror or exc}")
+        return _refuse(ns.output, "file", f"{ns.file}: {exc.strerror or exc}")
     if ns.token is not None:
         if ns.token != "-":
-            return _refuse(ns, "token", "give - and the token on stdin: a token on the command line stays in the "
+            return _refuse(ns.output, "token", "give - and the token on stdin: a token on the command line stays in the "
                                         "shell's history and the process list")
         wanted = hash_token(sys.stdin.readline().strip())
 
@@ -202,11 +197,11 @@ def revoke(ns: argparse.Namespace) -> int:
     elif ns.sha256 is not None:
         prefix = ns.sha256.strip().lower()
         if len(prefix) < 8 or any(c not in "0123456789abcdef" for c in prefix):
-            return _refuse(ns, "sha256", f"8 to 64 hex digits of the token's SHA-256 (cgsvc token check lists them); "
+            return _refuse(ns.output, "sha256", f"8 to 64 hex digits of the token's SHA-256 (cgsvc token check lists them); "
                                          f"got {ns.sha256!r}")
         found = sorted(d for d in tokens if d.startswith(prefix))
         if len(found) > 1:
-            return _refuse(ns, "sha256", f"{prefix} names {len(found)} tokens ({', '.join(tokens[d].name for d in found)}): "
+            return _refuse(ns.output, "sha256", f"{prefix} names {len(found)} tokens ({', '.join(tokens[d].name for d in found)}): "
                                          "give more digits")
 
         def matches(entry: dict[str, Any]) -> bool:
@@ -225,17 +220,17 @@ def revoke(ns: argparse.Namespace) -> int:
             kept.append(piece)
     remaining, _ = load_token_file(ns.file, "".join(kept))
     if len(remaining) != len(tokens) - len(removed):  # entries written in another form than [[tokens]]
-        return _refuse(ns, "file", f"{ns.file} lists tokens other than as [[tokens]] tables: edit it by hand")
+        return _refuse(ns.output, "file", f"{ns.file} lists tokens other than as [[tokens]] tables: edit it by hand")
     if not removed:
         which = {"principal": f"principal {ns.principal!r}", "sha256": f"sha256 {ns.sha256}",
                  "token": "that token"}[chosen[0]]
-        return _refuse(ns, chosen[0], f"no token of {which} in {ns.file}; nothing was changed")
+        return _refuse(ns.output, chosen[0], f"no token of {which} in {ns.file}; nothing was changed")
     try:
         write_file(ns.file, "".join(kept))
     except TokenFileError as exc:
-        return _refuse(ns, "file", f"{exc}; nothing was changed")
+        return _refuse(ns.output, "file", f"{exc}; nothing was changed")
     except OSError as exc:
-        return _refuse(ns, "file", f"{ns.file}: {exc.strerror or exc}; nothing was changed")
+        return _refuse(ns.output, "file", f"{ns.file}: {exc.strerror or exc}; nothing was changed")
     gone = [{"principal": e["principal"], "sha256": str(e["sha256"]).lower(), "roles": e.get("roles", [])}
             for e in removed]
     if ns.output == "json":

@@ -233,6 +233,11 @@ def test_token_check_lists_who_a_file_admits_or_names_the_bad_entry(tmp_path: Pa
     bad.write_text(good.read_text().replace('roles = ["auditor"]', 'roles = ["auditors"]'))
     refused = check(bad, "-o", "json")
     assert refused.returncode == 2 and "tokens[1].roles" in json.loads(refused.stdout)["error"]["message"]
+    (violation,) = json.loads(refused.stdout)["error"]["field_violations"]
+    assert violation["field"] == "token_file" and violation["description"].startswith(f"{bad}: tokens[1].roles")
+    said = check(bad)  # the same refusal, said once, on stderr
+    assert said.returncode == 2 and said.stdout == ""
+    assert said.stderr.startswith(f"cgsvc: token_file: {bad}: tokens[1].roles"), said.stderr
     # a principal with no roles is admitted, and said to be able to call nothing
     unroled = tmp_path / "unroled.toml"
     unroled.write_text(good.read_text().replace('roles = ["auditor"]', "roles = []"))
