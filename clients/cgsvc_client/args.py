@@ -14,7 +14,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from cgsvc.errors import FieldViolation, ServiceError
@@ -76,14 +76,20 @@ def add_explain(p: argparse.ArgumentParser) -> None:
                    "decide: attention_backend.prefill|decode, prefill.backend, decode.bs, ... (cgsvc-cli rules: 'writes')")
 
 
+def one_of(option: str, asked: str, known: Sequence[str], what: str) -> str:
+    """`asked` in its one spelling among `known`, matched in any case; else bad input naming
+    `option`, saying it is not `what` and listing what is."""
+    if (key := {k.lower(): k for k in known}.get(asked.strip().lower())) is not None:
+        return key
+    raise bad(option, f"{asked!r} is not {what}; valid: {', '.join(known)}")
+
+
 def explained_field(field: str) -> str:
     """--explain's field in its one spelling: a plan key a rule may write, in any case. Checked
     before anything is sent, so a typo stores no plan."""
     from cgsvc.resolve.engine import KEYS
 
-    if (key := field.strip().lower()) in KEYS:
-        return key
-    raise bad("explain", f"{field!r} is not a field the rules decide; valid: {', '.join(KEYS)}")
+    return one_of("explain", field, KEYS, "a field the rules decide")
 
 
 # Codes that mean no answer came at all (the server or the network is away for a while, as when

@@ -27,9 +27,9 @@ from cgsvc_client.args import (
     add_policy,
     add_server,
     add_spec_flags,
-    bad,
     build_spec,
     explained_field,
+    one_of,
     resolve_offline,
 )
 
@@ -77,10 +77,7 @@ def cmd_rules(ns: argparse.Namespace) -> int:
         if (asked := getattr(ns, option)) is None:
             continue
         known = sorted({f for r in rules for f in r[option]} | (set(KEYS) if option == "writes" else set()))
-        field = asked.strip().lower()
-        if field not in {k.lower() for k in known}:
-            raise bad(option, f"{asked!r} is not a field a rule of {policy.name} {option}; valid: {', '.join(known)}")
-        field = next(k for k in known if k.lower() == field)
+        field = one_of(option, asked, known, f"a field a rule of {policy.name} {option}")
         total, rules = len(rules), [r for r in rules if field in r[option]]
         heading = f"{len(rules)} rules of {total} that {kind} {field}"
     if render.output_mode(ns) == "json":
