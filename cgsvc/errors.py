@@ -42,13 +42,16 @@ class FieldViolation:
 
 @dataclass
 class ServiceError(Exception):
-    """Any answer other than OK: a canonical code, a message, field violations and (for rule
-    refusals) the rule id."""
+    """Any answer other than OK: a canonical code, a message, field violations, (for rule
+    refusals) the rule id, and for an answer a program may act on, a reason and its facts (the
+    ErrorInfo's reason and metadata, e.g. LOGS_ELSEWHERE with the replica's address)."""
 
     code: str
     message: str
     violations: list[FieldViolation] = field(default_factory=list)
     rule_id: str | None = None
+    reason: str = ""
+    info: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
@@ -73,4 +76,8 @@ class ServiceError(Exception):
                                "field_violations": [v.to_dict() for v in self.violations]}
         if self.rule_id:
             out["rule_id"] = self.rule_id
+        if self.reason:
+            out["reason"] = self.reason
+        if self.info:
+            out["info"] = dict(self.info)
         return out

@@ -260,7 +260,10 @@ replica_leases = sa.Table(
 # Migration 13: the cgsvc release each replica runs, written with each renewal ("" for a replica
 # of an earlier release), so that a rolling upgrade's mixed fleet shows.
 REPLICA_COLUMNS_13 = (sa.Column("version", sa.Text, nullable=False, server_default=""),)
-for _column in REPLICA_COLUMNS_13:
+# Migration 14: HOST:PORT a replica's clients reach it at (--advertise-address), written with
+# each renewal ("" for a replica of an earlier release): where a launch's logs are to be asked.
+REPLICA_COLUMNS_14 = (sa.Column("address", sa.Text, nullable=False, server_default=""),)
+for _column in REPLICA_COLUMNS_13 + REPLICA_COLUMNS_14:
     replica_leases.append_column(_column)
 # The log's signing keys, one generation each (the highest signs today). Not evidence: a
 # replica's check at start and before each checkpoint that it signs with the log's key. The
@@ -302,6 +305,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
     (12, "the log's signing key, one generation at a time (signing_keys)", (signing_keys,), ()),
     (13, "the release each replica runs (replica_leases.version)", (),
      tuple((replica_leases, c) for c in REPLICA_COLUMNS_13)),
+    (14, "the address each replica's clients reach it at (replica_leases.address)", (),
+     tuple((replica_leases, c) for c in REPLICA_COLUMNS_14)),
 )
 
 AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principal": "str", "outcome": "str",

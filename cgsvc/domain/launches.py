@@ -227,6 +227,7 @@ class Launches:
         self.run_root = run_root
         self.dispatchers: dict[str, LocalDispatcher] = {d.name: d for d in dispatchers}
         self.instance = instance or uuid.uuid4().hex[:12]
+        self.address = ""  # HOST:PORT its clients reach it at, once it serves (Replica.address)
         self.shared = shared
         self.watched: dict[str, Watched] = {}
         self.poll_seconds = 0.1
@@ -622,7 +623,7 @@ class Launches:
         rows = await asyncio.to_thread(self.store.in_states, ACTIVE)
         active = collections.Counter(r.owner for r in rows)
         if not self.shared:
-            return [(Lease(self.instance, HOST, self.started_at, 0.0, __version__), len(rows))]
+            return [(Lease(self.instance, HOST, self.started_at, 0.0, __version__, self.address), len(rows))]
         return [(lease, active[lease.owner]) for lease in await asyncio.to_thread(self.leases.leases)]
 
     async def take_over(self, lease: Lease) -> list[str]:

@@ -206,6 +206,7 @@ class Lease:
     started_at: str
     age: float
     version: str = ""  # the cgsvc release it runs, as of its last renewal ("": from before migration 13)
+    address: str = ""  # HOST:PORT its clients reach it at ("": from before migration 14)
 
 
 class LeaseStore:
@@ -216,19 +217,19 @@ class LeaseStore:
         self.audit = audit
         self.now = db_epoch(audit.dialect)
 
-    def renew(self, owner: str, host: str, version: str = __version__) -> float | None:
-        """Renew `owner`'s lease (on `host`, running release `version`); how long it had gone
-        unrenewed (None: the first one)."""
+    def renew(self, owner: str, host: str, address: str = "", version: str = __version__) -> float | None:
+        """Renew `owner`'s lease (on `host`, reached at `address`, running release `version`); how
+        long it had gone unrenewed (None: the first one)."""
         with self.audit.write_engine.begin() as conn:
             now = float(conn.execute(sa.select(self.now)).scalar_one())
             before = conn.execute(sa.select(replica_leases.c.renewed_at)
                                   .where(replica_leases.c.owner == owner)).scalar()
             if before is None:
                 conn.execute(replica_leases.insert().values(owner=owner, host=host, started_at=utc_now(),
-                                                            renewed_at=now, version=version))
+                                                            renewed_at=now, version=version, address=address))
                 return None
             conn.execute(replica_leases.update().where(replica_leases.c.owner == owner)
-                         .values(host=host, renewed_at=now, version=version))
+                         .values(host=host, renewed_at=now, version=version, address=address))
         return now - float(before)
 
     def leases(self) -> list[Lease]:
@@ -258,7 +259,7 @@ class LeaseStore:
         with self.audit.read_engine.begin() as conn:
             rows = conn.execute(sa.select(replica_leases, (self.now - replica_leases.c.renewed_at).label("age"))
                                 .where(*where).order_by(replica_leases.c.renewed_at.desc()))
-            return [Lease(r.owner, r.host, r.started_at, float(r.age), r.version) for r in rows]
+            return [Lease(r.owner, r.host, r.started_at, float(r.age), r.version, r.address) for r in rows]
 
 
 def _holds_work(active: Sequence[str]) -> sa.ColumnElement[bool]:

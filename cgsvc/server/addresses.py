@@ -48,3 +48,23 @@ def target_is_local(target: str, resolve: Resolver = _resolve) -> bool:
     if sep and scheme in ("ipv4", "ipv6"):
         return all(is_loopback(one, resolve) for one in rest.split(","))
     return is_loopback(target, resolve)
+
+
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+
+
+def check_advertised(address: str) -> str:
+    """`address` if it is HOST:PORT with a host and a port 1-65535 (what a client can dial), else
+    ValueError saying what would do."""
+    host, sep, port = address.rpartition(":")
+    if not sep or host.strip("[]") in WILDCARD_HOSTS or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"must be HOST:PORT that clients can dial (a host name or address, not a wildcard, and "
+                         f"a port 1-65535), got {address!r}")
+    return address
+
+
+def advertised(bound: str, port: int, machine: str) -> str:
+    """HOST:PORT a client reaches a server at that binds `bound` and got `port`: the bound host,
+    or for a wildcard (every interface) the machine's name."""
+    host = bound.rsplit(":", 1)[0]
+    return f"{machine if host.strip('[]') in WILDCARD_HOSTS else host}:{port}"

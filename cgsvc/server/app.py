@@ -26,7 +26,7 @@ from cgsvc.launch.devices import DeviceListError, Inventory
 from cgsvc.launch.dispatch import HOST, LocalDispatcher, RayDispatcher
 from cgsvc.launch.store import ExperimentStore, LaunchStore
 from cgsvc.server import credentials, metrics, reflection, signing
-from cgsvc.server.addresses import is_loopback
+from cgsvc.server.addresses import advertised, check_advertised, is_loopback
 from cgsvc.server.auth import Authenticator
 from cgsvc.server.config import ServerConfig
 from cgsvc.server.experiment_service import ExperimentService
@@ -134,6 +134,11 @@ async def start(cfg: ServerConfig) -> Running:
     loopback = is_loopback(cfg.address)  # resolved once: every rule and warning of this start sees one answer
     check_exposure(cfg, loopback)
     check_tls_settings(cfg)
+    if cfg.advertise_address:
+        try:
+            check_advertised(cfg.advertise_address)
+        except ValueError as exc:
+            raise ConfigError(f"advertise_address: {exc}") from None
     if cfg.credentials_poll_seconds < 0:
         raise ConfigError(f"credentials_poll_seconds must be 0 (only on SIGHUP) or more, got "
                           f"{cfg.credentials_poll_seconds}")
@@ -230,9 +235,10 @@ async def start(cfg: ServerConfig) -> Running:
         instance_lock.close()
         raise ConfigError(f"cannot bind {cfg.address}")
     await server.start()
+    launches.address = cfg.advertise_address or advertised(cfg.address, port, HOST)
     lease = None
     if launches.shared:  # other replicas may use the database: say this one is here, then watch theirs
-        await asyncio.to_thread(launches.leases.renew, instance, HOST)
+        await asyncio.to_thread(launches.leases.renew, instance, HOST, launches.address)
         lease = asyncio.create_task(keep_lease(launches, experiments))
     recovered = await launches.recover() + await experiments.recover()
     poll = None
@@ -256,7 +262,7 @@ async def keep_lease(launches: Launches, experiments: Experiments) -> None:
     while True:
         await asyncio.sleep(seconds / 3)
         try:
-            gap = await asyncio.to_thread(leases.renew, me, HOST)
+            gap = await asyncio.to_thread(leases.renew, me, HOST, launches.address)
             if gap is not None:
                 metrics.LEASE_GAP.set(gap)
             if gap is not None and gap >= seconds:

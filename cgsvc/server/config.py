@@ -20,6 +20,10 @@ class ServerConfig:
     """Every setting, with the help line `cgsvc serve --help` prints for its flag."""
 
     address: str = _opt("127.0.0.1:50051", "HOST:PORT to serve gRPC on (port 0 picks a free one)")
+    advertise_address: str = _opt("", "HOST:PORT that clients reach this server at, where the address it binds "
+                                      "is not (a wildcard, a port behind a NAT): replicas name it for the launch "
+                                      "logs on their disk; default: the bound address, with this machine's name "
+                                      "for a wildcard host")
     data_dir: str = _opt("var/cgsvc", "directory for the SQLite database, launch run directories and logs")
     database_url: str = _opt("", "SQLAlchemy URL of the audit/launch database (default: SQLite under data_dir); "
                                  "a PostgreSQL URL lets replicas share one log")

@@ -174,7 +174,7 @@ class LaunchService:
         return launch_pb2.ListReplicasResponse(lease_seconds=seconds, replicas=[launch_pb2.Replica(
             name=f"replicas/{lease.owner}", host=lease.host, start_time=codec.timestamp(lease.started_at),
             seconds_since_renewal=round(lease.age, 3), lapsed=lease.age >= seconds, active_launches=active,
-            answering=lease.owner == self.launches.instance, version=lease.version)
+            answering=lease.owner == self.launches.instance, version=lease.version, address=lease.address)
             for lease, active in await self.launches.replicas()])
 
     async def GetLaunchLogs(self, request: launch_pb2.GetLaunchLogsRequest,  # noqa: N802
@@ -194,10 +194,15 @@ class LaunchService:
         if not logs.exists() and row.owner and row.owner != self.launches.instance:
             # its group ran under another replica, on a machine whose disk this one cannot see: an
             # empty answer would read as "the ranks wrote nothing"
-            hosts = {lease.owner: lease.host for lease in await asyncio.to_thread(self.launches.leases.leases)}
-            where = f" on {hosts[row.owner]}" if row.owner in hosts else ""
+            owner = next((lease for lease in await asyncio.to_thread(self.launches.leases.leases)
+                          if lease.owner == row.owner), None)
+            where = f" on {owner.host}" if owner else ""
+            at = f" at {owner.address}" if owner and owner.address else ""
             raise ServiceError("FAILED_PRECONDITION", f"{request.name}'s logs are kept by replicas/{row.owner}{where}, "
-                               f"which supervises it, in {logs}: ask that replica (cgsvc-cli replicas list)")
+                               f"which supervises it, in {logs}: ask that replica{at} (cgsvc-cli replicas list)",
+                               reason="LOGS_ELSEWHERE",
+                               info={"replica": f"replicas/{row.owner}", "host": owner.host if owner else "",
+                                     "address": owner.address if owner else ""})
         names = sorted(p.name for p in logs.glob("*.log")) if logs.exists() else []
         if request.rank >= 0:
             names = [n for n in names if n == f"rank{request.rank}.log"]

@@ -39,7 +39,8 @@ def to_status(err: ServiceError) -> grpc.Status:
         detail = any_pb2.Any()
         detail.Pack(error_details_pb2.BadRequest(field_violations=shown))
         st.details.append(detail)
-    info = error_details_pb2.ErrorInfo(domain=DOMAIN, reason="RULE_REFUSED" if err.rule_id else err.code)
+    info = error_details_pb2.ErrorInfo(domain=DOMAIN, reason=err.reason or ("RULE_REFUSED" if err.rule_id else err.code),
+                                       metadata=err.info)
     if err.rule_id:
         info.metadata["rule_id"] = err.rule_id
     detail = any_pb2.Any()
@@ -51,7 +52,7 @@ def to_status(err: ServiceError) -> grpc.Status:
 def from_status(st: status_pb2.Status | None, code: str, message: str) -> ServiceError:
     """Rebuild the ServiceError a server sent (the client side of to_status)."""
     violations: list[FieldViolation] = []
-    rule_id = None
+    rule_id, reason, facts = None, "", {}
     for detail in st.details if st is not None else []:
         if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
             br = error_details_pb2.BadRequest()
@@ -61,7 +62,9 @@ def from_status(st: status_pb2.Status | None, code: str, message: str) -> Servic
             info = error_details_pb2.ErrorInfo()
             detail.Unpack(info)
             rule_id = info.metadata.get("rule_id") or None
-    return ServiceError(code, st.message if st is not None else message, violations, rule_id)
+            if info.reason not in (code, "RULE_REFUSED"):  # a reason of its own, for a program to act on
+                reason, facts = info.reason, dict(info.metadata)
+    return ServiceError(code, st.message if st is not None else message, violations, rule_id, reason, facts)
 
 
 def invalid(field: str, description: str) -> ServiceError:

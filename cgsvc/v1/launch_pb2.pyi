@@ -123,7 +123,7 @@ class Launch(_message.Message):
     def __init__(self, name: _Optional[str] = ..., plan: _Optional[str] = ..., state: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., tp: _Optional[int] = ..., dispatcher: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tokens_done: _Optional[int] = ..., tokens_total: _Optional[int] = ..., error: _Optional[str] = ..., report: _Optional[_Union[LaunchReport, _Mapping]] = ..., report_json: _Optional[str] = ..., plan_audit_record: _Optional[str] = ..., audit_records: _Optional[_Iterable[str]] = ..., principal: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., placement: _Optional[str] = ..., request_id: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class Replica(_message.Message):
-    __slots__ = ("name", "host", "start_time", "seconds_since_renewal", "lapsed", "active_launches", "answering", "version")
+    __slots__ = ("name", "host", "start_time", "seconds_since_renewal", "lapsed", "active_launches", "answering", "version", "address")
     NAME_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +132,7 @@ class Replica(_message.Message):
     ACTIVE_LAUNCHES_FIELD_NUMBER: _ClassVar[int]
     ANSWERING_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
     name: str
     host: str
     start_time: _timestamp_pb2.Timestamp
@@ -140,7 +141,8 @@ class Replica(_message.Message):
     active_launches: int
     answering: bool
     version: str
-    def __init__(self, name: _Optional[str] = ..., host: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., seconds_since_renewal: _Optional[float] = ..., lapsed: _Optional[bool] = ..., active_launches: _Optional[int] = ..., answering: _Optional[bool] = ..., version: _Optional[str] = ...) -> None: ...
+    address: str
+    def __init__(self, name: _Optional[str] = ..., host: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., seconds_since_renewal: _Optional[float] = ..., lapsed: _Optional[bool] = ..., active_launches: _Optional[int] = ..., answering: _Optional[bool] = ..., version: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class ListReplicasRequest(_message.Message):
     __slots__ = ()

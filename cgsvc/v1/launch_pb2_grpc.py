@@ -111,7 +111,9 @@ class LaunchServiceServicer:
     def GetLaunchLogs(self, request, context):
         """The ranks' and the supervisor's logs, read from the machine that runs the group: a replica
         that cannot see them (the group runs on another replica's machine) answers
-        FAILED_PRECONDITION naming that replica and its host.
+        FAILED_PRECONDITION naming that replica and its host, with an ErrorInfo of reason
+        LOGS_ELSEWHERE whose metadata holds `replica`, `host` and `address` (Replica.address: where
+        to ask; `cgsvc-cli launches logs` asks there itself).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

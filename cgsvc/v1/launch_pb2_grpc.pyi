@@ -43,7 +43,9 @@ class LaunchServiceStub:
     GetLaunchLogs: _grpc.UnaryUnaryMultiCallable[_launch_pb2.GetLaunchLogsRequest, _launch_pb2.LaunchLogs]
     """The ranks' and the supervisor's logs, read from the machine that runs the group: a replica
     that cannot see them (the group runs on another replica's machine) answers
-    FAILED_PRECONDITION naming that replica and its host.
+    FAILED_PRECONDITION naming that replica and its host, with an ErrorInfo of reason
+    LOGS_ELSEWHERE whose metadata holds `replica`, `host` and `address` (Replica.address: where
+    to ask; `cgsvc-cli launches logs` asks there itself).
     """
     ListReplicas: _grpc.UnaryUnaryMultiCallable[_launch_pb2.ListReplicasRequest, _launch_pb2.ListReplicasResponse]
     """The replicas (server instances) that share this server's database, with their leases:
@@ -66,7 +68,9 @@ class LaunchServiceAsyncStub(LaunchServiceStub):
     GetLaunchLogs: _aio.UnaryUnaryMultiCallable[_launch_pb2.GetLaunchLogsRequest, _launch_pb2.LaunchLogs]  # type: ignore[assignment]
     """The ranks' and the supervisor's logs, read from the machine that runs the group: a replica
     that cannot see them (the group runs on another replica's machine) answers
-    FAILED_PRECONDITION naming that replica and its host.
+    FAILED_PRECONDITION naming that replica and its host, with an ErrorInfo of reason
+    LOGS_ELSEWHERE whose metadata holds `replica`, `host` and `address` (Replica.address: where
+    to ask; `cgsvc-cli launches logs` asks there itself).
     """
     ListReplicas: _aio.UnaryUnaryMultiCallable[_launch_pb2.ListReplicasRequest, _launch_pb2.ListReplicasResponse]  # type: ignore[assignment]
     """The replicas (server instances) that share this server's database, with their leases:
@@ -122,7 +126,9 @@ class LaunchServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_launch_pb2.LaunchLogs, _abc.Awaitable[_launch_pb2.LaunchLogs]]:
         """The ranks' and the supervisor's logs, read from the machine that runs the group: a replica
         that cannot see them (the group runs on another replica's machine) answers
-        FAILED_PRECONDITION naming that replica and its host.
+        FAILED_PRECONDITION naming that replica and its host, with an ErrorInfo of reason
+        LOGS_ELSEWHERE whose metadata holds `replica`, `host` and `address` (Replica.address: where
+        to ask; `cgsvc-cli launches logs` asks there itself).
         """
 
     @_abc_1.abstractmethod

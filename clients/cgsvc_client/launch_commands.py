@@ -207,12 +207,43 @@ def launches_cancel(ns: argparse.Namespace) -> int:
     return 0
 
 
+class LogsReplica:
+    """Asks for a launch's logs where they are: the server given, or, when it answers that another
+    replica keeps them (LOGS_ELSEWHERE, with that replica's address), that replica, with the same
+    credentials, said once on stderr. At most one hop a call: a replica that names itself, or no
+    address, is an error as it came."""
+
+    def __init__(self, ns: argparse.Namespace) -> None:
+        self.ns = ns
+        self.client = Client.from_args(ns)
+
+    def __enter__(self) -> LogsReplica:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+
+    def logs(self, name: str, tail: int, offsets: dict[str, int] | None = None) -> Any:
+        try:
+            return self.client.launch_logs(name, self.ns.rank, tail, after_offsets=offsets)
+        except ServiceError as err:
+            address = err.info.get("address", "") if err.reason == "LOGS_ELSEWHERE" else ""
+            if not address or address == self.ns.server:
+                raise
+            print(f"{name}'s logs are kept by {err.info.get('replica', 'another replica')} on "
+                  f"{err.info.get('host', '?')}: asking it at {address}", file=sys.stderr, flush=True)
+            self.client.close()
+            self.ns = argparse.Namespace(**{**vars(self.ns), "server": address})
+            self.client = Client.from_args(self.ns)
+            return self.client.launch_logs(name, self.ns.rank, tail, after_offsets=offsets)
+
+
 def launches_logs(ns: argparse.Namespace) -> int:
     name = resource_name("launches", ns.name)
     if ns.follow:
         return follow_logs(ns, name)
-    with Client.from_args(ns) as c:
-        logs = c.launch_logs(name, ns.rank, ns.tail)
+    with LogsReplica(ns) as replica:
+        logs = replica.logs(name, ns.tail)
     if render.output_mode(ns) == "json":
         render.print_json({"logs": [{"name": x.name, "text": x.text, "end_offset": x.end_offset} for x in logs.logs],
                            "state": logs.state})
@@ -249,9 +280,8 @@ def follow_logs(ns: argparse.Namespace, name: str) -> int:
             return True
         return False
 
-    with Client.from_args(ns) as c:
-        return follow(ns, lambda: emit(c.launch_logs(name, ns.rank, ns.tail)),
-                      lambda: emit(c.launch_logs(name, ns.rank, 0, after_offsets=offsets)))
+    with LogsReplica(ns) as replica:
+        return follow(ns, lambda: emit(replica.logs(name, ns.tail)), lambda: emit(replica.logs(name, 0, offsets)))
 
 
 def replicas_list(ns: argparse.Namespace) -> int:
@@ -265,8 +295,9 @@ def replicas_list(ns: argparse.Namespace) -> int:
                                                        always_print_fields_with_no_presence=True),
                            "warnings": warnings})
         return 0
-    print(render.table(["name", "host", "version", "started", "renewed", "lease", "active launches", "answering"],
-                      [(x.name, x.host, x.version or "-", x.start_time.ToJsonString(),
+    print(render.table(["name", "host", "address", "version", "started", "renewed", "lease", "active launches",
+                        "answering"],
+                      [(x.name, x.host, x.address or "-", x.version or "-", x.start_time.ToJsonString(),
                         f"{x.seconds_since_renewal:.1f} s ago", "LAPSED" if x.lapsed else "held", x.active_launches,
                         "yes" if x.answering else "") for x in page.replicas]))
     print(f"a lease lapses after {page.lease_seconds:g} s unrenewed; the other replicas then take its launches over")
@@ -306,7 +337,8 @@ def register(sub: Any) -> None:
     p3 = ls.add_parser("cancel", help="stop a launch's worker group")
     p3.add_argument("name", help="launches/ID or ID")
     p3.set_defaults(func=launches_cancel)
-    p4 = ls.add_parser("logs", help="the ranks' (and the supervisor's) log tails")
+    p4 = ls.add_parser("logs", help="the ranks' (and the supervisor's) log tails, asked of the replica that keeps "
+                                    "them when the server given says another does")
     p4.add_argument("name", help="launches/ID or ID")
     p4.add_argument("--rank", type=int, default=-1, help="one rank (default: every rank and the supervisor)")
     p4.add_argument("--tail", type=int, default=50, help="last N lines (0: all)")
@@ -315,7 +347,7 @@ def register(sub: Any) -> None:
     p4.set_defaults(func=launches_logs)
     rs = sub.add_parser("replicas", help="the server replicas on one database and their leases").add_subparsers(
         dest="replicas_command", required=True)
-    p5 = rs.add_parser("list", help="list replicas: host, lease, active launches each supervises")
+    p5 = rs.add_parser("list", help="list replicas: host, address, release, lease, active launches each supervises")
     p5.set_defaults(func=replicas_list)
     for parser in (p, pm, p2, p3, p4, p5):
         add_output(parser)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -18,9 +19,12 @@ from tests.conftest import ROOT
 class ServerProcess:
     """`cgsvc serve` in its own process, on a free loopback port."""
 
-    def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None,
+                 prefix: Sequence[str] = ()) -> None:
+        """`prefix`: a command the server runs under (it must exec it, keeping the pid)."""
         self.data_dir = data_dir
         self.args = args
+        self.prefix = tuple(prefix)
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
@@ -33,7 +37,7 @@ class ServerProcess:
         address = f"127.0.0.1:{self.port}" if self.port else "127.0.0.1:0"
         self._stderr: IO[Any] = open(self.log_path, "a")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cgsvc.server.main", "serve", "--address", address,
+            [*self.prefix, sys.executable, "-m", "cgsvc.server.main", "serve", "--address", address,
              "--data-dir", str(self.data_dir), *self.args],
             stdout=subprocess.PIPE, stderr=self._stderr, text=True, cwd=ROOT, env=self.env)
         deadline = time.monotonic() + timeout

@@ -84,16 +84,18 @@ def assert_started_once(c: Client, name: str) -> None:
 
 
 @contextlib.contextmanager
-def pg_replicas(tmp_path: Path, schema: str, slots: int,
-                *args: str) -> Iterator[tuple[list[ServerProcess], str, dict[str, Any]]]:
+def pg_replicas(tmp_path: Path, schema: str, slots: int, *args: str,
+                apart: bool = False) -> Iterator[tuple[list[ServerProcess], str, dict[str, Any]]]:
     """Two servers on one PostgreSQL schema, `slots` CPU slots each (and `args`): (servers, a tiny
-    checkpoint, a TP1 spec of it); skips where no PostgreSQL answers."""
+    checkpoint, a TP1 spec of it); skips where no PostgreSQL answers. `apart`: the second cannot
+    see the first's data directory, as if on another machine (elsewhere())."""
     url = pg_url_or_skip(f"{schema}_{uuid.uuid4().hex[:10]}")
     tiny = make_checkpoint(str(tmp_path / "tiny"), "tiny")
     spec = {"model": {"path": tiny}, "hardware": {"gpu": "cpu"}, "parallelism": {"tp": 1}}
     key = str(tmp_path / "log-key.pem")  # replicas of one log share its signing key; the first start creates it
+    prefixes = [(), elsewhere(tmp_path / "srv0") if apart else ()]
     servers = [ServerProcess(tmp_path / f"srv{i}", "--database-url", url, "--local-slots", str(slots),
-                             "--signing-key", key, *args).start()
+                             "--signing-key", key, *args, prefix=prefixes[i]).start()
                for i in range(2)]
     try:
         yield servers, tiny, spec
@@ -347,6 +349,70 @@ def test_logs_kept_on_another_replicas_machine_name_that_replica(tmp_path: Path)
         assert e.value.code == "FAILED_PRECONDITION", e.value.message
         assert done.owner in e.value.message and f"on {HOST}" in e.value.message, e.value.message
         assert c0.launch_logs(name).logs == []  # its own replica: nothing there (and it says no more)
+
+
+def elsewhere(hidden: Path) -> list[str]:
+    """A command prefix under which a server cannot see `hidden` (an empty tmpfs is mounted over it
+    in a user and mount namespace of the server's own): a replica on another machine, whose disk
+    it does not share, though it shares this one's network and database. Skips where this kernel
+    lets no unprivileged user make such a namespace."""
+    try:
+        probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True,
+                               text=True, timeout=30)
+    except FileNotFoundError:
+        pytest.skip("needs util-linux's unshare to run a replica that cannot see the other's disk")
+    if probe.returncode != 0:
+        pytest.skip(f"this kernel refuses an unprivileged user namespace ({probe.stderr.strip()}), which the test "
+                    "needs to run a replica that cannot see the other's disk")
+    hidden.mkdir(parents=True, exist_ok=True)
+    return ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+            'mount -t tmpfs elsewhere "$0" && exec "$@"', str(hidden)]
+
+
+def test_logs_on_another_replicas_disk_are_asked_of_that_replica(tmp_path: Path) -> None:
+    """Replica 1 cannot see replica 0's disk. Asked for a launch's logs that replica 0 keeps, it
+    answers LOGS_ELSEWHERE with replica 0's address; `cgsvc-cli launches logs` (and --follow)
+    given replica 1 asks replica 0 there itself and prints what replica 0 holds."""
+    with pg_replicas(tmp_path, "logs_elsewhere", 1, apart=True) as (servers, tiny, spec), \
+            Client(servers[0].address) as c0, Client(servers[1].address) as c1:
+        name = c0.create_launch(tiny, {"input_len": 4, "output_len": 4, "requests": 1, "concurrency": 1},
+                                spec=spec).metadata.name
+        done = wait_state(c0, name, TERMINAL, timeout=120)
+        held = {x.name: x.text for x in c0.launch_logs(name).logs}
+        assert done.state == "SUCCEEDED" and "rank0.log" in held and held["rank0.log"]
+        with pytest.raises(ServiceError) as e:
+            c1.launch_logs(name)
+        assert (e.value.code, e.value.reason) == ("FAILED_PRECONDITION", "LOGS_ELSEWHERE"), e.value
+        assert e.value.info == {"replica": done.owner, "host": HOST, "address": servers[0].address}, e.value.info
+        assert f"at {servers[0].address}" in e.value.message, e.value.message
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "launches", "logs", name, "--tail", "0",
+                                   "--server", servers[1].address, "-o", "json", *args],
+                                  capture_output=True, text=True, timeout=60, cwd=ROOT)
+        said = f"{name}'s logs are kept by {done.owner} on {HOST}: asking it at {servers[0].address}"
+        plain = cli()
+        assert plain.returncode == 0 and said in plain.stderr, plain.stderr
+        assert {x["name"]: x["text"] for x in json.loads(plain.stdout)["logs"]} == held
+        followed = cli("--follow", "--interval", "0.2")
+        assert followed.returncode == 0 and said in followed.stderr, followed.stderr
+        joined: dict[str, str] = {}
+        for piece in map(json.loads, followed.stdout.splitlines()):
+            joined[piece["log"]] = joined.get(piece["log"], "") + piece["text"]
+        assert joined == {n: t for n, t in held.items() if t}
+        replicas = {r.name: r.address for r in c1.list_replicas().replicas}
+        assert replicas == {done.owner: servers[0].address, f"replicas/{instance_of(servers[1])}": servers[1].address}
+
+
+def test_an_advertised_address_no_client_can_dial_is_refused_at_start(tmp_path: Path) -> None:
+    srv = ServerProcess(tmp_path / "srv", "--advertise-address", "0.0.0.0:50051")
+    with pytest.raises(RuntimeError, match="advertise_address: must be HOST:PORT that clients can dial"):
+        srv.start()
+    assert not (tmp_path / "srv" / "cgsvc.db").exists(), "refused before the database was opened"
+
+
+def instance_of(srv: ServerProcess) -> str:
+    return (srv.data_dir / "instance").read_text().strip()
 
 
 def test_replicas_list_says_each_replicas_release_and_warns_of_a_mixed_fleet(tmp_path: Path) -> None:

@@ -271,10 +271,11 @@ def test_cli_launch_wait_and_launches_commands(srv: ServerProcess, ckpt: str) ->
     instance = (srv.data_dir / "instance").read_text().strip()
     assert launch["owner"] == f"replicas/{instance}" and lines["supervised by"].endswith(launch["owner"])
     replicas = json.loads(cli("replicas", "list", "-o", "json").stdout)
-    assert [(r["name"], r["host"], r["answering"], r["lapsed"], r["active_launches"]) for r in replicas["replicas"]] \
-        == [(launch["owner"], HOST, True, False, 0)] and replicas["lease_seconds"] == 30
+    assert [(r["name"], r["host"], r["address"], r["answering"], r["lapsed"], r["active_launches"])
+            for r in replicas["replicas"]] == [(launch["owner"], HOST, srv.address, True, False, 0)]
+    assert replicas["lease_seconds"] == 30
     table = cli("replicas", "list", "-o", "table").stdout
-    assert launch["owner"] in table and "held" in table and "lapses after 30 s" in table
+    assert launch["owner"] in table and srv.address in table and "held" in table and "lapses after 30 s" in table
 
 
 def test_watch_streams_progress(srv: ServerProcess, ckpt: str) -> None:

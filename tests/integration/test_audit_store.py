@@ -46,7 +46,7 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 13
+    assert store.schema_version() == 14
     assert store.migrate() == []  # idempotent
 
 
@@ -82,8 +82,8 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
             tp=4, model_path="/m", workload_json='{"input_len": 1, "output_len": 1, "requests": 1, "concurrency": 1}',
             create_time="2026-01-01T00:00:00Z", update_time="2026-01-01T00:00:00Z", tokens_done=1, tokens_total=1,
             error="", report_json="", run_dir="/r", handle_json="", owner=""))
-    assert store.migrate() == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
-    assert store.schema_version() == 13
+    assert store.migrate() == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 14
     old = store.get_record(1)
     assert old is not None and old.schema_version == 1 and old.policy == "cgsvc"
     assert ExperimentStore(store).list_rows() == ([], "")
@@ -736,18 +736,21 @@ def test_leases_are_renewed_and_lapse_on_the_database_clock(store: AuditStore) -
     assert again is not None and again >= 60 and leases.lapsed(30.0, "r0", ACTIVE) == []
 
 
-def test_migration_13_adds_the_release_to_leases_that_predate_it(store: AuditStore) -> None:
-    """A lease written before migration 13 reads with no release; the next renewal says it."""
+@pytest.mark.parametrize(("version", "column"), [(13, "version"), (14, "address")])
+def test_migrations_13_and_14_add_the_release_and_address_to_leases_that_predate_them(
+        store: AuditStore, version: int, column: str) -> None:
+    """A lease written before migration 13 (14) reads with no release (address); the next
+    renewal says it."""
     from cgsvc import __version__
     from cgsvc.launch.store import LeaseStore
 
     leases = LeaseStore(store)
-    leases.renew("r1", "host-a")
+    leases.renew("r1", "host-a", "host-a:50051")
     with store.write_engine.begin() as conn:
-        conn.execute(sa.text("ALTER TABLE replica_leases DROP COLUMN version"))
-        conn.execute(sa.text("DELETE FROM schema_migrations WHERE version = 13"))
-    assert store.migrate() == [13]
+        conn.execute(sa.text(f"ALTER TABLE replica_leases DROP COLUMN {column}"))
+        conn.execute(sa.text(f"DELETE FROM schema_migrations WHERE version = {version}"))
+    assert store.migrate() == [version]
     (lease,) = leases.leases()
-    assert (lease.owner, lease.host, lease.version) == ("r1", "host-a", "")
-    leases.renew("r1", "host-a")
-    assert leases.leases()[0].version == __version__
+    assert (lease.owner, lease.host, getattr(lease, column)) == ("r1", "host-a", "")
+    leases.renew("r1", "host-a", "host-a:50051")
+    assert (leases.leases()[0].version, leases.leases()[0].address) == (__version__, "host-a:50051")

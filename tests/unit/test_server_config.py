@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cgsvc.audit.filters import FilterError, Term, parse_filter
-from cgsvc.server.addresses import is_loopback, target_is_local
+from cgsvc.server.addresses import advertised, check_advertised, is_loopback, target_is_local
 from cgsvc.server.auth import Authenticator, AuthError, TokenFileError, hash_token
 from cgsvc.server.config import load_config
 
@@ -35,6 +35,18 @@ def test_loopback_detection() -> None:
     assert is_loopback("127.0.0.1:0") and is_loopback("[::1]:50051") and is_loopback("localhost:1")
     assert not is_loopback("0.0.0.0:50051") and not is_loopback("[::]:1") and not is_loopback("10.0.0.1:1")
     assert not is_loopback(":50051")
+
+
+def test_the_advertised_address_is_one_a_client_can_dial() -> None:
+    assert advertised("0.0.0.0:0", 50051, "node-7") == "node-7:50051"  # a wildcard: the machine's name
+    assert advertised("[::]:50051", 50051, "node-7") == "node-7:50051"
+    assert advertised(":50051", 50051, "node-7") == "node-7:50051"
+    assert advertised("10.0.0.5:0", 40123, "node-7") == "10.0.0.5:40123"  # port 0: the port it got
+    assert advertised("[::1]:7", 7, "node-7") == "[::1]:7"
+    assert check_advertised("cgsvc-0.cgsvc.svc:50051") == "cgsvc-0.cgsvc.svc:50051"
+    for bad in ("cgsvc-0", "0.0.0.0:50051", "[::]:1", ":50051", "h:0", "h:65536", "h:port"):
+        with pytest.raises(ValueError, match="HOST:PORT that clients can dial"):
+            check_advertised(bad)
 
 
 def test_a_name_is_loopback_by_what_it_resolves_to() -> None:
