@@ -265,7 +265,8 @@ def list_filter(ns: argparse.Namespace) -> str:
     """The filter a List command sends: --filter, and --since as a term on its time field."""
     terms = [ns.filter] if ns.filter else []
     if getattr(ns, "since", None):
-        terms.append(f'{ns.time_field} >= "{since_time(ns.since)}"')
+        ns.since = since_time(ns.since)  # once: "15m" means the same moment however often it is read
+        terms.append(f'{ns.time_field} >= "{ns.since}"')
     return " AND ".join(terms)
 
 

@@ -18,6 +18,7 @@ from cgsvc_client.args import (
     add_server,
     add_workload,
     bad,
+    list_filter,
     listing,
     read_json,
     resolve_offline,
@@ -262,7 +263,8 @@ def cmd_experiments_list(ns: argparse.Namespace) -> int:
         return 0
     print(render.page(["name", "state", "A", "B", "launches", "created", "verdict"],
                       [(d["name"], d["state"], d["plans"][0], d["plans"][1], len(d.get("runs", [])),
-                        d.get("create_time", ""), d.get("verdict", "")[:80]) for d in items], token))
+                        d.get("create_time", ""), d.get("verdict", "")[:80]) for d in items], token, "experiments",
+                      list_filter(ns)))
     return 0
 
 

@@ -26,6 +26,7 @@ from cgsvc_client.args import (
     add_workload,
     build_spec,
     follow,
+    list_filter,
     listing,
     resource_name,
     streamed,
@@ -138,7 +139,7 @@ def launches_list(ns: argparse.Namespace) -> int:
     print(render.page(["name", "state", "plan", "tp", "devices", "tokens", "created", "error"],
                       [(x.name, x.state, x.plan, x.tp, ",".join(x.devices), f"{x.tokens_done}/{x.tokens_total}",
                         x.create_time.ToJsonString(), x.error.splitlines()[0] if x.error else "")
-                       for x in launches], token))
+                       for x in launches], token, "launches", list_filter(ns)))
     return 0
 
 

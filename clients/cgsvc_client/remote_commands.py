@@ -52,7 +52,7 @@ def plans_list(ns: argparse.Namespace) -> int:
                       [(p.name, p.create_time.ToJsonString(), p.spec.model.name or p.spec.model.path,
                         p.spec.hardware.gpu, p.policy or "cgsvc", p.prefill.backend, p.decode.backend,
                         f"{p.attention_backend.prefill}/{p.attention_backend.decode}", p.audit_record)
-                       for p in plans], token))
+                       for p in plans], token, "plans", list_filter(ns)))
     return 0
 
 
@@ -123,7 +123,7 @@ def audit_list(ns: argparse.Namespace) -> int:
     if render.output_mode(ns) == "json":
         render.print_json({"records": [as_dict(r) for r in records], "next_page_token": token})
         return 0
-    print(render.page(RECORD_COLUMNS, [_record_row(r) for r in records], token))
+    print(render.page(RECORD_COLUMNS, [_record_row(r) for r in records], token, "audit records", list_filter(ns)))
     return 0
 
 

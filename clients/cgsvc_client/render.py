@@ -56,8 +56,12 @@ def fields(rows: Sequence[tuple[str, str]], style: Style | None = None) -> str:
     return "\n".join(f"{style(k.ljust(width), BOLD) if style else k.ljust(width)}  {v}".rstrip() for k, v in rows)
 
 
-def page(headers: Sequence[str], rows: Sequence[Sequence[Any]], next_page_token: str) -> str:
-    """One page of a List call as a table, with the token for the next page when there is one."""
+def page(headers: Sequence[str], rows: Sequence[Sequence[Any]], next_page_token: str, what: str,
+         query: str = "") -> str:
+    """One page of a List call as a table, with the token for the next page when there is one;
+    a page with nothing on it says so, with the filter it was asked with (`what`: "launches")."""
+    if not rows:
+        return f"no {what} match {query}" if query else f"no {what}"
     out = table(headers, rows)
     return out + (f"\n\nnext page: --page-token {next_page_token}" if next_page_token else "")
 

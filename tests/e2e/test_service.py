@@ -116,6 +116,13 @@ def test_list_all_follows_every_page(server: ServerProcess, client: Client) -> N
     assert raw == json.dumps({"records": by_hand, "next_page_token": ""}, indent=2, ensure_ascii=False) + "\n"
     none = cli("launches", "list", "--filter", 'state = "RUNNING"', "--all", "--server", server.address, "-o", "json")
     assert none.stdout == '{\n  "launches": [],\n  "next_page_token": ""\n}\n'
+    for args, said in ((("launches", "list", "--filter", 'state = "RUNNING"'), 'no launches match state = "RUNNING"'),
+                       (("experiments", "list"), "no experiments"),
+                       (("plans", "list", "--filter", 'gpu = "NoSuchGPU"'), 'no plans match gpu = "NoSuchGPU"'),
+                       (("audit", "list", "--since", "2999-01-01T00:00:00Z"),
+                        'no audit records match time >= "2999-01-01T00:00:00.000000Z"')):
+        empty = cli(*args, "--server", server.address, "-o", "table")  # a table of nothing says so
+        assert (empty.returncode, empty.stdout) == (0, said + "\n"), (args, empty.stdout, empty.stderr)
     plans = listed("plans", "list", "--page-size", "1", "--all")
     assert len(plans["plans"]) >= 3 and plans["next_page_token"] == ""
     table = cli("plans", "list", "--page-size", "1", "--all", "--server", server.address, "-o", "table").stdout
