@@ -105,7 +105,7 @@ def add_follow(p: argparse.ArgumentParser, what: str) -> None:
 
 def follow(ns: argparse.Namespace, first: Callable[[], bool], step: Callable[[], bool]) -> int:
     """Run `first`, then `step` every --interval seconds, until one returns True (what is
-    followed has ended), Ctrl-C or a closed pipe (`... --follow | head`), each exit 0. A poll the
+    followed has ended) or Ctrl-C, each exit 0 (a closed pipe, `... --follow | head`: cli.main). A poll the
     server does not answer (NO_ANSWER) is said on stderr and tried again; any other error ends it."""
     if ns.interval <= 0:
         raise bad("interval", f"must be more than 0 seconds, got {ns.interval:g}")
@@ -122,9 +122,6 @@ def follow(ns: argparse.Namespace, first: Callable[[], bool], step: Callable[[],
                     raise
                 print(f"{exc.code}: {exc.message}; asking again in {ns.interval:g} s", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
-        return 0
-    except BrokenPipeError:  # the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 0
 
 

@@ -13,6 +13,7 @@ Exit codes: EXIT_CODES below (also in `cgsvc-cli --help`). JSON output is `{"pla
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -364,9 +365,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = ns.func
     try:
         try:
-            return func(ns)
+            code = func(ns)
+            sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+            return code
         except ServiceError as err:  # a server's refusal or failure, decoded by the client
             raise CliError.from_resolve(with_hint(err, ns)) from None
+        except BrokenPipeError:  # the reader (`| head`) has what it wanted: no traceback, exit 0
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor a second error at exit's flush
+            return 0
     except CliError as exc:
         if render.output_mode(ns) == "json":
             render.print_json({"error": exc.error})

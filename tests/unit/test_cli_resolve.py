@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -209,3 +212,17 @@ def test_a_usage_error_under_o_json_is_a_json_error_naming_the_argument() -> Non
     plain = cli("resolve", "--tp", "four")  # without -o json: argparse's own usage and message on stderr
     assert plain.returncode == 2 and plain.stdout == ""
     assert "usage: cgsvc-cli resolve" in plain.stderr and "invalid int value: 'four'" in plain.stderr
+
+
+@pytest.mark.parametrize("args", [("rules", "-o", "table"), ("resolve", "--spec", str(KIMI_SPEC), "-o", "json"),
+                                  ("rules", "-o", "table", "--writes", "decode.bs")])
+def test_a_reader_that_closed_the_pipe_gets_no_traceback(args: tuple[str, ...]) -> None:
+    """`cgsvc-cli ... | head`: the reader has what it wanted; the CLI stops quietly, exit 0."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # closed before the CLI writes a byte: its first write fails, every time
+    try:
+        proc = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", *args], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=60, cwd=ROOT)
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
