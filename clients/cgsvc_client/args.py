@@ -149,6 +149,17 @@ SPEC_FLAGS: tuple[tuple[str, tuple[str, ...], type, str], ...] = (
 )
 
 
+def _flag_value(ns: argparse.Namespace, flag: str) -> Any:
+    return getattr(ns, flag.lstrip("-").replace("-", "_"), None)
+
+
+def spec_flags_given(ns: argparse.Namespace) -> list[str]:
+    """The convenience flags on this command line that build or amend a spec."""
+    return ([flag for flag, *_ in SPEC_FLAGS if _flag_value(ns, flag) is not None]
+            + [flag for flag in ("--enforce-piecewise", "--disable-cuda-graph")
+               if getattr(ns, flag.lstrip("-").replace("-", "_"), False)])
+
+
 def build_spec(ns: argparse.Namespace) -> dict[str, Any]:
     """The spec dict from --spec FILE (if any) with the convenience flags layered on top."""
     spec: Any = {}
@@ -157,7 +168,7 @@ def build_spec(ns: argparse.Namespace) -> dict[str, Any]:
         if not isinstance(spec, dict):
             raise bad("spec", "must be a JSON object")
     for flag, path, _typ, _help in SPEC_FLAGS:
-        value = getattr(ns, flag.lstrip("-").replace("-", "_"), None)
+        value = _flag_value(ns, flag)
         if value is None:
             continue
         node = spec
@@ -199,7 +210,8 @@ def add_policy(p: argparse.ArgumentParser) -> None:
 
 def add_workload(p: argparse.ArgumentParser) -> None:
     """The checkpoint, workload and dispatcher flags of every command that starts worker groups."""
-    p.add_argument("--model-path", dest="checkpoint", required=True, help="checkpoint directory for the workers")
+    p.add_argument("--model-path", dest="checkpoint", required=True, help="checkpoint directory for the workers (launch: also the "
+                   "spec's model where neither --spec nor --model names one)")
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens per request (default 128)")
     p.add_argument("--output-len", type=int, default=32, help="tokens to generate per request (default 32)")
     p.add_argument("--requests", type=int, default=4, help="requests per launch (default 4)")

@@ -29,6 +29,7 @@ from cgsvc_client.args import (
     list_filter,
     listing,
     resource_name,
+    spec_flags_given,
     streamed,
     summarize,
     workload,
@@ -94,11 +95,19 @@ def report_table(launch: Any) -> str:
 
 
 def cmd_launch(ns: argparse.Namespace) -> int:
-    spec = build_spec(ns) if (ns.spec or ns.model) else None
-    if spec is not None and ns.plan:
-        raise ServiceError.invalid([FieldViolation("plan", "give a spec or --plan, not both")])
-    if spec is None and not ns.plan:
-        raise ServiceError.invalid([FieldViolation("spec", "give --spec FILE (or --model/--gpu flags) or --plan plans/ID")])
+    flags = spec_flags_given(ns)
+    spec = None
+    if ns.plan:  # resolved already: a spec flag beside it would be dropped without a word
+        if ns.spec or flags:
+            given = ", ".join(["--spec"] * bool(ns.spec) + flags)
+            raise ServiceError.invalid([FieldViolation("plan", f"give a spec (--spec, or flags such as --gpu and "
+                                                               f"--tp) or --plan plans/ID, not both; got --plan and "
+                                                               f"{given}")])
+    else:
+        spec = build_spec(ns)
+        model = spec.setdefault("model", {})
+        if isinstance(model, dict) and not model.get("name") and not model.get("path"):
+            model["path"] = ns.checkpoint  # a spec that names no model is for the checkpoint launched
     if ns.validate_only and ns.wait:
         raise ServiceError.invalid([FieldViolation("wait", "a --validate-only launch starts nothing to wait for")])
     with Client.from_args(ns) as c:

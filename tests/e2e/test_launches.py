@@ -393,3 +393,27 @@ def test_launches_summary_gives_each_group_its_count_and_median_latencies(srv: S
     assert group["tpot_ms_p50_median"] == pytest.approx(statistics.median(x.report.tpot_ms_p50 for x in done))
     table = cli("launches", "summary", "--by", "state", "-o", "table", server=srv.address).stdout
     assert "SUCCEEDED" in table and "TTFT p50 ms" in table and "2 launches in 1 groups" in table
+
+
+def test_launch_flags_without_a_spec_resolve_the_checkpoint_and_never_ride_beside_a_plan(srv: ServerProcess,
+                                                                                         ckpt: str) -> None:
+    """`launch --model-path DIR --gpu cpu --tp 1`: the flags make the spec, its model the checkpoint
+    launched. Beside --plan (resolved already) a spec flag would be dropped without a word: refused,
+    naming it, and nothing is made."""
+    proc = cli("launch", "--model-path", ckpt, "--gpu", "cpu", "--tp", "1", "--input-len", "4", "--output-len", "2",
+               "--requests", "1", "--wait", "-o", "json", server=srv.address)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    launch = json.loads(proc.stdout)["launch"]
+    assert (launch["state"], launch["tp"]) == ("SUCCEEDED", 1)
+    with Client(srv.address) as c:
+        plan = c.get_plan(launch["plan"])
+        assert (plan.spec.model.path, plan.spec.hardware.gpu, plan.spec.parallelism.tp) == (ckpt, "cpu", 1)
+        refused = cli("launch", "--model-path", ckpt, "--plan", launch["plan"], "--tp", "2", "--enforce-piecewise",
+                      "-o", "json", server=srv.address)
+        err = json.loads(refused.stdout)["error"]
+        assert refused.returncode == 2 and err["field_violations"][0]["field"] == "plan", err
+        assert "got --plan and --tp, --enforce-piecewise" in err["message"], err
+        assert [x.name for x in c.list_launches(page_size=10).launches] == [launch["name"]]
+        missing = cli("launch", "--model-path", ckpt, "-o", "json", server=srv.address)  # no GPU: the resolver says
+        assert missing.returncode == 2 and json.loads(missing.stdout)["error"]["field_violations"][0]["field"] \
+            == "hardware.gpu", missing.stdout
