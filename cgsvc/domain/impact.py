@@ -57,7 +57,7 @@ def policy_impact(store: AuditStore, candidate: str, baseline: str = DEFAULT_POL
     if not candidate:
         raise ServiceError.invalid([FieldViolation("candidate", "required: the policy to evaluate "
                                                                 "(cgsvc-cli policies lists them)")])
-    base, cand = get_policy(baseline or DEFAULT_POLICY), get_policy(candidate)
+    base, cand = get_policy(baseline or DEFAULT_POLICY, "baseline"), get_policy(candidate, "candidate")
     out: dict[str, Any] = {
         "baseline": {"name": base.name, "version": policy_version(base.name)},
         "candidate": {"name": cand.name, "version": policy_version(cand.name)},

@@ -21,10 +21,11 @@ CGSVC = Policy(name=DEFAULT_POLICY, rules=RULES, sources=("policy.py",), doc="do
 POLICIES: dict[str, Policy] = {p.name: p for p in (CGSVC, *sglang.PROFILES)}
 
 
-def get_policy(name: str) -> Policy:
-    """The policy called `name` (case-insensitive); INVALID_ARGUMENT naming the known ones otherwise."""
+def get_policy(name: str, field: str = "policy") -> Policy:
+    """The policy called `name` (case-insensitive); INVALID_ARGUMENT naming the request's `field`
+    and the known ones otherwise."""
     policy = POLICIES.get((name or DEFAULT_POLICY).strip().lower())
     if policy is None:
         raise ServiceError.invalid([FieldViolation(
-            "policy", f"unknown policy {name!r}; known: {', '.join(POLICIES)} (cgsvc-cli policies)")])
+            field, f"unknown policy {name!r}; known: {', '.join(POLICIES)} (cgsvc-cli policies)")])
     return policy

@@ -344,8 +344,25 @@ def with_hint(err: ServiceError, ns: argparse.Namespace) -> ServiceError:
     return ServiceError(err.code, f"{err.message}; {hint}", err.violations)
 
 
+def _stdout_closed() -> None:
+    """The reader (`| head`) closed the pipe: nothing more goes to it, and no second error at
+    exit's flush."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    given = sys.argv[1:] if argv is None else argv
+    """Run one command; its exit code. A reader that closes the pipe early ends it quietly, with
+    the code the command had reached (0 for output it did not want)."""
+    code = 0
+    try:
+        code = _run(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+    except BrokenPipeError:
+        _stdout_closed()
+    return code
+
+
+def _run(given: Sequence[str]) -> int:
     args = hoist_leading_options(given)
     try:
         ap = parser()
@@ -356,8 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         prog = exc.parser.prog
         if json_requested(args):
-            render.print_json({"error": ServiceError.invalid(exc.violations()).to_dict()
-                               | {"message": f"{prog}: {exc.message} (see {prog} --help)"}})
+            _report({"error": ServiceError.invalid(exc.violations()).to_dict()
+                     | {"message": f"{prog}: {exc.message} (see {prog} --help)"}})
         else:  # what argparse itself prints
             exc.parser.print_usage(sys.stderr)
             print(f"{prog}: error: {exc.message}", file=sys.stderr)
@@ -365,22 +382,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = ns.func
     try:
         try:
-            code = func(ns)
-            sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
-            return code
+            return func(ns)
         except ServiceError as err:  # a server's refusal or failure, decoded by the client
             raise CliError.from_resolve(with_hint(err, ns)) from None
-        except BrokenPipeError:  # the reader (`| head`) has what it wanted: no traceback, exit 0
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor a second error at exit's flush
-            return 0
     except CliError as exc:
         if render.output_mode(ns) == "json":
-            render.print_json({"error": exc.error})
+            _report({"error": exc.error})
         else:
             print(render.error_text(exc.error, render.Style(sys.stderr.isatty())), file=sys.stderr)
         if getattr(ns, "exit_code", False) and exc.exit_code == 1:
             return 3  # with --exit-code, 1 means "the plans differ"
         return exc.exit_code
+
+
+def _report(error: dict[str, Any]) -> None:
+    """Print an error on stdout (-o json); a reader that has gone does not change the exit code."""
+    try:
+        render.print_json(error)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_closed()
 
 
 if __name__ == "__main__":

@@ -10,9 +10,11 @@ from collections import defaultdict
 from typing import Any
 
 from cgsvc import codec
+from cgsvc.errors import ServiceError
 from cgsvc.plan import Plan, compare, plan_fields
 from cgsvc_client import render
 from cgsvc_client.args import (
+    CliError,
     add_listing,
     add_output,
     add_server,
@@ -63,8 +65,15 @@ def cmd_policies(ns: argparse.Namespace) -> int:
 
 
 def _plan_side(arg: str, policy: str, ns: argparse.Namespace, side: str) -> tuple[Plan, dict[str, Any]]:
-    """A plan from plans/ID (through the server), a plan file, or a spec file resolved here."""
+    """A plan from plans/ID (through the server), a plan file, or a spec file resolved here
+    (under --policy-a/-b: a plan already resolved refuses one rather than ignore it)."""
+    def resolved_already(what: str) -> CliError:
+        return bad(f"policy_{side}", f"{arg} is {what}, resolved already under its own policy: --policy-{side} "
+                                     "applies to a spec file, which is resolved here")
+
     if arg.startswith("plans/"):
+        if policy:
+            raise resolved_already("a stored plan")
         if not ns.server:
             raise bad(side, f"{arg} is a stored plan: give --server to read it")
         with Client.from_args(ns) as c:
@@ -75,10 +84,18 @@ def _plan_side(arg: str, policy: str, ns: argparse.Namespace, side: str) -> tupl
         raise bad(side, f"{arg!r} must hold a JSON object (a plan or a launch spec)")
     body = data.get("plan", data)
     if isinstance(body, dict) and "decisions" in body and "policy_version" in body:
+        if policy:
+            raise resolved_already("a plan file")
         try:
             return codec.plan_from_dict(body), {"source": arg, "kind": "plan file", "audit_record": body.get("audit_record", "")}
         except (KeyError, TypeError) as exc:
             raise bad(side, f"{arg!r} looks like a plan but lacks {exc}") from None
+    from cgsvc.resolve import get_policy
+
+    try:
+        get_policy(policy, f"policy_{side}")  # an unknown one named by the flag given
+    except ServiceError as exc:
+        raise CliError.from_resolve(exc) from None
     return resolve_offline(data, policy), {"source": arg, "kind": "spec file (resolved here)", "audit_record": ""}
 
 

@@ -152,6 +152,12 @@ def test_policy_impact_on_an_empty_history_says_so(srv: ServerProcess) -> None:
     assert impact["specs_examined"] == 0 and impact["changed"] == [] and impact["unchanged"] == 0
     table = cli(srv, "policy", "impact", "--candidate", "sglang-0.5.18", "-o", "table")
     assert table.returncode == 0 and "holds no ResolvePlan or CreateLaunch specs" in table.stdout
+    for flag, field in (("--candidate", "candidate"), ("--baseline", "baseline")):  # the request's field, by name
+        args = ["--candidate", "sglang-0.5.18", flag, "sglang-9"] if flag == "--baseline" else [flag, "sglang-9"]
+        refused = cli(srv, "policy", "impact", *args, "-o", "json")
+        err = json.loads(refused.stdout)["error"]
+        assert refused.returncode == 2 and err["field_violations"][0]["field"] == field, err
+        assert "unknown policy 'sglang-9'; known: cgsvc, sglang-0.5.17" in err["message"], err
 
 
 def test_plans_diff_of_stored_plans(srv: ServerProcess) -> None:

@@ -214,10 +214,14 @@ def test_a_usage_error_under_o_json_is_a_json_error_naming_the_argument() -> Non
     assert "usage: cgsvc-cli resolve" in plain.stderr and "invalid int value: 'four'" in plain.stderr
 
 
-@pytest.mark.parametrize("args", [("rules", "-o", "table"), ("resolve", "--spec", str(KIMI_SPEC), "-o", "json"),
-                                  ("rules", "-o", "table", "--writes", "decode.bs")])
-def test_a_reader_that_closed_the_pipe_gets_no_traceback(args: tuple[str, ...]) -> None:
-    """`cgsvc-cli ... | head`: the reader has what it wanted; the CLI stops quietly, exit 0."""
+@pytest.mark.parametrize(("args", "code"), [
+    (("rules", "-o", "table"), 0), (("resolve", "--spec", str(KIMI_SPEC), "-o", "json"), 0),
+    (("rules", "-o", "table", "--writes", "decode.bs"), 0),
+    (("resolve", "--spec", str(KIMI_SPEC), "--policy", "nope", "-o", "json"), 2),  # a refusal keeps its code
+    (("resolve", "--tp", "four", "-o", "json"), 2)])
+def test_a_reader_that_closed_the_pipe_gets_no_traceback(args: tuple[str, ...], code: int) -> None:
+    """`cgsvc-cli ... | head`: the reader has what it wanted; the CLI stops quietly, with the exit
+    code the command reached."""
     read_end, write_end = os.pipe()
     os.close(read_end)  # closed before the CLI writes a byte: its first write fails, every time
     try:
@@ -225,4 +229,4 @@ def test_a_reader_that_closed_the_pipe_gets_no_traceback(args: tuple[str, ...]) 
                               stderr=subprocess.PIPE, text=True, timeout=60, cwd=ROOT)
     finally:
         os.close(write_end)
-    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    assert (proc.returncode, proc.stderr) == (code, ""), proc.stderr

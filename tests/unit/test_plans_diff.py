@@ -42,6 +42,21 @@ def test_a_plan_file_against_a_spec_file(tmp_path: Path) -> None:
     assert d["a"]["kind"] == "plan file" and d["b"]["kind"].startswith("spec file")
 
 
+def test_a_policy_flag_applies_to_a_spec_and_is_never_dropped(tmp_path: Path) -> None:
+    """--policy-a/-b re-resolve a spec file. A plan is resolved already: beside one the flag is
+    refused by name rather than ignored; an unknown policy is named by its flag."""
+    path = tmp_path / "plan.json"
+    path.write_text(cli("resolve", "--spec", str(KIMI_SPEC), "-o", "json").stdout)
+    for args, field, words in (
+            ((str(path), str(KIMI_SPEC), "--policy-a", "sglang-0.5.17"), "policy_a", "is a plan file, resolved already"),
+            (("plans/abc", str(KIMI_SPEC), "--policy-a", "sglang-0.5.17"), "policy_a", "is a stored plan, resolved"),
+            ((str(KIMI_SPEC), str(KIMI_SPEC), "--policy-b", "sglang-9"), "policy_b", "unknown policy 'sglang-9'")):
+        proc = cli("plans", "diff", *args, "--exit-code", "-o", "json")
+        err = as_json(proc)["error"]
+        assert proc.returncode == 2 and err["field_violations"][0]["field"] == field, err
+        assert words in err["message"], err
+
+
 def test_a_stored_plan_needs_a_server() -> None:
     proc = cli("plans", "diff", "plans/abc", str(KIMI_SPEC), "-o", "json")
     assert proc.returncode == 2 and "--server" in as_json(proc)["error"]["message"]
