@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import re
 import secrets
 import stat
@@ -113,12 +114,22 @@ def new(ns: argparse.Namespace) -> int:
             return _refuse(ns.output, "append", f"{exc}; nothing was written")
         except OSError as exc:
             return _refuse(ns.output, "append", f"{ns.append}: {exc.strerror or exc}; nothing was written")
+    try:
+        if ns.output == "json":
+            render.print_json({"token": {"token": secret, "principal": name, "roles": roles,
+                                         "sha256": hash_token(secret), "expires": expires.isoformat() if expires else "",
+                                         "entry": entry, "appended_to": ns.append or ""}})
+        else:
+            print(secret)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the token reached nobody
+        _stdout_closed()
+        undo = (f"; {ns.append} now admits a token nobody holds: cgsvc token revoke --file {ns.append} --sha256 "
+                f"{hash_token(secret)[:16]}" if ns.append else "")
+        print(f"cgsvc: the token could not be printed (standard output was closed){undo}", file=sys.stderr)
+        return 1
     if ns.output == "json":
-        render.print_json({"token": {"token": secret, "principal": name, "roles": roles, "sha256": hash_token(secret),
-                                     "expires": expires.isoformat() if expires else "", "entry": entry,
-                                     "appended_to": ns.append or ""}})
         return 0
-    print(secret, flush=True)
     if ns.append:
         print(f"appended principal {name!r} ({', '.join(roles)}) to {ns.append}: a server admits it after "
               "`kill -HUP` or at its next --credentials-poll-seconds check", file=sys.stderr)
@@ -275,6 +286,17 @@ def register(sub: Any) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
+    """One token command; a reader that closes the pipe early (`| head`) ends it quietly."""
+    try:
+        code = _run(ns)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_closed()
+        return 0
+    return code
+
+
+def _run(ns: argparse.Namespace) -> int:
     if ns.token_command == "check":
         return check(ns.file, ns.output)
     if ns.token_command == "new":
@@ -284,3 +306,8 @@ def run(ns: argparse.Namespace) -> int:
     token = ns.token if ns.token is not None else sys.stdin.readline().strip()
     print(hash_token(token))
     return 0
+
+
+def _stdout_closed() -> None:
+    """Nothing more goes to a closed standard output, and no second error at exit's flush."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -5,6 +5,7 @@ untouched."""
 from __future__ import annotations
 
 import json
+import os
 import stat
 import subprocess
 import sys
@@ -116,3 +117,30 @@ def test_revoke_refuses_what_names_no_token_or_several_and_changes_nothing(tmp_p
     assert tf.read_text() == before
     missing = revoke("--file", str(tmp_path / "absent.toml"), "--principal", "p0")
     assert missing.returncode == 2 and as_json(missing)["error"]["field_violations"][0]["field"] == "file"
+
+
+def closed_stdout(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """`cgsvc ...` whose standard output is a pipe its reader closed before a byte was written."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run([sys.executable, "-m", "cgsvc.server.main", *args], input=stdin, stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=60, cwd=ROOT)
+    finally:
+        os.close(write_end)
+
+
+def test_a_token_nobody_received_fails_and_says_how_to_take_its_entry_back(tmp_path: Path) -> None:
+    tf = tmp_path / "tokens.toml"
+    lost = closed_stdout("token", "new", "--principal", "ci-bot", "--role", "resolver", "--append", str(tf))
+    assert lost.returncode == 1 and "Traceback" not in lost.stderr, lost.stderr
+    assert "the token could not be printed (standard output was closed)" in lost.stderr
+    (digest,) = load_token_file(str(tf))[0]  # the entry was added before the token was printed
+    undo = lost.stderr.split(": ", 2)[-1].strip()
+    assert undo == f"cgsvc token revoke --file {tf} --sha256 {digest[:16]}", lost.stderr
+    revoked = subprocess.run([sys.executable, "-m", "cgsvc.server.main", *undo.split()[1:]], capture_output=True,
+                             text=True, timeout=60, cwd=ROOT)
+    assert revoked.returncode == 0, revoked.stderr
+    assert load_token_file(str(tf))[0] == {}
+    hashed = closed_stdout("token", "hash", stdin="cgsvc_abc\n")  # output nobody wanted: quiet, exit 0
+    assert (hashed.returncode, hashed.stderr) == (0, "")
