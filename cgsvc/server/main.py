@@ -82,6 +82,7 @@ def start_metrics(address: str) -> str:
 
 
 async def serve(cfg: ServerConfig, loop_line: str = "") -> int:
+    from cgsvc.launch.dispatch import HOST
     from cgsvc.server import app, metrics
 
     log = structlog.get_logger("cgsvc")
@@ -150,6 +151,10 @@ async def serve(cfg: ServerConfig, loop_line: str = "") -> int:
         poll = cfg.credentials_poll_seconds
         print(f"credentials: SIGHUP reloads {', '.join(admits.paths)}"
               + (f" (and a change is looked for every {poll:g} s)" if poll > 0 else ""), flush=True)
+    launches = running.extras["launches"]
+    if launches.shared:  # what the other replicas name when a caller asks them for this one's launch logs
+        how = "--advertise-address" if cfg.advertise_address else "the bound address; --advertise-address to change"
+        print(f"replica replicas/{launches.instance} on {HOST}, reached at {launches.address} ({how})", flush=True)
     print(f"transport: {mode}; authentication: {auth}; database: "
           f"{running.store.dialect} ({_redact(cfg.effective_database_url)}); metrics: {metrics_url or 'off'}",
           flush=True)

@@ -400,6 +400,8 @@ def test_logs_on_another_replicas_disk_are_asked_of_that_replica(tmp_path: Path)
         for piece in map(json.loads, followed.stdout.splitlines()):
             joined[piece["log"]] = joined.get(piece["log"], "") + piece["text"]
         assert joined == {n: t for n, t in held.items() if t}
+        said_at_start = f"replica {done.owner} on {HOST}, reached at {servers[0].address} (the bound address"
+        assert any(line.startswith(said_at_start) for line in servers[0].output), servers[0].output
         replicas = {r.name: r.address for r in c1.list_replicas().replicas}
         assert replicas == {done.owner: servers[0].address, f"replicas/{instance_of(servers[1])}": servers[1].address}
 
