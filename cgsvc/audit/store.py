@@ -915,8 +915,12 @@ class AuditStore:
     def append_batch(self, items: Sequence[PendingAppend]) -> list[AppendResult]:
         """Append all items in one transaction, in order; durable when this returns."""
         batch = self.open_batch()
-        batch.add(items)
-        results = batch.commit()
+        try:
+            batch.add(items)
+            results = batch.commit()
+        except BaseException:  # an interrupt before add's or commit's own guard: give the store back
+            batch.abort()
+            raise
         self.after_commit()
         return results
 

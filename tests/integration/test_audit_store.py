@@ -754,3 +754,29 @@ def test_migrations_13_and_14_add_the_release_and_address_to_leases_that_predate
     assert (lease.owner, lease.host, getattr(lease, column)) == ("r1", "host-a", "")
     leases.renew("r1", "host-a", "host-a:50051")
     assert (leases.leases()[0].version, leases.leases()[0].address) == (__version__, "host-a:50051")
+
+
+def test_an_interrupt_between_a_commits_steps_gives_the_store_back(store: AuditStore,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signal (Ctrl-C, a KeyboardInterrupt) landing after append_batch has opened its commit
+    and before `add` guards itself left the append lock held: every later append waited for ever.
+    Here `add` raises at its first line, as such an interrupt would."""
+    from cgsvc.audit.store import AppendBatch
+
+    assert store.append(entry(1)).record.sequence == 1
+
+    def interrupted(self: AppendBatch, items: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(AppendBatch, "add", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        store.append_batch([PendingAppend(entry(2))])
+    monkeypatch.undo()
+    done: list[int] = []
+    later = threading.Thread(target=lambda: done.append(store.append(entry(2)).record.sequence), daemon=True)
+    later.start()
+    later.join(30)
+    if not done:  # the bug: free the lock, so that the failure is reported rather than the close hanging
+        store._append_lock.release()  # noqa: SLF001
+    assert done == [2], "the next append waited on a lock the interrupted commit kept"
+    assert store.verify().ok and store.verify().records_checked == 2
