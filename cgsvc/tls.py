@@ -4,6 +4,8 @@ names the setting (`tls_cert`, `tls_key`, `tls_client_ca`, `tls_ca`) and what wo
 
 from __future__ import annotations
 
+import ipaddress
+
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
@@ -65,3 +67,38 @@ def expiry(data: bytes) -> float:
 def earliest_expiry(data: bytes) -> float:
     """When the first of a PEM bundle's certificates stops being valid (a CA bundle's weakest link)."""
     return min(c.not_valid_after_utc.timestamp() for c in x509.load_pem_x509_certificates(data))
+
+
+def names(data: bytes) -> list[str]:
+    """The names a PEM file's first certificate is valid for: its subjectAltName DNS names and IP
+    addresses (what a client checks; a common name counts only where there is no such extension,
+    as older clients did)."""
+    cert = x509.load_pem_x509_certificates(data)[0]
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return [str(a.value) for a in cert.subject.get_attributes_for_oid(x509.oid.NameOID.COMMON_NAME)]
+    return [*san.get_values_for_type(x509.DNSName), *map(str, san.get_values_for_type(x509.IPAddress))]
+
+
+def covers(data: bytes, host: str) -> bool:
+    """Whether a client dialling `host` (a name or an address, IPv6 in brackets or not) accepts
+    the certificate by name: an exact name (in any case), an address, or a wildcard `*.` standing
+    for one leftmost label (RFC 6125)."""
+    host = host.strip("[]").rstrip(".").lower()
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    for name in names(data):
+        if address is not None:
+            try:
+                if ipaddress.ip_address(name) == address:
+                    return True
+            except ValueError:
+                pass
+            continue
+        name = name.rstrip(".").lower()
+        if name == host or (name.startswith("*.") and "." in host and host.split(".", 1)[1] == name[2:]):
+            return True
+    return False

@@ -82,6 +82,7 @@ def start_metrics(address: str) -> str:
 
 
 async def serve(cfg: ServerConfig, loop_line: str = "") -> int:
+    from cgsvc import tls
     from cgsvc.launch.dispatch import HOST
     from cgsvc.server import app, metrics
 
@@ -155,6 +156,13 @@ async def serve(cfg: ServerConfig, loop_line: str = "") -> int:
     if launches.shared:  # what the other replicas name when a caller asks them for this one's launch logs
         how = "--advertise-address" if cfg.advertise_address else "the bound address; --advertise-address to change"
         print(f"replica replicas/{launches.instance} on {HOST}, reached at {launches.address} ({how})", flush=True)
+        served = running.extras["credentials"].admitted.tls
+        advertised_host = launches.address.rsplit(":", 1)[0]
+        if served is not None and not tls.covers(served[0], advertised_host):
+            print(f"WARNING: tls_cert's certificate is not valid for {advertised_host} (it names "
+                  f"{', '.join(tls.names(served[0])) or 'nothing'}): clients sent to {launches.address} for this "
+                  "replica's launch logs will refuse the handshake; advertise a name the certificate carries "
+                  "(--advertise-address)", flush=True)
     print(f"transport: {mode}; authentication: {auth}; database: "
           f"{running.store.dialect} ({_redact(cfg.effective_database_url)}); metrics: {metrics_url or 'off'}",
           flush=True)

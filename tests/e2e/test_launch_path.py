@@ -413,6 +413,23 @@ def test_an_advertised_address_no_client_can_dial_is_refused_at_start(tmp_path: 
     assert not (tmp_path / "srv" / "cgsvc.db").exists(), "refused before the database was opened"
 
 
+def test_a_replica_warns_at_start_when_its_certificate_does_not_carry_its_advertised_name(tmp_path: Path) -> None:
+    """With TLS, a client sent to a replica's advertised address checks the certificate against
+    that name: a replica whose certificate does not carry it says so at start."""
+    from tests.e2e.certs import ThrowawayPKI
+
+    url = pg_url_or_skip(f"advertised_tls_{uuid.uuid4().hex[:10]}")
+    cert, key = ThrowawayPKI(tmp_path).issue("server", "localhost", server=True)  # localhost and 127.0.0.1
+    tls = ("--database-url", url, "--tls-cert", cert, "--tls-key", key, "--signing-key", str(tmp_path / "log-key.pem"))
+    with ServerProcess(tmp_path / "fits", *tls) as fits:  # advertised as 127.0.0.1:PORT, which it carries
+        assert any(line.startswith("replica replicas/") for line in fits.output), fits.output
+        assert not [line for line in fits.output if "is not valid for" in line], fits.output
+    with ServerProcess(tmp_path / "misfit", *tls, "--advertise-address", "cgsvc-1.example:50051") as misfit:
+        (warning,) = [line for line in misfit.output if "is not valid for" in line]
+        assert warning.startswith("WARNING: tls_cert's certificate is not valid for cgsvc-1.example (it names "
+                                  "localhost, 127.0.0.1)"), warning
+
+
 def instance_of(srv: ServerProcess) -> str:
     return (srv.data_dir / "instance").read_text().strip()
 

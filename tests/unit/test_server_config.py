@@ -177,3 +177,43 @@ def test_a_token_past_its_expiry_is_refused_naming_when(tmp_path: Path) -> None:
         "a token of principal 'soon' expires at 2998-12-31T22:00:00+00:00, in 2.5 days"]
     assert token_warnings(auth.tokens, {}, time.time()) == [
         "a token of principal 'old' expired at 2026-01-01T00:00:00+00:00: it is refused"]
+
+
+def _certificate(*names: str, common_name: str = "cgsvc") -> bytes:
+    """A self-signed certificate for `names` (addresses as IP entries); none: no subjectAltName."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def entry(name: str) -> x509.GeneralName:
+        try:
+            return x509.IPAddress(ipaddress.ip_address(name))
+        except ValueError:
+            return x509.DNSName(name)
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = dt.datetime.now(dt.UTC)
+    builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+               .serial_number(x509.random_serial_number()).not_valid_before(now)
+               .not_valid_after(now + dt.timedelta(days=1)))
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName([entry(n) for n in names]), critical=False)
+    return builder.sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+
+
+def test_a_certificate_covers_the_names_a_client_would_accept() -> None:
+    from cgsvc import tls
+
+    cert = _certificate("cgsvc-0.cgsvc.svc", "*.replicas.example", "10.0.0.5", "::1")
+    assert tls.names(cert) == ["cgsvc-0.cgsvc.svc", "*.replicas.example", "10.0.0.5", "::1"]
+    for host in ("cgsvc-0.cgsvc.svc", "CGSVC-0.cgsvc.svc.", "r1.replicas.example", "10.0.0.5", "[::1]"):
+        assert tls.covers(cert, host), host
+    for host in ("cgsvc-1.cgsvc.svc", "a.b.replicas.example", "replicas.example", "10.0.0.6", "localhost"):
+        assert not tls.covers(cert, host), host
+    legacy = _certificate(common_name="node-7")  # no subjectAltName: the common name, as older clients read it
+    assert tls.names(legacy) == ["node-7"] and tls.covers(legacy, "node-7") and not tls.covers(legacy, "node-8")
