@@ -139,9 +139,10 @@ async def start(cfg: ServerConfig) -> Running:
             check_advertised(cfg.advertise_address)
         except ValueError as exc:
             raise ConfigError(f"advertise_address: {exc}") from None
-    if cfg.credentials_poll_seconds < 0:
-        raise ConfigError(f"credentials_poll_seconds must be 0 (only on SIGHUP) or more, got "
-                          f"{cfg.credentials_poll_seconds}")
+    try:
+        cfg.check()  # as load_config does: a configuration made otherwise is checked all the same
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     os.makedirs(cfg.data_dir, exist_ok=True)
     try:
         inventory = Inventory.local(cfg.local_devices, cfg.local_slots)
@@ -176,15 +177,6 @@ async def start(cfg: ServerConfig) -> Running:
         raise ConfigError(f"model_roots: {exc}; give existing directories, comma-separated") from None
     instance, instance_lock = server_instance(Path(cfg.data_dir))  # before the database is touched
     store = AuditStore(cfg.effective_database_url)
-    if cfg.audit_writer not in ("process", "thread"):
-        raise ConfigError(f"audit_writer must be process or thread, got {cfg.audit_writer!r}")
-    if cfg.lease_seconds <= 0:
-        raise ConfigError(f"lease_seconds must be more than 0, got {cfg.lease_seconds}")
-    if cfg.unfollowed_group_seconds < 0:
-        raise ConfigError(f"unfollowed_group_seconds must be 0 (never) or more, got {cfg.unfollowed_group_seconds}")
-    for name in ("audit_cohort_wait_ms", "audit_cohort_gap_ms"):
-        if getattr(cfg, name) < 0:
-            raise ConfigError(f"{name} must be 0 or more, got {getattr(cfg, name)}")
     writer: Writer = (
         ProcessAuditWriter(store, cfg.audit_max_batch, metrics.observe_batch, cfg.audit_cohort_wait_ms / 1000,
                            cfg.audit_cohort_gap_ms / 1000)

@@ -15,6 +15,11 @@ def _opt(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+MIN_MESSAGE_BYTES = 64 * 1024
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """Every setting, with the help line `cgsvc serve --help` prints for its flag."""
@@ -73,6 +78,30 @@ class ServerConfig:
     ray_gpus_per_rank: float = _opt(-1.0, "GPUs Ray gives each rank: -1 (default) one for a GPU plan and none "
                                           "for a CPU plan; 0 places CPU bundles (a GPU plan then reports the "
                                           "substitution)")
+
+    def check(self) -> None:
+        """Each setting that is a number or a name, within what works: ValueError naming the first
+        that is not and what would be valid (before anything is opened)."""
+        bounds: tuple[tuple[str, bool, str], ...] = (
+            ("event_loop", self.event_loop in EVENT_LOOPS, f"one of {', '.join(EVENT_LOOPS)}"),
+            ("log_level", self.log_level.lower() in LOG_LEVELS, f"one of {', '.join(LOG_LEVELS)}"),
+            ("audit_writer", self.audit_writer in ("process", "thread"), "process or thread"),
+            ("lease_seconds", self.lease_seconds > 0, "more than 0"),
+            ("unfollowed_group_seconds", self.unfollowed_group_seconds >= 0, "0 (never) or more"),
+            ("credentials_poll_seconds", self.credentials_poll_seconds >= 0, "0 (only on SIGHUP) or more"),
+            ("audit_cohort_wait_ms", self.audit_cohort_wait_ms >= 0, "0 or more"),
+            ("audit_cohort_gap_ms", self.audit_cohort_gap_ms >= 0, "0 or more"),
+            ("shutdown_grace_seconds", self.shutdown_grace_seconds >= 0, "0 or more"),
+            ("audit_max_batch", self.audit_max_batch >= 1, "at least 1"),
+            ("max_concurrent_rpcs", self.max_concurrent_rpcs >= 1, "at least 1"),
+            ("local_slots", self.local_slots >= 1, "at least 1"),
+            ("ray_slots", self.ray_slots >= 1, "at least 1"),
+            ("max_message_bytes", self.max_message_bytes >= MIN_MESSAGE_BYTES,
+             f"at least {MIN_MESSAGE_BYTES} (64 KiB; a plan's answer alone is several KiB)"),
+        )
+        for name, ok, valid in bounds:
+            if not ok:
+                raise ValueError(f"{name} must be {valid}, got {getattr(self, name)!r}")
 
     @property
     def effective_database_url(self) -> str:
@@ -135,4 +164,6 @@ def load_config(file: str | None = None, env: Mapping[str, str] | None = None,
     for name, v in (overrides or {}).items():
         if v is not None:
             values[name] = _coerce(fields[name], v, f"--{name.replace('_', '-')}")
-    return ServerConfig(**values)
+    cfg = ServerConfig(**values)
+    cfg.check()
+    return cfg

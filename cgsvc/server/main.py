@@ -26,7 +26,7 @@ import structlog
 
 from cgsvc import __version__
 from cgsvc.server import token_commands
-from cgsvc.server.config import ServerConfig, load_config
+from cgsvc.server.config import EVENT_LOOPS, ServerConfig, load_config
 from cgsvc.server.token_commands import EXPIRY_WARNING_DAYS, token_warnings
 
 # The server itself (gRPC, the stores, the services) is imported where it is served, not here:
@@ -42,7 +42,6 @@ def configure_logging(level: str) -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr), cache_logger_on_first_use=True)
 
 
-EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 Runner = Callable[[Coroutine[Any, Any, int]], int]
 
 

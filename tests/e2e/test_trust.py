@@ -321,20 +321,19 @@ def test_long_values_are_refused_or_recorded_and_the_server_keeps_answering(tmp_
         assert c.verify_audit_log().ok
 
 
-def test_negative_audit_waits_are_refused_by_name(tmp_path: Path) -> None:
-    """A writer cannot wait a negative time: the server refuses to start and names the option."""
-    for flag, name in (("--audit-cohort-wait-ms", "audit_cohort_wait_ms"), ("--audit-cohort-gap-ms", "audit_cohort_gap_ms")):
-        assert f"{name} must be 0 or more, got -1.0" in serve_refused(tmp_path / "x", flag, "-1")
-
-
-def test_a_lease_of_no_time_is_refused_by_name(tmp_path: Path) -> None:
-    """Every replica would take every other's launches at once: refused, naming the option."""
-    assert "lease_seconds must be more than 0, got 0.0" in serve_refused(tmp_path / "x", "--lease-seconds", "0")
-
-
-def test_a_negative_unfollowed_limit_is_refused_by_name(tmp_path: Path) -> None:
-    assert ("unfollowed_group_seconds must be 0 (never) or more, got -1.0"
-            in serve_refused(tmp_path / "x", "--unfollowed-group-seconds", "-1"))
+@pytest.mark.parametrize(("flag", "value", "said"), [
+    ("--audit-cohort-wait-ms", "-1", "audit_cohort_wait_ms must be 0 or more, got -1.0"),
+    ("--lease-seconds", "0", "lease_seconds must be more than 0, got 0.0"),  # every replica would take every other's
+    ("--unfollowed-group-seconds", "-1", "unfollowed_group_seconds must be 0 (never) or more, got -1.0"),
+    ("--max-concurrent-rpcs", "0", "max_concurrent_rpcs must be at least 1, got 0"),  # was a traceback
+    ("--audit-max-batch", "0", "audit_max_batch must be at least 1, got 0"),
+    ("--log-level", "loud", "log_level must be one of debug, info, warning, error, got 'loud'"),
+])
+def test_a_setting_out_of_bounds_is_refused_by_name_before_anything_is_opened(tmp_path: Path, flag: str, value: str,
+                                                                              said: str) -> None:
+    stderr = serve_refused(tmp_path / "x", flag, value)
+    assert said in stderr and "Traceback" not in stderr, stderr
+    assert not (tmp_path / "x" / "cgsvc.db").exists() and not (tmp_path / "x" / "instance").exists()
 
 
 def test_a_given_signing_key_signs_and_a_bad_one_is_refused_by_name(tmp_path: Path) -> None:

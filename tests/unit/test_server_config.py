@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,10 @@ from cgsvc.server.config import load_config
 
 def test_precedence_file_env_flags(tmp_path: Path) -> None:
     f = tmp_path / "cgsvc.toml"
-    f.write_text('[server]\naddress = "127.0.0.1:7000"\nmax_message_bytes = 1000\nallow_insecure_remote = true\n')
-    cfg = load_config(str(f), env={"CGSVC_MAX_MESSAGE_BYTES": "2000", "CGSVC_DATA_DIR": "/tmp/x"},
+    f.write_text('[server]\naddress = "127.0.0.1:7000"\nmax_message_bytes = 100000\nallow_insecure_remote = true\n')
+    cfg = load_config(str(f), env={"CGSVC_MAX_MESSAGE_BYTES": "200000", "CGSVC_DATA_DIR": "/tmp/x"},
                       overrides={"data_dir": "/tmp/y", "address": None})
-    assert cfg.address == "127.0.0.1:7000" and cfg.max_message_bytes == 2000 and cfg.data_dir == "/tmp/y"
+    assert cfg.address == "127.0.0.1:7000" and cfg.max_message_bytes == 200000 and cfg.data_dir == "/tmp/y"
     assert cfg.allow_insecure_remote is True
     assert cfg.effective_database_url == "sqlite:////tmp/y/cgsvc.db"
     f.write_text('[server]\nadress = "x"\n')
@@ -29,6 +30,21 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
             load_config(str(f), env={})
     with pytest.raises(ValueError, match="CGSVC_MAX_MESSAGE_BYTES: max_message_bytes must be a int"):
         load_config(None, env={"CGSVC_MAX_MESSAGE_BYTES": "lots"})
+
+
+@pytest.mark.parametrize(("name", "value", "valid"), [
+    ("lease_seconds", -1, "more than 0"), ("unfollowed_group_seconds", -1, "0 (never) or more"),
+    ("credentials_poll_seconds", -1, "0 (only on SIGHUP) or more"), ("audit_cohort_wait_ms", -1, "0 or more"),
+    ("audit_cohort_gap_ms", -1, "0 or more"), ("shutdown_grace_seconds", -1, "0 or more"),
+    ("audit_max_batch", 0, "at least 1"), ("max_concurrent_rpcs", 0, "at least 1"), ("local_slots", 0, "at least 1"),
+    ("ray_slots", 0, "at least 1"), ("max_message_bytes", 1000, "at least 65536 (64 KiB; a plan's answer alone is several KiB)"),
+    ("audit_writer", "fork", "process or thread"), ("event_loop", "tokio", "one of auto, uvloop, asyncio"),
+    ("log_level", "loud", "one of debug, info, warning, error"),
+])
+def test_every_bounded_setting_is_checked_when_loaded(name: str, value: object, valid: str) -> None:
+    with pytest.raises(ValueError, match=f"^{name} must be {re.escape(valid)}, got "):
+        load_config(env={}, overrides={name: value})
+    load_config(env={}, overrides={"log_level": "WARNING", "audit_max_batch": 1, "max_message_bytes": 65536})
 
 
 def test_loopback_detection() -> None:
