@@ -10,6 +10,7 @@ import collections
 import contextlib
 import datetime as dt
 import json
+import math
 import os
 import re
 import sys
@@ -385,6 +386,17 @@ def add_server(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument("--tls-ca", help="CA certificate (PEM) to verify the server; enables TLS")
     p.add_argument("--tls-cert", help="client certificate (PEM) for mutual TLS")
     p.add_argument("--tls-key", help="client key (PEM) for mutual TLS")
-    p.add_argument("--timeout", type=float, default=10.0, help="deadline per call, seconds")
+    p.add_argument("--timeout", type=seconds, default=10.0, help="deadline per call, seconds (more than 0)")
+
+
+def seconds(text: str) -> float:
+    """A duration flag's value: a finite number of seconds, more than 0 (argparse names the flag)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
 
 

@@ -199,7 +199,11 @@ def test_a_usage_error_under_o_json_is_a_json_error_naming_the_argument() -> Non
                                (("--server", "h:1", "-ojson"), "command", "required after --server h:1 -ojson"),
                                (("resolve", "--tp", "four", "-o", "json"), "tp", "invalid int value"),
                                (("--output=json", "resolve", "--tpp", "4"), "argv", "unrecognized arguments: --tpp"),
-                               (("-ojson", "resolve", "-o", "yaml"), "output", "invalid choice")):
+                               (("-ojson", "resolve", "-o", "yaml"), "output", "invalid choice"),
+                               (("audit", "verify", "--server", "h:1", "--timeout", "0", "-o", "json"), "timeout",
+                                "must be more than 0 seconds, got 0"),  # was an instant DEADLINE_EXCEEDED
+                               (("audit", "verify", "--server", "h:1", "--timeout", "soon", "-o", "json"), "timeout",
+                                "a number of seconds, got 'soon'")):
         proc = cli(*args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         err = as_json(proc)["error"]
