@@ -114,6 +114,22 @@ def test_unfollowed_after_without_a_follow_file_is_refused(checkpoints: dict[str
         assert proc.returncode == 2 and "--unfollowed-after" in proc.stderr and "--follow-file" in proc.stderr, proc
 
 
+@pytest.mark.parametrize(("args", "said"), [
+    (("bench", "--input-len", "0"), "--input-len must be at least 1, got 0"),  # was an IndexError inside a rank
+    (("bench", "--output-len", "0"), "--output-len must be at least 1, got 0"),  # was a report of nothing generated
+    (("bench", "--requests", "0"), "--requests must be at least 1, got 0"),  # was an "ok" report of no requests
+    (("bench", "--concurrency", "-1"), "--concurrency must be 0 (all) or more, got -1"),  # was torch.cat's error
+    (("bench", "--tp", "0"), "--tp must be at least 1, got 0"),
+    (("generate", "--prompts", "p.json", "--max-new-tokens", "0"), "--max-new-tokens must be at least 1, got 0"),
+    (("check-graphs", "--kv-cache-mb", "0"), "--kv-cache-mb must be more than 0, got 0"),
+])
+def test_a_flag_out_of_bounds_is_refused_by_name_before_any_rank_starts(checkpoints: dict[str, str],
+                                                                        args: tuple[str, ...], said: str) -> None:
+    proc = worker(*args[:1], "--model-path", checkpoints["tiny"], *args[1:], timeout=60)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc
+    assert proc.stderr.strip() == f"cgsvc-worker: {said}", proc.stderr
+
+
 def test_unfollowed_counts_from_the_last_touch(tmp_path: Path) -> None:
     from cgsvc_worker.supervisor import Unfollowed
 

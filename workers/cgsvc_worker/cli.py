@@ -152,6 +152,27 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def out_of_bounds(ns: argparse.Namespace) -> str:
+    """The first numeric flag of this command line outside what a run can use, said with what
+    would be valid; "" when every one is in bounds (checked before a rank starts)."""
+    at_least_1 = (1, "at least 1")
+    checks: list[tuple[str, float, tuple[float, str]]] = [
+        ("--page-size", ns.page_size, at_least_1), ("--context-length", ns.context_length, (0, "0 (the model's) or more")),
+        ("--graph-context", ns.graph_context, at_least_1)]
+    if ns.command in ("generate", "bench"):
+        checks += [("--tp", ns.tp, at_least_1), ("--concurrency", ns.concurrency, (0, "0 (all) or more")),
+                   ("--temperature", ns.temperature, (0, "0 (greedy) or more")),
+                   ("--max-new-tokens" if ns.command == "generate" else "--output-len", ns.max_new_tokens, at_least_1)]
+    if ns.command == "bench":
+        checks += [("--input-len", ns.input_len, at_least_1), ("--requests", ns.requests, at_least_1)]
+    for flag, value, (least, valid) in checks:
+        if not value >= least:
+            return f"{flag} must be {valid}, got {value:g}"
+    if not ns.kv_cache_mb > 0:
+        return f"--kv-cache-mb must be more than 0, got {ns.kv_cache_mb:g}"
+    return ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ns = parser().parse_args(argv)
     if ns.command == "make-checkpoint":
@@ -163,11 +184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"cgsvc-worker: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
         return 0
+    if problem := out_of_bounds(ns):
+        print(f"cgsvc-worker: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if ns.command == "check-graphs":
         return check_graphs_command(ns)
-    if ns.tp < 1:
-        print("cgsvc-worker: --tp must be at least 1", file=sys.stderr)
-        return EXIT_BAD_INPUT
     if ns.unfollowed_after < 0 or (ns.unfollowed_after and not ns.follow_file):
         print(f"cgsvc-worker: --unfollowed-after {ns.unfollowed_after:g}: give 0 (never) or a number of seconds, "
               "with --follow-file naming the file whose last touch counts", file=sys.stderr)
