@@ -102,6 +102,11 @@ class ServerConfig:
         for name, ok, valid in bounds:
             if not ok:
                 raise ValueError(f"{name} must be {valid}, got {getattr(self, name)!r}")
+        host, sep, port = self.address.rpartition(":")
+        if not (sep and port.isdigit() and int(port) <= 65535 and (":" not in host or host.startswith("["))):
+            # gRPC binds some other port for one it cannot parse (127.0.0.1:99999 served on a random one)
+            raise ValueError(f"address must be HOST:PORT (port 0-65535, 0 picks a free one; an IPv6 host in "
+                             f"brackets), got {self.address!r}")
 
     @property
     def effective_database_url(self) -> str:

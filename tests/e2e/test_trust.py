@@ -328,6 +328,7 @@ def test_long_values_are_refused_or_recorded_and_the_server_keeps_answering(tmp_
     ("--max-concurrent-rpcs", "0", "max_concurrent_rpcs must be at least 1, got 0"),  # was a traceback
     ("--audit-max-batch", "0", "audit_max_batch must be at least 1, got 0"),
     ("--log-level", "loud", "log_level must be one of debug, info, warning, error, got 'loud'"),
+    ("--address", "127.0.0.1:99999", "address must be HOST:PORT (port 0-65535"),  # gRPC bound a random port
 ])
 def test_a_setting_out_of_bounds_is_refused_by_name_before_anything_is_opened(tmp_path: Path, flag: str, value: str,
                                                                               said: str) -> None:

@@ -32,6 +32,14 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
         load_config(None, env={"CGSVC_MAX_MESSAGE_BYTES": "lots"})
 
 
+def test_an_address_grpc_cannot_bind_as_given_is_refused_when_loaded() -> None:
+    for bad in ("nonsense", "127.0.0.1:99999", "127.0.0.1:", "::1:50051", "127.0.0.1:port"):
+        with pytest.raises(ValueError, match=r"^address must be HOST:PORT \(port 0-65535"):
+            load_config(env={}, overrides={"address": bad})
+    for good in ("127.0.0.1:0", "[::1]:50051", "0.0.0.0:50051", ":50051", "localhost:65535"):
+        assert load_config(env={}, overrides={"address": good}).address == good
+
+
 @pytest.mark.parametrize(("name", "value", "valid"), [
     ("lease_seconds", -1, "more than 0"), ("unfollowed_group_seconds", -1, "0 (never) or more"),
     ("credentials_poll_seconds", -1, "0 (only on SIGHUP) or more"), ("audit_cohort_wait_ms", -1, "0 or more"),
