@@ -6,7 +6,8 @@
     rank errors     RankError: which rank failed, its exit code and error
 
 Both sides import this module and nothing else of each other; it imports neither torch nor
-grpc, and of cgsvc only cgsvc.files (the standard library's, for replacing a report whole). Every message carries `schema` (SCHEMA_VERSION); anything malformed — bad JSON, a
+grpc, and of cgsvc only cgsvc.files (standard library only, for replacing a report whole).
+Every message carries `schema` (SCHEMA_VERSION); anything malformed — bad JSON, a
 missing or mistyped field, an unknown event or state, a newer schema — raises ContractError
 naming the field, which the server turns into a clear launch failure.
 """

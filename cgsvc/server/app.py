@@ -26,7 +26,7 @@ from cgsvc.launch.devices import DeviceListError, Inventory
 from cgsvc.launch.dispatch import HOST, LocalDispatcher, RayDispatcher
 from cgsvc.launch.store import ExperimentStore, LaunchStore
 from cgsvc.server import credentials, metrics, reflection, signing
-from cgsvc.server.addresses import advertised, check_advertised, is_loopback
+from cgsvc.server.addresses import advertised, is_loopback
 from cgsvc.server.auth import Authenticator
 from cgsvc.server.config import ServerConfig
 from cgsvc.server.experiment_service import ExperimentService
@@ -134,11 +134,6 @@ async def start(cfg: ServerConfig) -> Running:
     loopback = is_loopback(cfg.address)  # resolved once: every rule and warning of this start sees one answer
     check_exposure(cfg, loopback)
     check_tls_settings(cfg)
-    if cfg.advertise_address:
-        try:
-            check_advertised(cfg.advertise_address)
-        except ValueError as exc:
-            raise ConfigError(f"advertise_address: {exc}") from None
     try:
         cfg.check()  # as load_config does: a configuration made otherwise is checked all the same
     except ValueError as exc:

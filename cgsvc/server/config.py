@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cgsvc.server.addresses import check_advertised
+
 
 def _opt(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
@@ -107,6 +109,11 @@ class ServerConfig:
             # gRPC binds some other port for one it cannot parse (127.0.0.1:99999 served on a random one)
             raise ValueError(f"address must be HOST:PORT (port 0-65535, 0 picks a free one; an IPv6 host in "
                              f"brackets), got {self.address!r}")
+        if self.advertise_address:
+            try:
+                check_advertised(self.advertise_address)
+            except ValueError as exc:
+                raise ValueError(f"advertise_address: {exc}") from None
 
     @property
     def effective_database_url(self) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import re
 import secrets
 import stat
@@ -123,7 +122,7 @@ def new(ns: argparse.Namespace) -> int:
             print(secret)
         sys.stdout.flush()
     except BrokenPipeError:  # the token reached nobody
-        _stdout_closed()
+        render.stdout_closed()
         undo = (f"; {ns.append} now admits a token nobody holds: cgsvc token revoke --file {ns.append} --sha256 "
                 f"{hash_token(secret)[:16]}" if ns.append else "")
         print(f"cgsvc: the token could not be printed (standard output was closed){undo}", file=sys.stderr)
@@ -291,7 +290,9 @@ def run(ns: argparse.Namespace) -> int:
         code = _run(ns)
         sys.stdout.flush()
     except BrokenPipeError:
-        _stdout_closed()
+        import cgsvc_client.render as render  # the CLI's renderer, as check and new use it
+
+        render.stdout_closed()
         return 0
     return code
 
@@ -307,7 +308,3 @@ def _run(ns: argparse.Namespace) -> int:
     print(hash_token(token))
     return 0
 
-
-def _stdout_closed() -> None:
-    """Nothing more goes to a closed standard output, and no second error at exit's flush."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -157,8 +157,7 @@ def _flag_value(ns: argparse.Namespace, flag: str) -> Any:
 def spec_flags_given(ns: argparse.Namespace) -> list[str]:
     """The convenience flags on this command line that build or amend a spec."""
     return ([flag for flag, *_ in SPEC_FLAGS if _flag_value(ns, flag) is not None]
-            + [flag for flag in ("--enforce-piecewise", "--disable-cuda-graph")
-               if getattr(ns, flag.lstrip("-").replace("-", "_"), False)])
+            + [flag for flag in ("--enforce-piecewise", "--disable-cuda-graph") if _flag_value(ns, flag)])
 
 
 def build_spec(ns: argparse.Namespace) -> dict[str, Any]:

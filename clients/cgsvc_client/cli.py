@@ -13,7 +13,6 @@ Exit codes: EXIT_CODES below (also in `cgsvc-cli --help`). JSON output is `{"pla
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -344,12 +343,6 @@ def with_hint(err: ServiceError, ns: argparse.Namespace) -> ServiceError:
     return ServiceError(err.code, f"{err.message}; {hint}", err.violations)
 
 
-def _stdout_closed() -> None:
-    """The reader (`| head`) closed the pipe: nothing more goes to it, and no second error at
-    exit's flush."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit code. A reader that closes the pipe early ends it quietly, with
     the code the command had reached (0 for output it did not want)."""
@@ -358,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _run(sys.argv[1:] if argv is None else argv)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
     except BrokenPipeError:
-        _stdout_closed()
+        render.stdout_closed()
     return code
 
 
@@ -401,7 +394,7 @@ def _report(error: dict[str, Any]) -> None:
         render.print_json(error)
         sys.stdout.flush()
     except BrokenPipeError:
-        _stdout_closed()
+        render.stdout_closed()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -54,6 +55,12 @@ def fields(rows: Sequence[tuple[str, str]], style: Style | None = None) -> str:
     """One resource's fields as aligned `name  value` lines, the names bold on a terminal."""
     width = max((len(k) for k, _ in rows), default=0)
     return "\n".join(f"{style(k.ljust(width), BOLD) if style else k.ljust(width)}  {v}".rstrip() for k, v in rows)
+
+
+def stdout_closed() -> None:
+    """The reader of standard output (`| head`) closed the pipe: nothing more goes to it, and no
+    second error at exit's flush."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def page(headers: Sequence[str], rows: Sequence[Sequence[Any]], next_page_token: str, what: str,
