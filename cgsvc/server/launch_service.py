@@ -30,6 +30,7 @@ from cgsvc.domain.launches import (
 )
 from cgsvc.domain.plans import Caller, Plans
 from cgsvc.errors import FieldViolation, ServiceError
+from cgsvc.launch.dispatch import HOST, RunHandle
 from cgsvc.launch.store import LaunchRow, Workload
 from cgsvc.server.interceptors import RequestContext
 from cgsvc.server.services import caller, list_page, parse_name
@@ -177,6 +178,34 @@ class LaunchService:
             answering=lease.owner == self.launches.instance, version=lease.version, address=lease.address)
             for lease, active in await self.launches.replicas()])
 
+    async def _logs_elsewhere(self, row: LaunchRow, name: str, logs: Path) -> ServiceError | None:
+        """Where a launch's logs are when this machine has none: with the replica that supervises
+        it (another one, on a disk this one cannot see), or, for a launch this replica took over
+        and settled because its group ran on another machine, on that machine, with the replica
+        that holds a lease there now if any (LOGS_ELSEWHERE, naming the replica, host and address
+        to ask). None: they are nowhere else (the group never wrote any)."""
+        ran_on = RunHandle.from_json(row.handle_json).host if row.handle_json else ""
+        if row.owner and row.owner != self.launches.instance:
+            leases = await asyncio.to_thread(self.launches.leases.leases)
+            lease = next((x for x in leases if x.owner == row.owner), None)
+            where = f" on {lease.host}" if lease else ""
+            at = f" at {lease.address}" if lease and lease.address else ""
+            return ServiceError("FAILED_PRECONDITION", f"{name}'s logs are kept by replicas/{row.owner}{where}, "
+                                f"which supervises it, in {logs}: ask that replica{at} (cgsvc-cli replicas list)",
+                                reason="LOGS_ELSEWHERE",
+                                info={"replica": f"replicas/{row.owner}", "host": lease.host if lease else "",
+                                      "address": lease.address if lease else ""})
+        if not ran_on or ran_on == HOST:
+            return None
+        live = await asyncio.to_thread(self.launches.leases.leases)  # the most recently renewed first
+        lease = next((x for x in live if x.host == ran_on and x.age < self.launches.lease_seconds), None)
+        ask = (f"ask replicas/{lease.owner} there at {lease.address}" if lease and lease.address
+               else "no replica on that machine holds a lease now; they can be read there, on its disk")
+        return ServiceError("FAILED_PRECONDITION", f"{name}'s logs are kept on {ran_on}, where its group ran, in "
+                            f"{logs}: {ask}", reason="LOGS_ELSEWHERE",
+                            info={"replica": f"replicas/{lease.owner}" if lease else "", "host": ran_on,
+                                  "address": lease.address if lease else ""})
+
     async def GetLaunchLogs(self, request: launch_pb2.GetLaunchLogsRequest,  # noqa: N802
                             rc: RequestContext) -> launch_pb2.LaunchLogs:
         row = await self.launches.get(parse_name(request.name, "launches"))
@@ -191,18 +220,10 @@ class LaunchService:
                 raise ServiceError.invalid([FieldViolation(
                     "after_offsets", f"{log}: a byte offset of 0 or more (an earlier answer's end_offset), got {offset}")])
         logs = RunDir(Path(row.run_dir)).logs
-        if not logs.exists() and row.owner and row.owner != self.launches.instance:
-            # its group ran under another replica, on a machine whose disk this one cannot see: an
-            # empty answer would read as "the ranks wrote nothing"
-            owner = next((lease for lease in await asyncio.to_thread(self.launches.leases.leases)
-                          if lease.owner == row.owner), None)
-            where = f" on {owner.host}" if owner else ""
-            at = f" at {owner.address}" if owner and owner.address else ""
-            raise ServiceError("FAILED_PRECONDITION", f"{request.name}'s logs are kept by replicas/{row.owner}{where}, "
-                               f"which supervises it, in {logs}: ask that replica{at} (cgsvc-cli replicas list)",
-                               reason="LOGS_ELSEWHERE",
-                               info={"replica": f"replicas/{row.owner}", "host": owner.host if owner else "",
-                                     "address": owner.address if owner else ""})
+        if not logs.exists():  # an empty answer would read as "the ranks wrote nothing"
+            elsewhere = await self._logs_elsewhere(row, request.name, logs)
+            if elsewhere is not None:
+                raise elsewhere
         names = sorted(p.name for p in logs.glob("*.log")) if logs.exists() else []
         if request.rank >= 0:
             names = [n for n in names if n == f"rank{request.rank}.log"]

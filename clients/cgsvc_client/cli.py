@@ -13,6 +13,7 @@ Exit codes: EXIT_CODES below (also in `cgsvc-cli --help`). JSON output is `{"pla
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -380,7 +381,7 @@ def _run(given: Sequence[str]) -> int:
             raise CliError.from_resolve(with_hint(err, ns)) from None
     except CliError as exc:
         if render.output_mode(ns) == "json":
-            _report({"error": exc.error})
+            _report({"error": exc.error}, one_line=getattr(ns, "follow", False) or getattr(ns, "json_lines", False))
         else:
             print(render.error_text(exc.error, render.Style(sys.stderr.isatty())), file=sys.stderr)
         if getattr(ns, "exit_code", False) and exc.exit_code == 1:
@@ -388,10 +389,15 @@ def _run(given: Sequence[str]) -> int:
         return exc.exit_code
 
 
-def _report(error: dict[str, Any]) -> None:
-    """Print an error on stdout (-o json); a reader that has gone does not change the exit code."""
+def _report(error: dict[str, Any], one_line: bool = False) -> None:
+    """Print an error on stdout (-o json); a reader that has gone does not change the exit code.
+    `one_line`: the command's output is JSON lines (`--follow`, `audit witness`), which a program
+    reads a line at a time, so the error that ends it is one line too."""
     try:
-        render.print_json(error)
+        if one_line:
+            print(json.dumps(error, ensure_ascii=False))
+        else:
+            render.print_json(error)
         sys.stdout.flush()
     except BrokenPipeError:
         render.stdout_closed()

@@ -15,6 +15,8 @@ from google.protobuf import json_format
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc_client import render
 from cgsvc_client.args import (
+    NO_ANSWER,
+    CliError,
     Measure,
     add_follow,
     add_listing,
@@ -221,31 +223,55 @@ class LogsReplica:
     """Asks for a launch's logs where they are: the server given, or, when it answers that another
     replica keeps them (LOGS_ELSEWHERE, with that replica's address), that replica, with the same
     credentials, said once on stderr. At most one hop a call: a replica that names itself, or no
-    address, is an error as it came."""
+    address, is an error as it came. When the replica asked there stops answering, the error says
+    which replica it was and what the server given says of the launch; once that launch has ended
+    there is nothing left to wait for, and `--follow` stops (exit 1: its last lines were not read)."""
 
     def __init__(self, ns: argparse.Namespace) -> None:
         self.ns = ns
-        self.client = Client.from_args(ns)
+        self.origin = Client.from_args(ns)
+        self.client = self.origin
+        self.keeper: dict[str, str] = {}  # LOGS_ELSEWHERE's facts, once redirected
 
     def __enter__(self) -> LogsReplica:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.client.close()
+        if self.client is not self.origin:
+            self.client.close()
+        self.origin.close()
 
     def logs(self, name: str, tail: int, offsets: dict[str, int] | None = None) -> Any:
+        if not self.keeper:
+            try:
+                return self.origin.launch_logs(name, self.ns.rank, tail, after_offsets=offsets)
+            except ServiceError as err:
+                address = err.info.get("address", "") if err.reason == "LOGS_ELSEWHERE" else ""
+                if not address or address == self.ns.server:
+                    raise
+                print(f"{name}'s logs are kept by {err.info.get('replica') or 'another replica'} on "
+                      f"{err.info.get('host') or '?'}: asking it at {address}", file=sys.stderr, flush=True)
+                self.keeper = dict(err.info)
+                self.client = Client.from_args(argparse.Namespace(**{**vars(self.ns), "server": address}))
         try:
             return self.client.launch_logs(name, self.ns.rank, tail, after_offsets=offsets)
         except ServiceError as err:
-            address = err.info.get("address", "") if err.reason == "LOGS_ELSEWHERE" else ""
-            if not address or address == self.ns.server:
+            if err.code not in NO_ANSWER:
                 raise
-            print(f"{name}'s logs are kept by {err.info.get('replica', 'another replica')} on "
-                  f"{err.info.get('host', '?')}: asking it at {address}", file=sys.stderr, flush=True)
-            self.client.close()
-            self.ns = argparse.Namespace(**{**vars(self.ns), "server": address})
-            self.client = Client.from_args(self.ns)
-            return self.client.launch_logs(name, self.ns.rank, tail, after_offsets=offsets)
+            raise self._keeper_silent(name, err) from None
+
+    def _keeper_silent(self, name: str, err: ServiceError) -> Exception:
+        k = self.keeper
+        said = (f"{name}'s logs are kept by {k.get('replica') or 'another replica'} on {k.get('host') or '?'}, "
+                f"whose address {k['address']} does not answer ({err.code}: {err.message})")
+        launch = self.origin.get_launch(name)
+        info = {**k, "state": launch.state}
+        if launch.state not in TERMINAL:
+            return ServiceError(err.code, f"{said}; {self.ns.server} has the launch {launch.state}", info=info)
+        ended = ServiceError(err.code, f"{said}; {self.ns.server} has the launch ended {launch.state}"
+                             + (f" ({launch.error})" if launch.error else "")
+                             + ", so lines not shown yet can be read only once that replica answers again", info=info)
+        return CliError(ended.to_dict(), 1)
 
 
 def launches_logs(ns: argparse.Namespace) -> int:

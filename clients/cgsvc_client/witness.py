@@ -318,6 +318,6 @@ def register(audit: Any) -> argparse.ArgumentParser:
     w.add_argument("--every", type=float, metavar="SECONDS", help="check again every SECONDS until stopped (or --count checks); "
                                                "a server not answering is reported and retried, not a failure")
     w.add_argument("--count", type=int, metavar="N", help="stop after this many checks (default: 1, or until stopped with --every)")
-    w.set_defaults(func=audit_witness)
+    w.set_defaults(func=audit_witness, json_lines=True)  # -o json: one line a check, and an error
     return w
 

@@ -406,6 +406,63 @@ def test_logs_on_another_replicas_disk_are_asked_of_that_replica(tmp_path: Path)
         assert replicas == {done.owner: servers[0].address, f"replicas/{instance_of(servers[1])}": servers[1].address}
 
 
+def test_logs_whose_replica_stops_answering_say_so_and_a_follow_ends_with_the_launch(tmp_path: Path) -> None:
+    """Replica 0 keeps a running launch's logs on a disk replica 1 cannot see; a `--follow` given
+    replica 1 reads them from replica 0. Replica 0 is killed: a plain `launches logs` now names the
+    replica that does not answer and the state replica 1 has (RUNNING, until the lease lapses); once
+    replica 1 has taken the launch over and settled it LOST (its group ran on another machine), the
+    follow stops, exit 1, saying its last lines could not be read, and replica 1 itself answers that
+    the logs are on that machine rather than an empty list."""
+    with pg_replicas(tmp_path, "logs_keeper_gone", 1, "--lease-seconds", "8", "--unfollowed-group-seconds", "3",
+                     apart=True) as (servers, tiny, spec), \
+            Client(servers[0].address) as c0, Client(servers[1].address) as c1:
+        name = c0.create_launch(tiny, LONG_TP1, spec=spec).metadata.name
+        wait_state(c0, name, ("RUNNING",), timeout=120)
+        pid = supervisor_pid(state_records(c0, name))
+        url = servers[0].args[servers[0].args.index("--database-url") + 1]
+        engine = sa.create_engine(url)
+        with engine.begin() as conn:  # as if the group ran on another machine: a takeover settles it LOST
+            handle = json.loads(conn.execute(sa.text("SELECT handle_json FROM launches WHERE launch_id = :id"),
+                                             {"id": name.split("/")[1]}).scalar_one())
+            conn.execute(sa.text("UPDATE launches SET handle_json = :h WHERE launch_id = :id"),
+                         {"h": json.dumps({**handle, "host": "elsewhere"}), "id": name.split("/")[1]})
+        engine.dispose()
+        owner0 = f"replicas/{instance_of(servers[0])}"
+        command = [sys.executable, "-m", "cgsvc_client.cli", "launches", "logs", name, "--server", servers[1].address,
+                   "-o", "json"]
+        out, err = tmp_path / "follow.out", tmp_path / "follow.err"
+        with open(out, "w") as o, open(err, "w") as e:
+            follower = subprocess.Popen([*command, "--follow", "--interval", "0.2"], stdout=o, stderr=e, cwd=ROOT,
+                                        text=True)
+        try:
+            wait_for("the follow reading replica 0", lambda: "asking it at" in err.read_text() and out.read_text())
+            servers[0].kill9()
+            plain = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
+            assert plain.returncode == 1, plain.stderr
+            error = json.loads(plain.stdout)["error"]
+            assert error["code"] == "UNAVAILABLE", error
+            assert (f"{name}'s logs are kept by {owner0} on {HOST}, whose address {servers[0].address} does not "
+                    f"answer") in error["message"], error
+            assert f"{servers[1].address} has the launch RUNNING" in error["message"], error
+            assert follower.wait(timeout=60) == 1, err.read_text()
+        finally:
+            follower.kill()
+        said = err.read_text()  # each poll that got no answer, while the launch still ran
+        assert f"whose address {servers[0].address} does not answer" in said, said
+        *_, last = out.read_text().splitlines()  # with -o json the error ends standard output
+        ended = json.loads(last)["error"]
+        assert ended["code"] == "UNAVAILABLE" and ended["info"]["state"] == "LOST", ended
+        assert "has the launch ended LOST" in ended["message"], ended
+        assert "once that replica answers again" in ended["message"], ended
+        assert c1.get_launch(name).state == "LOST"
+        with pytest.raises(ServiceError) as gone:
+            c1.launch_logs(name)
+        assert (gone.value.code, gone.value.reason) == ("FAILED_PRECONDITION", "LOGS_ELSEWHERE"), gone.value
+        assert f"{name}'s logs are kept on elsewhere, where its group ran" in gone.value.message, gone.value.message
+        assert gone.value.info == {"replica": "", "host": "elsewhere", "address": ""}, gone.value.info
+        assert no_processes_left(pid, timeout=30), f"the group (supervisor pid {pid}) still runs"
+
+
 def test_an_advertised_address_no_client_can_dial_is_refused_at_start(tmp_path: Path) -> None:
     srv = ServerProcess(tmp_path / "srv", "--advertise-address", "0.0.0.0:50051")
     with pytest.raises(RuntimeError, match="advertise_address: must be HOST:PORT that clients can dial"):

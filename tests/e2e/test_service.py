@@ -421,6 +421,7 @@ def test_audit_list_follow_prints_each_matching_record_as_it_commits(server: Ser
         proc.wait()
     bad_interval = cli("audit", "list", "--follow", "--interval", "0", "--server", server.address, "-o", "json")
     assert bad_interval.returncode == 2
+    assert len(bad_interval.stdout.splitlines()) == 1, "a JSON-lines stream's error is one line too"
     assert json.loads(bad_interval.stdout)["error"]["field_violations"][0]["field"] == "interval"
 
 

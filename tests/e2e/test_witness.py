@@ -25,7 +25,8 @@ def witness(srv: ServerProcess | str, directory: Path | str, *args: str) -> tupl
     proc = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "audit", "witness", "--dir", str(directory),
                            *args, "--server", address, "-o", "json"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
-    if proc.returncode == 2:  # refused as bad input: {"error": ...}, as every command answers
+    if proc.returncode == 2:  # refused as bad input: {"error": ...}, as every command answers, on one line
+        assert len(proc.stdout.splitlines()) == 1, proc.stdout
         return 2, [json.loads(proc.stdout)]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     assert all("witness" in x for x in lines), proc.stdout + proc.stderr
