@@ -5,13 +5,17 @@
     VALUE  := "quoted string" | number | bare-word
 
 Parsing yields `Term`s; the store maps them to SQL for its own columns. Bad syntax or an
-unknown field is a `FilterError` naming what would be valid.
+unknown field is a `FilterError` naming what would be valid. A filter is input like a spec: a
+field whose values are a closed set (`Closed`: graph backends, launch states) matches them
+case-insensitively and refuses any other value, naming the set; one with catalogued names
+(`Catalogued`: GPUs, models by id or alias) compares a known name in the catalog's spelling.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 _TOKEN = re.compile(r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<op>!=|<=|>=|=|<|>)|(?P<word>[A-Za-z0-9_.:+\-/]+))')
@@ -27,6 +31,26 @@ class Term:
     field: str
     op: str
     value: str | int
+    also: tuple[str, ...] = ()  # other spellings `=` matches and `!=` excludes (Catalogued: as typed)
+
+
+@dataclass(frozen=True)
+class Closed:
+    """A string field whose every value is one of `choices`, stored in that spelling."""
+
+    choices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Catalogued:
+    """A string field of names a catalog spells one way (`lookup`: that spelling, None for a name
+    it does not know). Records keep known names in that spelling, but a name given only as a label
+    (a spec's model.name beside model.path) is kept as written, so a term matches both."""
+
+    lookup: Callable[[str], str | None]
+
+
+FieldKind = str | Closed | Catalogued  # "str", "int", "time", or one of the above (strings)
 
 
 def _tokens(text: str) -> list[tuple[str, str]]:
@@ -48,8 +72,21 @@ def _tokens(text: str) -> list[tuple[str, str]]:
 MAX_TERMS = 64
 
 
-def parse_filter(text: str, fields: dict[str, str]) -> list[Term]:
-    """Parse `text` against `fields` (name -> "str" | "int" | "time"); empty text is no filter."""
+def _spelled(name: str, value: str, kind: Closed | Catalogued) -> tuple[str, tuple[str, ...]]:
+    """A string value of a closed or catalogued field: its one spelling, and the other spellings
+    that match too."""
+    if isinstance(kind, Closed):
+        canonical = {c.lower(): c for c in kind.choices}.get(value.lower())
+        if canonical is None:
+            raise FilterError(f"{name}: unknown value {value[:40]!r}; valid: {', '.join(kind.choices)}")
+        return canonical, ()
+    known = kind.lookup(value) if len(value) <= 200 else None
+    return (known, (value,)) if known is not None and known != value else (value, ())
+
+
+def parse_filter(text: str, fields: Mapping[str, FieldKind]) -> list[Term]:
+    """Parse `text` against `fields` (name -> "str" | "int" | "time" | Closed | Catalogued); empty
+    text is no filter."""
     if not text.strip():
         return []
     toks = _tokens(text)
@@ -73,7 +110,10 @@ def parse_filter(text: str, fields: dict[str, str]) -> list[Term]:
             if number is None or not -(1 << 63) <= number < 1 << 63:
                 raise FilterError(f"{name} takes an integer from -2^63 to 2^63-1, got {str(value)[:40]!r}")
             value = number
-        terms.append(Term(name, op, value))
+        also: tuple[str, ...] = ()
+        if isinstance(fields[name], Closed | Catalogued):
+            value, also = _spelled(name, str(value), fields[name])  # type: ignore[arg-type]
+        terms.append(Term(name, op, value, also))
         if len(terms) > MAX_TERMS:
             raise FilterError(f"at most {MAX_TERMS} terms joined by AND")
         i += 3

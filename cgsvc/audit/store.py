@@ -28,9 +28,11 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
+from cgsvc import catalog
 from cgsvc.audit import filters, merkle
 from cgsvc.audit.records import GENESIS, AuditEntry, AuditRecord, chain, utc_now
 from cgsvc.errors import CODE_NUMBERS, clip
+from cgsvc.spec import ATTENTION_BACKENDS, DECODE_GRAPH_BACKENDS, PREFILL_GRAPH_BACKENDS
 
 log = logging.getLogger("cgsvc.audit.store")
 metadata = sa.MetaData()
@@ -309,15 +311,20 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      tuple((replica_leases, c) for c in REPLICA_COLUMNS_14)),
 )
 
-AUDIT_FILTER_FIELDS = {"model": "str", "gpu": "str", "rule_id": "str", "principal": "str", "outcome": "str",
-                       "method": "str", "time": "str", "request_id": "str", "plan_id": "str",
-                       "launch_id": "str", "sequence": "int", "policy_version": "str", "policy": "str"}
+# GPUs and catalog models are matched as a spec names them: in any case, a model by an alias too.
+GPU_NAME = filters.Catalogued(lambda v: g.name if (g := catalog.find_gpu(v)) else None)
+MODEL_NAME = filters.Catalogued(lambda v: m.name if (m := catalog.find_model(v)) else None)
+AUDIT_FILTER_FIELDS: dict[str, filters.FieldKind] = {
+    "model": MODEL_NAME, "gpu": GPU_NAME, "rule_id": "str", "principal": "str", "outcome": "str", "method": "str",
+    "time": "str", "request_id": "str", "plan_id": "str", "launch_id": "str", "sequence": "int",
+    "policy_version": "str", "policy": "str"}
 # Plans are listed from the records that created them; create_time is the record's time.
 PLAN_FILTER_COLUMNS = {"create_time": "time"}
-PLAN_FILTER_FIELDS = {"model": "str", "gpu": "str", "prefill_backend": "str", "decode_backend": "str",
-                      "attention_prefill": "str", "attention_decode": "str", "policy_version": "str",
-                      "plan_hash": "str", "principal": "str", "create_time": "str", "policy": "str",
-                      "rule_id": "str"}
+PLAN_FILTER_FIELDS: dict[str, filters.FieldKind] = {
+    "model": MODEL_NAME, "gpu": GPU_NAME, "prefill_backend": filters.Closed(PREFILL_GRAPH_BACKENDS),
+    "decode_backend": filters.Closed(DECODE_GRAPH_BACKENDS), "attention_prefill": filters.Closed(ATTENTION_BACKENDS),
+    "attention_decode": filters.Closed(ATTENTION_BACKENDS), "policy_version": "str", "plan_hash": "str",
+    "principal": "str", "create_time": "str", "policy": "str", "rule_id": "str"}
 MAX_PAGE_SIZE = 1000
 DEFAULT_PAGE_SIZE = 50
 
@@ -630,7 +637,12 @@ def _where(table: sa.Table, terms: Sequence[filters.Term], columns: dict[str, st
                 raise filters.FilterError(f"unknown outcome {t.value!r}; one of {', '.join(CODE_NUMBERS)}")
             out.append(getattr(table.c.outcome_code, ops[t.op])(code))
             continue
-        out.append(getattr(table.c[(columns or {}).get(t.field, t.field)], ops[t.op])(t.value))
+        column = table.c[(columns or {}).get(t.field, t.field)]
+        if t.also and t.op in ("=", "!="):
+            spellings = [t.value, *t.also]
+            out.append(column.in_(spellings) if t.op == "=" else column.not_in(spellings))
+            continue
+        out.append(getattr(column, ops[t.op])(t.value))
     return out
 
 

@@ -53,15 +53,15 @@ from cgsvc.domain.plans import Caller
 from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
 from cgsvc.ids import new_id
 from cgsvc.launch.dispatch import HOST, DispatchError, LocalDispatcher, RunHandle
-from cgsvc.launch.store import LaunchRow, LaunchStore, Lease, LeaseStore, Workload
+from cgsvc.launch.store import LAUNCH_STATES, LaunchRow, LaunchStore, Lease, LeaseStore, Workload
 from cgsvc.plan import canonical_json, rule_ids
 from cgsvc.resolve import DEFAULT_POLICY, policy_version
 
 log = structlog.get_logger("cgsvc.launch")
 
 CREATE_METHOD = "/cgsvc.v1.LaunchService/CreateLaunch"
-ACTIVE = ("PLACING", "LOADING", "CAPTURING", "RUNNING")  # in the order a launch moves through them
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "LOST")
+ACTIVE = LAUNCH_STATES[:4]  # in the order a launch moves through them
+TERMINAL = LAUNCH_STATES[4:]
 WORKER_STATES = {"loading": "LOADING", "capturing": "CAPTURING", "running": "RUNNING"}
 STATE_METHOD = "launch.state"
 

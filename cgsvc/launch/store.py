@@ -19,6 +19,8 @@ import sqlalchemy as sa
 from cgsvc import __version__
 from cgsvc.audit import filters
 from cgsvc.audit.store import (
+    GPU_NAME,
+    MODEL_NAME,
     AuditStore,
     db_epoch,
     experiments,
@@ -30,9 +32,13 @@ from cgsvc.audit.store import (
 )
 
 # model, gpu and rule_id are the plan's: a launch matches when the plan it ran does
-LAUNCH_PLAN_FIELDS = {"rule_id": "str", "model": "str", "gpu": "str"}
-LAUNCH_FILTER_FIELDS = {"state": "str", "plan": "str", "principal": "str", "dispatcher": "str",
-                        "create_time": "str", "model_path": "str", **LAUNCH_PLAN_FIELDS}
+LAUNCH_STATES = ("PLACING", "LOADING", "CAPTURING", "RUNNING",  # active, in the order a launch moves through them
+                 "SUCCEEDED", "FAILED", "CANCELLED", "LOST")  # terminal
+DISPATCHERS = ("local", "ray")
+LAUNCH_PLAN_FIELDS: dict[str, filters.FieldKind] = {"rule_id": "str", "model": MODEL_NAME, "gpu": GPU_NAME}
+LAUNCH_FILTER_FIELDS: dict[str, filters.FieldKind] = {
+    "state": filters.Closed(LAUNCH_STATES), "plan": "str", "principal": "str",
+    "dispatcher": filters.Closed(DISPATCHERS), "create_time": "str", "model_path": "str", **LAUNCH_PLAN_FIELDS}
 _LAUNCH_LOCK = 727375  # PostgreSQL advisory lock key for launch creation
 
 
@@ -272,7 +278,9 @@ def _holds_work(active: Sequence[str]) -> sa.ColumnElement[bool]:
 
 # ---------------------------------------------------------------------------- experiments
 
-EXPERIMENT_FILTER_FIELDS = {"state": "str", "principal": "str", "create_time": "str"}
+EXPERIMENT_STATES = ("RUNNING", "SUCCEEDED", "FAILED")
+EXPERIMENT_FILTER_FIELDS: dict[str, filters.FieldKind] = {
+    "state": filters.Closed(EXPERIMENT_STATES), "principal": "str", "create_time": "str"}
 
 
 @dataclass(frozen=True)

@@ -138,8 +138,9 @@ def impact_table(impact: dict[str, Any], style: render.Style) -> str:
         return (f"the audit history holds no ResolvePlan or CreateLaunch specs{scope}: nothing to compare "
                 f"({base['name']} vs {cand['name']})")
     lines = [style(f"{base['name']} {base['version']} -> {cand['name']} {cand['version']}", render.BOLD),
-             f"{impact['specs_examined']} distinct specs in {impact['records_examined']} records{scope}: "
-             f"{len(impact['changed'])} change, {len(impact['newly_refused'])} newly refused, "
+             f"{render.counted(impact['specs_examined'], 'distinct spec')} in "
+             f"{render.counted(impact['records_examined'], 'record')}{scope}: "
+             f"{len(impact['changed'])} changed, {len(impact['newly_refused'])} newly refused, "
              f"{len(impact['newly_accepted'])} newly accepted, {impact['unchanged']} unchanged"]
     under = ", ".join(f"{r['policy']} {r['version'] or '?'} ({r['records']})" for r in impact["recorded_under"])
     if under:

@@ -33,6 +33,11 @@ class Style:
         return f"{code}{text}{RESET}" if self.color else text
 
 
+def counted(n: int, noun: str) -> str:
+    """`1 record`, `2 records`: a count and its noun, in the number the count asks for."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _sizes(values: Sequence[int]) -> str:
     if not values:
         return "-"

@@ -138,8 +138,13 @@ def test_policy_impact_over_a_history(tmp_path: Path) -> None:
         narrowed = json.loads(cli(srv, "policy", "impact", "--candidate", "sglang-0.5.17", "--filter",
                                   'gpu = "GB300"', "-o", "json").stdout)["impact"]
         assert narrowed["specs_examined"] == 2 and narrowed["records_examined"] == 4  # Kimi x3, the refused tp 3
+        spelt = json.loads(cli(srv, "policy", "impact", "--candidate", "sglang-0.5.17", "--filter",
+                               'gpu = "gb300"', "-o", "json").stdout)["impact"]  # as --gpu gb300 would resolve
+        assert {k: v for k, v in spelt.items() if k != "filter"} == {k: v for k, v in narrowed.items() if k != "filter"}
         table = cli(srv, "policy", "impact", "--candidate", "sglang-0.5.17", "-o", "table").stdout
         assert "prefill.backend" in table and "tc_piecewise" in table and "prefill.upgrade.multimodal_piecewise" in table
+        assert f"5 distinct specs in 8 records: {len(impact['changed'])} changed, 0 newly refused, 1 newly accepted" \
+            in table, table
         bad = cli(srv, "policy", "impact", "--candidate", "sglang-0.5.17", "--filter", "colour = 1", "-o", "json")
         assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field_violations"][0]["field"] == "filter"
         unknown = cli(srv, "policy", "impact", "--candidate", "sglang-9", "-o", "json")

@@ -94,6 +94,34 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     assert store.get_record(1) is not None and store.verify().ok
 
 
+def test_filters_name_gpus_models_and_states_as_specs_do(store: AuditStore) -> None:
+    """`gpu = "h100"` found nothing where `--gpu h100` resolves: a filter value of a closed set
+    is matched as a spec's is (any case, a model by its alias too), a label kept as written
+    (model.name beside model.path) is still found by what was written, and a state or backend
+    outside its set is refused naming the set rather than answered with an empty page."""
+    from cgsvc.launch.store import ExperimentStore, LaunchStore
+
+    for i in range(1, 5):
+        store.append(entry(i))
+    store.append(entry(5, model="deepseek-v3"))  # a checkpoint labelled so (model.path): kept as given
+    assert [r.sequence for r in store.list_records('gpu = "h100"')[0]] == [1, 2, 3, 4, 5]
+    assert store.list_records('gpu != "H100"')[0] == []
+    assert [r.sequence for r in store.list_records('model = "deepseek-v3"')[0]] == [1, 3, 5]
+    assert [r.sequence for r in store.list_records('model = "DeepSeek-AI/deepseek-v3"')[0]] == [1, 3]
+    assert [r.sequence for r in store.list_records('model != "DeepSeek-V3"')[0]] == [2, 4, 5]  # a label as written
+    assert [r.sequence for r in store.list_records('model = "my/own-model"')[0]] == []  # unknown: as typed
+    launches = LaunchStore(store)
+    assert launches.list_rows('state = "running" AND dispatcher = "Local"') == ([], "")
+    for text, field in (('state = "RUNING"', "state"), ('dispatcher = "slurm"', "dispatcher")):
+        with pytest.raises(filters.FilterError, match=f"^{field}: unknown value .*; valid: "):
+            launches.list_rows(text)
+    with pytest.raises(filters.FilterError, match="valid: RUNNING, SUCCEEDED, FAILED"):
+        ExperimentStore(store).list_rows('state = "LOST"')
+    with pytest.raises(filters.FilterError, match="valid: disabled, breakable, tc_piecewise, full"):
+        store.list_plans('prefill_backend = "piecewise"')
+    assert store.list_plans('prefill_backend = "TC_PIECEWISE" AND attention_decode = "FlashInfer"') == ([], "")
+
+
 def test_filters_and_pagination(store: AuditStore) -> None:
     for i in range(1, 12):
         store.append(entry(i, outcome_code=3 if i == 4 else 0, principal="bob" if i > 8 else "alice"))

@@ -137,6 +137,24 @@ def test_filter_parser() -> None:
             parse_filter(bad, fields)
 
 
+def test_filter_values_of_closed_sets_match_as_spec_values_do() -> None:
+    """A filter is input: a closed set's value is matched case-insensitively and compared in its
+    one spelling, as a spec's is; a value outside a closed set is refused naming the set (an
+    empty page would read as "none"); a catalogued name (a GPU, a model by id or alias) is compared
+    in the catalog's spelling and as typed, and an unknown one as typed."""
+    from cgsvc.audit.filters import Catalogued, Closed
+
+    fields = {"backend": Closed(("disabled", "tc_piecewise")), "state": Closed(("RUNNING", "LOST")),
+              "gpu": Catalogued(lambda v: "H200" if v.lower() == "h200" else None)}
+    assert parse_filter('backend = "TC_Piecewise" AND state != running', fields) == [
+        Term("backend", "=", "tc_piecewise"), Term("state", "!=", "RUNNING")]
+    assert parse_filter('gpu = "h200"', fields) == [Term("gpu", "=", "H200", ("h200",))]
+    assert parse_filter('gpu = "H200"', fields) == [Term("gpu", "=", "H200")]
+    assert parse_filter('gpu = "X9"', fields) == [Term("gpu", "=", "X9")]
+    with pytest.raises(FilterError, match=r"backend: unknown value 'piecewise'; valid: disabled, tc_piecewise"):
+        parse_filter('backend = "piecewise"', fields)
+
+
 def test_filter_parser_bounds_what_reaches_sql() -> None:
     """Regressions: an integer past int64 (`sequence > 99999999999999999999999`) was an INTERNAL
     OverflowError in the driver; 40,000 terms were an INTERNAL error from SQLite's expression depth
