@@ -66,7 +66,7 @@ def check(path: str, output: str) -> int:
     print(render.table(["kind", "principal", "roles", "sha256", "expires"],
                        [(r["kind"], r["principal"], ",".join(r["roles"]) or "-", r["sha256"][:16] or "-",
                          r["expires"] or "-") for r in rows]))
-    print(f"{path}: {len(tokens)} tokens, {len(certificates)} certificate names")
+    print(f"{path}: {render.counted(len(tokens), 'token')}, {render.counted(len(certificates), 'certificate name')}")
     for warning in warnings:
         print(f"WARNING: {warning}")
     return 0

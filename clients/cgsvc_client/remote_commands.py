@@ -82,7 +82,7 @@ def plans_summary(ns: argparse.Namespace) -> int:
         return 0
     print(render.table([*by, "plans", "share"], [(*(g[f] for f in by), g["plans"], f"{g['plans'] / total:.0%}")
                                                  for g in groups]))
-    print(f"{total} plans in {len(groups)} groups")
+    print(f"{render.counted(total, 'plan')} in {render.counted(len(groups), 'group')}")
     return 0
 
 
@@ -270,11 +270,12 @@ def audit_verify(ns: argparse.Namespace) -> int:
         if old is not None and v.ok:
             result.update(checkpoints.extends(c, old).fields(old))
     if old is None:
-        text = (f"audit chain OK: {v.records_checked} records, head {v.head_hash[:16]}" if v.ok else
+        text = (f"audit chain OK: {render.counted(v.records_checked, 'record')}, head {v.head_hash[:16]}" if v.ok else
                 f"audit chain BROKEN at auditRecords/{v.first_bad_sequence}: {v.reason} "
                 f"({v.records_checked} records verified before it)")
     elif result["ok"]:
-        text = (f"audit log OK: {v.records_checked} records; it extends the checkpoint of {old.tree_size} records "
+        text = (f"audit log OK: {render.counted(v.records_checked, 'record')}; it extends the checkpoint of "
+                f"{render.counted(old.tree_size, 'record')} "
                 f"(root {old.root_hash[:16]}, key {old.key_id[:16]}): consistency proof verified")
         text += "".join(f"; key rotated to {r['to_key_id'][:16]} at {r['record']}, signed by {r['from_key_id'][:16]}"
                         for r in result.get("key_rotations", []))
@@ -309,7 +310,7 @@ def audit_prove(ns: argparse.Namespace) -> int:
     result = {"ok": ok, "record": name, "leaf_index": p.leaf_index, "tree_size": cp.tree_size,
               "root_hash": cp.root_hash, "proof": list(p.hashes),
               "reason": "" if ok else "the record is not in the checkpointed tree as it reads now"}
-    text = (f"{name} is in the checkpointed tree of {cp.tree_size} records (root {cp.root_hash[:16]}): "
+    text = (f"{name} is in the checkpointed tree of {render.counted(cp.tree_size, 'record')} (root {cp.root_hash[:16]}): "
             f"inclusion proof of {len(p.hashes)} hashes verified" if ok else f"{name}: NOT proven: {result['reason']}")
     return _answer(ns, "inclusion", result, text)
 

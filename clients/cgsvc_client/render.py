@@ -33,9 +33,9 @@ class Style:
         return f"{code}{text}{RESET}" if self.color else text
 
 
-def counted(n: int, noun: str) -> str:
+def counted(n: int, noun: str, plural: str = "") -> str:
     """`1 record`, `2 records`: a count and its noun, in the number the count asks for."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
 
 
 def _sizes(values: Sequence[int]) -> str:

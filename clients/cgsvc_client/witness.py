@@ -167,13 +167,13 @@ def _line(result: dict[str, Any]) -> str:
     size, root, key = result["tree_size"], result["root_hash"][:16], result["key_id"][:16]
     if result["first"]:
         pin = "" if result["trust"].startswith("pinned") else f"; pin it with --key-id {result['key_id']}"
-        return f"{at}  first checkpoint kept: {size} records, root {root}, key {key} ({result['trust']}{pin})"
+        return f"{at}  first checkpoint kept: {render.counted(size, 'record')}, root {root}, key {key} ({result['trust']}{pin})"
     grew = (f"+{result['grew_by']}, consistency proof of {result['proof_hashes']} hashes verified"
             if result["grew_by"] else "unchanged")
     rotated = "".join(f"; key rotated from {r['from_key_id'][:16]} to {r['to_key_id'][:16]}, signed by the old key "
                       f"({r['record']})" for r in result.get("key_rotations", []))
     warned = "".join(f"; WARNING: {w}" for w in result.get("warnings", []))
-    return f"{at}  OK: {size} records ({grew}), root {root}{rotated}{warned}; kept in {result['latest']}"
+    return f"{at}  OK: {render.counted(size, 'record')} ({grew}), root {root}{rotated}{warned}; kept in {result['latest']}"
 
 
 def _positive(value: float | None, name: str, what: str) -> None:

@@ -392,7 +392,7 @@ def test_launches_summary_gives_each_group_its_count_and_median_latencies(srv: S
     assert group["ttft_ms_p50_median"] == pytest.approx(statistics.median(x.report.ttft_ms_p50 for x in done))
     assert group["tpot_ms_p50_median"] == pytest.approx(statistics.median(x.report.tpot_ms_p50 for x in done))
     table = cli("launches", "summary", "--by", "state", "-o", "table", server=srv.address).stdout
-    assert "SUCCEEDED" in table and "TTFT p50 ms" in table and "2 launches in 1 groups" in table
+    assert "SUCCEEDED" in table and "TTFT p50 ms" in table and "2 launches in 1 group;" in table
 
 
 def test_launch_flags_without_a_spec_resolve_the_checkpoint_and_never_ride_beside_a_plan(srv: ServerProcess,

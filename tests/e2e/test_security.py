@@ -228,7 +228,7 @@ def test_token_check_lists_who_a_file_admits_or_names_the_bad_entry(tmp_path: Pa
     assert listed.returncode == 0 and principals[("token", "admin-bot")]["sha256"] == hash_token(TOKENS["admin"])
     assert principals[("certificate", "orchestrator")]["roles"] == ["launcher"] and len(principals) == 4
     table = check(good)
-    assert table.returncode == 0 and "resolver-bot" in table.stdout and "3 tokens, 1 certificate names" in table.stdout
+    assert table.returncode == 0 and "resolver-bot" in table.stdout and "3 tokens, 1 certificate name" in table.stdout
     bad = tmp_path / "bad.toml"
     bad.write_text(good.read_text().replace('roles = ["auditor"]', 'roles = ["auditors"]'))
     refused = check(bad, "-o", "json")
