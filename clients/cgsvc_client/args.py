@@ -126,6 +126,17 @@ def follow(ns: argparse.Namespace, first: Callable[[], bool], step: Callable[[],
         return 0
 
 
+def resumed(what: str) -> Callable[[ServiceError | None, float], None]:
+    """What a watch (`launch --wait`, `experiment run`) says on stderr when it opens again: the
+    server went away (a restart), the stream reached its deadline, or the server closed it early."""
+    def say(err: ServiceError | None, pause: float) -> None:
+        why = ("the server closed the watch" if err is None else
+               "the watch reached its deadline" if err.code == "DEADLINE_EXCEEDED" else f"{err.code}: {err.message}")
+        when = f" in {pause:g} s" if pause else ""
+        print(f"{what}: {why}; watching again{when}", file=sys.stderr, flush=True)
+    return say
+
+
 def resource_name(collection: str, raw: str) -> str:
     """A resource name from what the user typed: a bare ID gets `collection/` in front; a name
     with a slash goes as typed, so a wrong collection's error quotes what the user wrote."""

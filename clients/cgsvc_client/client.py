@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
@@ -54,6 +55,12 @@ SERVICE_CONFIG = json.dumps({"methodConfig": [{
 }]})
 
 T = TypeVar("T")
+
+# A watch (WatchLaunch, WatchExperiment) outlives a server restart: how long it waits for a server
+# that answers nothing before it gives up, and what it tells its caller each time it opens again.
+RESUME_SECONDS = 300.0
+OnResume = Callable[[ServiceError | None, float], None]
+LAUNCH_ENDED = ("SUCCEEDED", "FAILED", "CANCELLED", "LOST")
 
 
 def _tls_files(ca: str | None, cert: str | None, key: str | None) -> tuple[bytes | None, bytes | None, bytes | None]:
@@ -217,12 +224,46 @@ class Client:
         return self.call(self.launches.CancelLaunch, launch_pb2.CancelLaunchRequest(name=name),  # type: ignore[no-any-return]
                          timeout=max(self.timeout, 60))
 
-    def watch_launch(self, name: str, timeout: float = 3600) -> Iterator[launch_pb2.LaunchEvent]:
-        try:
-            yield from self.launches.WatchLaunch(launch_pb2.WatchLaunchRequest(name=name), timeout=timeout,
-                                                 metadata=self.metadata())
-        except grpc.RpcError as err:
-            raise error_from_rpc(err) from None
+    def watch_launch(self, name: str, timeout: float = 3600, resume_for: float = RESUME_SECONDS,
+                     on_resume: OnResume | None = None) -> Iterator[launch_pb2.LaunchEvent]:
+        """The launch's state changes and progress until it ends, across a server restart (see
+        `followed`): each opening answers its current state first."""
+        yield from self.followed(
+            lambda: self.launches.WatchLaunch(launch_pb2.WatchLaunchRequest(name=name), timeout=timeout,
+                                              metadata=self.metadata()),
+            lambda event: event.kind == "state" and event.launch.state in LAUNCH_ENDED, resume_for, on_resume)
+
+    def followed(self, open_stream: Callable[[], Iterator[T]], ended: Callable[[T], bool],
+                 resume_for: float = RESUME_SECONDS, on_resume: OnResume | None = None) -> Iterator[T]:
+        """A server stream, followed until `ended` says what it watches has ended. A stream cut
+        before then, by its own deadline or by the server going away (a restart, a rolling upgrade:
+        UNAVAILABLE), is opened again; each opening sends the current state first, so nothing is
+        missed. While nothing answers it waits 0.5 s, then longer, up to 5 s, between tries, and
+        after `resume_for` seconds of no answer it raises the last error. `on_resume(error, pause)`
+        is told each time (error None: the server closed the stream early)."""
+        silent_since: float | None = None
+        pause = 0.5
+        while True:
+            try:
+                for message in open_stream():
+                    silent_since, pause = None, 0.5
+                    yield message
+                    if ended(message):
+                        return
+                err: ServiceError | None = None
+            except grpc.RpcError as exc:
+                err = error_from_rpc(exc)
+                if err.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                    raise err from None
+            if err is not None and err.code == "UNAVAILABLE":
+                silent_since = silent_since if silent_since is not None else time.monotonic()
+                if time.monotonic() - silent_since >= resume_for:
+                    raise err
+            wait = 0.0 if err is not None and err.code == "DEADLINE_EXCEEDED" else pause
+            if on_resume is not None:
+                on_resume(err, wait)
+            time.sleep(wait)
+            pause = min(pause * 2, 5.0) if wait else pause
 
     def list_replicas(self) -> launch_pb2.ListReplicasResponse:
         return self.call(self.launches.ListReplicas, launch_pb2.ListReplicasRequest())  # type: ignore[no-any-return]
@@ -250,12 +291,13 @@ class Client:
         req = experiment_pb2.ListExperimentsRequest(filter=filter, page_size=page_size, page_token=page_token)
         return self.call(self.experiments.ListExperiments, req)  # type: ignore[no-any-return]
 
-    def watch_experiment(self, name: str, timeout: float = 24 * 3600) -> Iterator[experiment_pb2.Experiment]:
-        try:
-            yield from self.experiments.WatchExperiment(experiment_pb2.WatchExperimentRequest(name=name),
-                                                        timeout=timeout, metadata=self.metadata())
-        except grpc.RpcError as err:
-            raise error_from_rpc(err) from None
+    def watch_experiment(self, name: str, timeout: float = 24 * 3600, resume_for: float = RESUME_SECONDS,
+                         on_resume: OnResume | None = None) -> Iterator[experiment_pb2.Experiment]:
+        """The experiment as it changes until it ends, across a server restart (see `followed`)."""
+        yield from self.followed(
+            lambda: self.experiments.WatchExperiment(experiment_pb2.WatchExperimentRequest(name=name),
+                                                     timeout=timeout, metadata=self.metadata()),
+            lambda experiment: experiment.state != "RUNNING", resume_for, on_resume)
 
     def server_info(self) -> diagnostics_pb2.ServerInfo:
         """What the server is, and who it takes this client's credentials for."""

@@ -25,6 +25,7 @@ from cgsvc_client.args import (
     read_json,
     resolve_offline,
     resource_name,
+    resumed,
     streamed,
     workload,
 )
@@ -249,7 +250,7 @@ def cmd_experiment_run(ns: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         if not ns.detach:
             last = [""]
-            for update in c.watch_experiment(msg.name):
+            for update in c.watch_experiment(msg.name, on_resume=resumed(msg.name)):
                 _experiment_progress(update, last)
             msg = c.get_experiment(msg.name)
     d = codec.experiment_dict(msg)

@@ -31,14 +31,15 @@ from cgsvc_client.args import (
     list_filter,
     listing,
     resource_name,
+    resumed,
     spec_flags_given,
     streamed,
     summarize,
     workload,
 )
-from cgsvc_client.client import Client
+from cgsvc_client.client import LAUNCH_ENDED, Client
 
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "LOST")
+TERMINAL = LAUNCH_ENDED
 
 
 def launch_dict(msg: Any) -> dict[str, Any]:
@@ -127,7 +128,7 @@ def cmd_launch(ns: argparse.Namespace) -> int:
             return 0
         if ns.wait:
             bar = Progress()
-            for event in c.watch_launch(launch.name):
+            for event in c.watch_launch(launch.name, on_resume=resumed(launch.name)):
                 bar.update(event.launch)
                 if event.kind == "state":
                     launch = event.launch

@@ -179,6 +179,40 @@ def test_server_kill_9_and_restart_reattaches(srv: ServerProcess, ckpt: str) -> 
     assert no_processes_left(pgid)
 
 
+def test_launch_wait_outlives_a_server_restart(srv: ServerProcess, ckpt: str, tmp_path: Path) -> None:
+    """`launch --wait` in a deploy job failed with "UNAVAILABLE: Cancelling all calls" when the
+    server restarted (an upgrade, a SIGTERM), though the launch ran on. It now says so on stderr
+    and watches again; the restarted server re-attaches the group, and the wait ends with the
+    launch (cancelled here, exit 4), not with the server's restart."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(KIMI))
+    err = tmp_path / "wait.err"
+    with open(err, "w") as stderr:
+        waiting = subprocess.Popen([sys.executable, "-m", "cgsvc_client.cli", "launch", "--spec", str(spec),
+                                    "--model-path", ckpt, "--input-len", "12", "--output-len", "4000", "--requests", "1",
+                                    "--wait", "--server", srv.address, "-o", "json"],
+                                   stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT)
+    try:
+        with Client(srv.address) as c:
+            deadline = time.monotonic() + 60
+            while not c.list_launches().launches:
+                assert time.monotonic() < deadline and waiting.poll() is None, err.read_text()
+                time.sleep(0.1)
+            name = c.list_launches().launches[0].name
+            wait_tokens(c, name, 3)
+        srv.stop()
+        srv.start()  # the same port and data directory
+        with Client(srv.address) as c:
+            assert c.cancel_launch(name).state == "CANCELLED"
+        out, _ = waiting.communicate(timeout=120)
+    finally:
+        waiting.kill()
+    said = err.read_text()
+    assert waiting.returncode == 4, said  # the launch ended other than SUCCEEDED: exit 4, not a failed wait
+    assert json.loads(out)["launch"]["state"] == "CANCELLED", out
+    assert f"{name}: UNAVAILABLE: " in said and "; watching again in 0.5 s" in said, said
+
+
 def test_server_restart_marks_a_vanished_group_lost(srv: ServerProcess, ckpt: str) -> None:
     with Client(srv.address) as c:
         name = c.create_launch(ckpt, LONG, spec=KIMI).metadata.name
