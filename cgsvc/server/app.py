@@ -121,6 +121,7 @@ class Running:
             lease.cancel()  # its row stays: a server restarted in time takes its launches back itself
         if (poll := self.extras.get("credentials_poll")) is not None:
             poll.cancel()
+        self.extras["pipeline"].shutting_down()
         await self.server.stop(grace)
         await self.extras["experiments"].close()
         await self.extras["launches"].close()
@@ -235,7 +236,7 @@ async def start(cfg: ServerConfig) -> Running:
                    {"servicers": servicers, "auditor": auditor, "launches": launches, "experiments": experiments,
                     "lease": lease, "recovered": recovered, "devices": inventory, "model_roots": model_roots,
                     "instance_lock": instance_lock, "loopback": loopback, "signing_key_path": key_path,
-                    "credentials": admits, "credentials_poll": poll,
+                    "credentials": admits, "credentials_poll": poll, "pipeline": pipeline,
                     "key_id": settled.key_id, "signing": settled})
 
 

@@ -103,6 +103,12 @@ class Pipeline:
     def __init__(self, authenticator: Authenticator, on_rejected: RejectedHook | None = None) -> None:
         self.auth = authenticator
         self.on_rejected = on_rejected
+        self.stopping = False  # the server is shutting down: a call cancelled now was cut by it
+
+    def shutting_down(self) -> None:
+        """Before the gRPC server stops: the calls it then cancels are logged and audited as cut
+        by the shutdown, not as their callers' doing."""
+        self.stopping = True
 
     async def _enter(self, method: str, request: Any, context: Any) -> RequestContext | None:
         metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
@@ -160,9 +166,12 @@ class Pipeline:
                                    None if isinstance(request, _Malformed) else request, code, message)
 
     async def _cancelled(self, rc: RequestContext, t0: float, request: Any) -> None:
-        """The caller went away (cancelled, or its deadline passed): audited, nobody answered."""
-        self._finish(rc, t0, "CANCELLED", "the caller cancelled the call or its deadline passed")
-        await self._audit_unrecorded(rc, request, "CANCELLED", "the caller cancelled the call or its deadline passed")
+        """The caller went away (cancelled, or its deadline passed), or the server's shutdown cut
+        the call: audited, nobody answered."""
+        why = ("the server shut down before answering" if self.stopping
+               else "the caller cancelled the call or its deadline passed")
+        self._finish(rc, t0, "CANCELLED", why)
+        await self._audit_unrecorded(rc, request, "CANCELLED", why)
 
     def unary(self, method: str, fn: Callable[[Any, RequestContext], Awaitable[Any]]) -> Callable[..., Any]:
         async def handler(request: Any, context: Any) -> Any:

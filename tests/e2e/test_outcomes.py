@@ -6,6 +6,7 @@ ResolvePlan handler that fails on purpose."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +86,42 @@ def test_internal_faults_and_cancelled_calls_are_audited_once(tmp_path: Path) ->
     assert records[0].outcome_message == "internal error: RuntimeError" and '"boom"' in records[0].spec_json
     assert "cancelled the call or its deadline passed" in records[1].outcome_message
     assert all(r.method == "/cgsvc.v1.PlanService/ResolvePlan" for r in records)
+
+
+async def shutdown_scenario(tmp_path: Path) -> list[Any]:
+    """A call in flight when the server stops (as `Running.stop` does it: the pipeline told first,
+    then the gRPC server stopped with a grace shorter than the call)."""
+    store = AuditStore(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    writer = AuditWriter(store)
+    pipeline = Pipeline(Authenticator(), on_rejected=rejection_auditor(Auditor(store, writer)))
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([pipeline.service_handler(
+        plan_service_pb2.DESCRIPTOR.services_by_name["PlanService"], FaultyPlans())])
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            req = plan_service_pb2.ResolvePlanRequest(request_id="req-in-flight")
+            req.spec.model.name = "slow"
+            call = asyncio.ensure_future(plan_service_pb2_grpc.PlanServiceStub(channel).ResolvePlan(req, timeout=20))
+            await asyncio.sleep(0.5)  # in the handler
+            pipeline.shutting_down()
+            await server.stop(0.2)
+            with contextlib.suppress(grpc.aio.AioRpcError):  # CANCELLED, or UNAVAILABLE as the server goes
+                await call
+        for _ in range(100):  # the cut handler's record lands as it unwinds
+            if records := store.list_records()[0]:
+                return records
+            await asyncio.sleep(0.05)
+        return []
+    finally:
+        writer.close()
+        store.close()
+
+
+def test_a_call_cut_by_the_servers_shutdown_is_audited_as_that_not_as_the_callers_doing(tmp_path: Path) -> None:
+    """The record of a call the server cut short at shutdown said "the caller cancelled the call or
+    its deadline passed": a permanent record naming the wrong party."""
+    (record,) = asyncio.run(shutdown_scenario(tmp_path))
+    assert (record.request_id, record.outcome_code) == ("req-in-flight", 1)
+    assert record.outcome_message == "the server shut down before answering", record.outcome_message
