@@ -121,8 +121,12 @@ class Running:
             lease.cancel()  # its row stays: a server restarted in time takes its launches back itself
         if (poll := self.extras.get("credentials_poll")) is not None:
             poll.cancel()
-        self.extras["pipeline"].shutting_down()
+        pipeline = self.extras["pipeline"]
+        pipeline.shutting_down()
         await self.server.stop(grace)
+        if not await pipeline.drained(5.0):  # the calls it cut append their records before the writer closes
+            log.warning("calls still unwinding at shutdown; their audit records may be missing",
+                        calls=pipeline.inflight)
         await self.extras["experiments"].close()
         await self.extras["launches"].close()
         await self.writer.aclose()

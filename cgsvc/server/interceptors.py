@@ -13,6 +13,7 @@ of every service the same way, unary and server-streaming alike.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import secrets
 import time
@@ -104,11 +105,28 @@ class Pipeline:
         self.auth = authenticator
         self.on_rejected = on_rejected
         self.stopping = False  # the server is shutting down: a call cancelled now was cut by it
+        self.inflight = 0  # calls past authentication whose handler has not returned
+        self._drained: asyncio.Event | None = None
 
     def shutting_down(self) -> None:
         """Before the gRPC server stops: the calls it then cancels are logged and audited as cut
         by the shutdown, not as their callers' doing."""
         self.stopping = True
+
+    async def drained(self, timeout: float) -> bool:
+        """After the gRPC server has stopped: wait, at most `timeout` seconds, until every call it
+        cut short has unwound (its CANCELLED record appended), so that the audit writer is closed
+        after them. False if some had not."""
+        if self.inflight:
+            self._drained = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), timeout)
+        return self.inflight == 0
+
+    def _left(self) -> None:
+        self.inflight -= 1
+        if not self.inflight and self._drained is not None:
+            self._drained.set()
 
     async def _enter(self, method: str, request: Any, context: Any) -> RequestContext | None:
         metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
@@ -180,6 +198,7 @@ class Pipeline:
             if rc is None:
                 return None
             token, bound, audited = REQUEST.set(rc), _bind(rc), REQUEST_AUDITED.set(False)
+            self.inflight += 1
             try:
                 if isinstance(request, _Malformed):
                     await self._malformed(rc, request)
@@ -196,6 +215,7 @@ class Pipeline:
                 self._finish(rc, t0, "OK")
                 return response
             finally:
+                self._left()
                 structlog.contextvars.reset_contextvars(**bound)
                 REQUEST_AUDITED.reset(audited)
                 REQUEST.reset(token)
@@ -208,6 +228,7 @@ class Pipeline:
             if rc is None:
                 return
             token, bound, audited = REQUEST.set(rc), _bind(rc), REQUEST_AUDITED.set(False)
+            self.inflight += 1
             try:
                 if isinstance(request, _Malformed):
                     await self._malformed(rc, request)
@@ -224,6 +245,7 @@ class Pipeline:
             else:
                 self._finish(rc, t0, "OK")
             finally:
+                self._left()
                 structlog.contextvars.reset_contextvars(**bound)
                 REQUEST_AUDITED.reset(audited)
                 REQUEST.reset(token)
