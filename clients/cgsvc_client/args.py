@@ -96,6 +96,7 @@ def explained_field(field: str) -> str:
 # Codes that mean no answer came at all (the server or the network is away for a while, as when
 # a replica restarts): a follow or a witness says so and asks again.
 NO_ANSWER = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+INTERRUPTED = 130  # the exit code of a command stopped by Ctrl-C, as a shell reports one (128 + SIGINT)
 
 
 def add_follow(p: argparse.ArgumentParser, what: str) -> None:

@@ -22,6 +22,7 @@ from cgsvc import __version__
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc_client import evidence_commands, launch_commands, remote_commands, render
 from cgsvc_client.args import (
+    INTERRUPTED,
     CliError,
     add_explain,
     add_output,
@@ -200,6 +201,7 @@ EXIT_CODES = """exit codes (every command):
   3  a check failed: audit verify (the chain, or the log against a checkpoint), audit prove
      (plans diff --exit-code: the comparison itself failed)
   4  launch --wait, experiment (unless --detach): it ended in a state other than SUCCEEDED
+  130  Ctrl-C (launch --wait, experiment: it stopped waiting; the launch or experiment goes on)
 with -o json the failure is {"error": {"code", "message", "field_violations"}} on stdout (a bad command line too)"""
 
 OPTIONS_AND_ENVIRONMENT = """--server, --token, --tls-ca, --tls-cert, --tls-key, --timeout and -o may also come before the command.
@@ -353,6 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
     except BrokenPipeError:
         render.stdout_closed()
+    except KeyboardInterrupt:  # Ctrl-C where no command says more: no traceback, the shell's code
+        print("\ninterrupted", file=sys.stderr)
+        return INTERRUPTED
     return code
 
 

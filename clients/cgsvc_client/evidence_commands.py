@@ -14,6 +14,7 @@ from cgsvc.errors import ServiceError
 from cgsvc.plan import Plan, compare, plan_fields
 from cgsvc_client import render
 from cgsvc_client.args import (
+    INTERRUPTED,
     CliError,
     add_listing,
     add_output,
@@ -250,8 +251,16 @@ def cmd_experiment_run(ns: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         if not ns.detach:
             last = [""]
-            for update in c.watch_experiment(msg.name, on_resume=resumed(msg.name)):
-                _experiment_progress(update, last)
+            try:
+                for update in c.watch_experiment(msg.name, on_resume=resumed(msg.name)):
+                    msg = update
+                    _experiment_progress(update, last)
+            except KeyboardInterrupt:  # the experiment is the server's: stop waiting, say how to reach it
+                print(f"\nstopped waiting: {msg.name} goes on ({msg.state}); `cgsvc-cli experiments show "
+                      f"{msg.name}` reads it", file=sys.stderr)
+                if render.output_mode(ns) == "json":
+                    render.print_json({"experiment": codec.experiment_dict(msg)})
+                return INTERRUPTED
             msg = c.get_experiment(msg.name)
     d = codec.experiment_dict(msg)
     if render.output_mode(ns) == "json":

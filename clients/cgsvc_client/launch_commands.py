@@ -15,6 +15,7 @@ from google.protobuf import json_format
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc_client import render
 from cgsvc_client.args import (
+    INTERRUPTED,
     NO_ANSWER,
     CliError,
     Measure,
@@ -128,10 +129,17 @@ def cmd_launch(ns: argparse.Namespace) -> int:
             return 0
         if ns.wait:
             bar = Progress()
-            for event in c.watch_launch(launch.name, on_resume=resumed(launch.name)):
-                bar.update(event.launch)
-                if event.kind == "state":
-                    launch = event.launch
+            try:
+                for event in c.watch_launch(launch.name, on_resume=resumed(launch.name)):
+                    bar.update(event.launch)
+                    if event.kind == "state":
+                        launch = event.launch
+            except KeyboardInterrupt:  # the launch is the server's: stop waiting, say how to reach it
+                print(f"\nstopped waiting: {launch.name} goes on ({launch.state}); `cgsvc-cli launches show "
+                      f"{launch.name}` reads it, `cgsvc-cli launches cancel {launch.name}` stops it", file=sys.stderr)
+                if render.output_mode(ns) == "json":
+                    render.print_json({"launch": launch_dict(launch)})
+                return INTERRUPTED
             launch = c.get_launch(launch.name)
     if render.output_mode(ns) == "json":
         render.print_json({"launch": launch_dict(launch)})

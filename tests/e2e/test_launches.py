@@ -213,6 +213,36 @@ def test_launch_wait_outlives_a_server_restart(srv: ServerProcess, ckpt: str, tm
     assert f"{name}: UNAVAILABLE: " in said and "; watching again in 0.5 s" in said, said
 
 
+def test_ctrl_c_during_launch_wait_stops_waiting_not_the_launch(srv: ServerProcess, ckpt: str, tmp_path: Path) -> None:
+    """Ctrl-C in `launch --wait` printed a KeyboardInterrupt traceback and no launch name. It now
+    stops waiting only: exit 130, the launch named with the commands that read and stop it, and
+    (-o json) the launch as last seen on stdout; the launch runs on."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(KIMI))
+    waiting = subprocess.Popen([sys.executable, "-m", "cgsvc_client.cli", "launch", "--spec", str(spec), "--model-path",
+                                ckpt, "--input-len", "12", "--output-len", "4000", "--requests", "1", "--wait",
+                                "--server", srv.address, "-o", "json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        with Client(srv.address) as c:
+            deadline = time.monotonic() + 60
+            while not c.list_launches().launches:
+                assert time.monotonic() < deadline and waiting.poll() is None
+                time.sleep(0.1)
+            name = c.list_launches().launches[0].name
+            wait_tokens(c, name, 3)
+            waiting.send_signal(signal.SIGINT)
+            out, err = waiting.communicate(timeout=30)
+            assert waiting.returncode == 130, err
+            assert "Traceback" not in err and f"stopped waiting: {name} goes on (RUNNING)" in err, err
+            assert f"cgsvc-cli launches cancel {name}" in err, err
+            assert json.loads(out)["launch"]["name"] == name
+            assert c.get_launch(name).state == "RUNNING"
+            assert c.cancel_launch(name).state == "CANCELLED"
+    finally:
+        waiting.kill()
+
+
 def test_server_restart_marks_a_vanished_group_lost(srv: ServerProcess, ckpt: str) -> None:
     with Client(srv.address) as c:
         name = c.create_launch(ckpt, LONG, spec=KIMI).metadata.name

@@ -147,7 +147,7 @@ def test_help_lists_every_exit_code_and_a_refusal_exits_with_the_listed_one(tmp_
     help_text = cli("--help").stdout
     codes = {line.split()[0]: line for line in help_text.split("exit codes", 1)[1].splitlines()[1:]
              if line.strip()[:1].isdigit()}
-    assert sorted(codes) == ["0", "1", "2", "3", "4"]
+    assert sorted(codes) == ["0", "1", "130", "2", "3", "4"]
     assert "INVALID_ARGUMENT" in codes["2"]
     env = help_text.split("environment:", 1)[1]
     assert "CGSVC_SERVER" in env and "CGSVC_TOKEN" in env  # what stands for --server and --token
