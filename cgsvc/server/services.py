@@ -170,7 +170,9 @@ class AuditService:
                              rc: RequestContext) -> audit_pb2.AuditRecord:
         rec = await asyncio.to_thread(self.store.get_record, record_sequence(request.name))
         if rec is None:
-            raise ServiceError("NOT_FOUND", f"{request.name} does not exist")
+            size, _ = await asyncio.to_thread(self.store.tree_head)
+            ends = f"the log ends at auditRecords/{size}" if size else "the log is empty"
+            raise ServiceError("NOT_FOUND", f"{request.name} does not exist: {ends}")
         return codec.record_proto(rec)
 
     async def ListAuditRecords(self, request: audit_pb2.ListAuditRecordsRequest,  # noqa: N802

@@ -297,6 +297,11 @@ def test_bad_input_keeps_the_server_up(server: ServerProcess, client: Client) ->
     with pytest.raises(ServiceError) as e:
         client.get_audit_record("auditRecords/abc")
     assert e.value.code == "INVALID_ARGUMENT"
+    size = client.get_checkpoint().tree_size
+    with pytest.raises(ServiceError) as e:  # a sequence number past the end: say where the log ends
+        client.get_audit_record(f"auditRecords/{size + 1}")
+    assert e.value.code == "NOT_FOUND", e.value
+    assert e.value.message == f"auditRecords/{size + 1} does not exist: the log ends at auditRecords/{size}"
     assert server.alive() and client.verify_audit_log().ok
     assert client.resolve(KIMI).prefill_backend == "disabled"
 
