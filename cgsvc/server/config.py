@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import tomllib
 from collections.abc import Mapping
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from cgsvc.server.addresses import check_advertised
+
+CLIENT_ENVIRONMENT = ("CGSVC_SERVER", "CGSVC_TOKEN")  # read by cgsvc-cli, not by the server
 
 
 def _opt(default: Any, help: str) -> Any:
@@ -148,6 +151,20 @@ def _coerce(field: dataclasses.Field[Any], raw: Any, origin: str) -> Any:
         return str(raw)
     except (TypeError, ValueError):
         raise ValueError(f"{origin}: {field.name} must be a {typ}, got {raw!r}") from None
+
+
+def misspelt_environment(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Warnings for CGSVC_* variables that name no setting but nearly do (CGSVC_TOKEN_FIL): the
+    operator meant a setting and the server runs without it. Other CGSVC_* variables (the CLI's
+    CGSVC_SERVER, a test's) are left alone; the environment is shared, so this warns, never refuses."""
+    known = [f"CGSVC_{f.name.upper()}" for f in dataclasses.fields(ServerConfig)] + list(CLIENT_ENVIRONMENT)
+    out = []
+    for key in sorted(os.environ if environ is None else environ):
+        if key.startswith("CGSVC_") and key not in known:
+            near = difflib.get_close_matches(key, known, n=1, cutoff=0.85)
+            if near:
+                out.append(f"${key} is not a setting and is ignored; did you mean {near[0]}?")
+    return out
 
 
 def load_config(file: str | None = None, env: Mapping[str, str] | None = None,

@@ -26,7 +26,7 @@ import structlog
 
 from cgsvc import __version__
 from cgsvc.server import token_commands
-from cgsvc.server.config import EVENT_LOOPS, ServerConfig, load_config
+from cgsvc.server.config import EVENT_LOOPS, ServerConfig, load_config, misspelt_environment
 from cgsvc.server.token_commands import EXPIRY_WARNING_DAYS, token_warnings
 
 # The server itself (gRPC, the stores, the services) is imported where it is served, not here:
@@ -113,6 +113,8 @@ async def serve(cfg: ServerConfig, loop_line: str = "") -> int:
     elif not cfg.authenticated:
         print("WARNING: insecure local mode: no authentication; every local caller is admin (audited as 'local'). "
               "Configure tls_cert/tls_key and token_file before exposing this server.", flush=True)
+    for warning in misspelt_environment():
+        print(f"WARNING: {warning}", flush=True)
     if loop_line:
         print(loop_line, flush=True)
     inventory = running.extras["devices"]

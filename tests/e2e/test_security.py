@@ -79,9 +79,12 @@ def test_tokens_and_roles(tmp_path: Path) -> None:
 
 
 def test_insecure_mode_refuses_non_loopback_and_says_so(tmp_path: Path) -> None:
-    srv = ServerProcess(tmp_path / "a")
+    srv = ServerProcess(tmp_path / "a", env={"CGSVC_TOKEN_FIL": str(tmp_path / "tokens.toml")})
     with srv:
         assert any("insecure local mode" in line for line in srv.output)
+        # the token file the operator meant to give, misspelt: said at start, beside the warning it explains
+        assert ("WARNING: $CGSVC_TOKEN_FIL is not a setting and is ignored; did you mean CGSVC_TOKEN_FILE?\n"
+                in srv.output), srv.output
     bad = ServerProcess(tmp_path / "b")
     bad.port = 0
     import subprocess

@@ -129,6 +129,18 @@ def test_a_bad_token_file_is_refused_naming_the_entry(tmp_path: Path, body: str,
     assert str(err.value).startswith(f"token_file {tf}: ") and names in str(err.value), str(err.value)
 
 
+def test_a_misspelt_setting_in_the_environment_is_warned_of() -> None:
+    """CGSVC_TOKEN_FIL=... ran a server with no token file and said nothing."""
+    from cgsvc.server.config import misspelt_environment
+
+    env = {"CGSVC_TOKEN_FIL": "/etc/t.toml", "CGSVC_ADRESS": "x", "CGSVC_ADDRESS": "127.0.0.1:1",
+           "CGSVC_SERVER": "h:1", "CGSVC_TOKEN": "t", "CGSVC_TEST_PG": "url", "HOME": "/root"}
+    assert misspelt_environment(env) == [
+        "$CGSVC_ADRESS is not a setting and is ignored; did you mean CGSVC_ADDRESS?",
+        "$CGSVC_TOKEN_FIL is not a setting and is ignored; did you mean CGSVC_TOKEN_FILE?"]
+    assert misspelt_environment({"CGSVC_SERVER": "h:1", "CGSVC_BENCH_PG": "url"}) == []
+
+
 def test_filter_parser() -> None:
     fields = {"model": "str", "sequence": "int"}
     assert parse_filter('model = "a b" AND sequence >= 3', fields) == [Term("model", "=", "a b"), Term("sequence", ">=", 3)]
