@@ -94,8 +94,8 @@ def plan_table(plan: Plan, style: Style, explain: str | None = None) -> str:
     else:
         decisions = plan.decisions
         rows = [
-            ("attention (prefill / decode)", f"{plan.attention_prefill} / {plan.attention_decode}"
-             + mark("attention_backend.prefill") + mark("attention_backend.decode")),
+            ("attention (prefill / decode)", f"{plan.attention_prefill}{mark('attention_backend.prefill')} / "
+                                             f"{plan.attention_decode}{mark('attention_backend.decode')}"),
             ("prefill graph", plan.prefill_backend + mark("prefill.backend")),
             ("  max_num_tokens", f"{plan.prefill_max_num_tokens or '-'}" + mark("prefill.max_num_tokens")),
             ("  num_tokens", _sizes(plan.prefill_num_tokens) + mark("prefill.num_tokens")),

@@ -52,6 +52,9 @@ def test_table_marks_locks_and_warnings() -> None:
     assert "tc_piecewise *locked" in proc.stdout
     assert "WARNING [trtllm_mla.fp8_paged_fallback]" in proc.stdout
     assert "prefill.deepseek_v3.trtllm_mla*" in proc.stdout  # the forced decision is marked
+    both = cli("resolve", "--spec", str(KIMI_SPEC), "--output", "table", "--attention-backend", "FlashInfer")
+    (row,) = [line for line in both.stdout.splitlines() if line.startswith("attention (prefill / decode)")]
+    assert row.split(None, 4)[-1] == "flashinfer *locked / flashinfer *locked", row  # each phase marked where it is
 
 
 def test_explain_prints_only_one_field() -> None:
