@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,16 +47,32 @@ class FaultyPlans:
         return plan_service_pb2.PolicyImpact()
 
 
-async def scenario(tmp_path: Path) -> list[Any]:
+@dataclass
+class Served:
+    """FaultyPlans behind the real request pipeline, gRPC server, audit writer and store."""
+
+    store: AuditStore
+    writer: AuditWriter
+    pipeline: Pipeline
+    server: grpc.aio.Server
+    port: int
+
+
+async def serve(tmp_path: Path) -> Served:
     store = AuditStore(f"sqlite:///{tmp_path / 'db.sqlite'}")
     writer = AuditWriter(store)
-    auditor = Auditor(store, writer)
-    pipeline = Pipeline(Authenticator(), on_rejected=rejection_auditor(auditor))
+    pipeline = Pipeline(Authenticator(), on_rejected=rejection_auditor(Auditor(store, writer)))
     server = grpc.aio.server()
     server.add_generic_rpc_handlers([pipeline.service_handler(
         plan_service_pb2.DESCRIPTOR.services_by_name["PlanService"], FaultyPlans())])
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
+    return Served(store, writer, pipeline, server, port)
+
+
+async def scenario(tmp_path: Path) -> list[Any]:
+    served = await serve(tmp_path)
+    store, writer, server, port = served.store, served.writer, served.server, served.port
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = plan_service_pb2_grpc.PlanServiceStub(channel)
@@ -91,14 +108,8 @@ def test_internal_faults_and_cancelled_calls_are_audited_once(tmp_path: Path) ->
 async def shutdown_scenario(tmp_path: Path) -> list[Any]:
     """A call in flight when the server stops (as `Running.stop` does it: the pipeline told first,
     then the gRPC server stopped with a grace shorter than the call)."""
-    store = AuditStore(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    writer = AuditWriter(store)
-    pipeline = Pipeline(Authenticator(), on_rejected=rejection_auditor(Auditor(store, writer)))
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers([pipeline.service_handler(
-        plan_service_pb2.DESCRIPTOR.services_by_name["PlanService"], FaultyPlans())])
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    served = await serve(tmp_path)
+    store, writer, pipeline, server, port = served.store, served.writer, served.pipeline, served.server, served.port
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             req = plan_service_pb2.ResolvePlanRequest(request_id="req-in-flight")
