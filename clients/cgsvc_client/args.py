@@ -9,6 +9,7 @@ import argparse
 import collections
 import contextlib
 import datetime as dt
+import difflib
 import json
 import math
 import os
@@ -80,9 +81,12 @@ def add_explain(p: argparse.ArgumentParser) -> None:
 def one_of(option: str, asked: str, known: Sequence[str], what: str) -> str:
     """`asked` in its one spelling among `known`, matched in any case; else bad input naming
     `option`, saying it is not `what` and listing what is."""
-    if (key := {k.lower(): k for k in known}.get(asked.strip().lower())) is not None:
+    spellings = {k.lower(): k for k in known}
+    if (key := spellings.get(asked.strip().lower())) is not None:
         return key
-    raise bad(option, f"{asked!r} is not {what}; valid: {', '.join(known)}")
+    near = difflib.get_close_matches(asked.strip().lower(), list(spellings), n=1) if len(asked) <= 100 else []
+    hint = f"did you mean {spellings[near[0]]!r}? " if near else ""
+    raise bad(option, f"{asked!r} is not {what}; {hint}valid: {', '.join(known)}")
 
 
 def explained_field(field: str) -> str:

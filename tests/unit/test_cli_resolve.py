@@ -80,6 +80,8 @@ def test_explain_of_a_field_no_rule_decides_is_refused_by_name_and_spellings_are
             assert "decode.bs" in err["message"]  # every valid field is named
         else:
             assert "prefill.bogus" in proc.stderr + proc.stdout and "decode.bs" in proc.stderr + proc.stdout
+    typo = as_json(cli("resolve", "--spec", str(KIMI_SPEC), "--explain", "prefil.backend", "-o", "json"))["error"]
+    assert "'prefil.backend' is not a field the rules decide; did you mean 'prefill.backend'?" in typo["message"]
     out = as_json(cli("resolve", "--spec", str(KIMI_SPEC), "--explain", "Prefill.Backend", "-o", "json"))["explain"]
     assert out["field"] == "prefill.backend"  # one canonical spelling, as closed sets are everywhere
     assert [d["rule_id"] for d in out["decisions"]] == [
