@@ -14,6 +14,7 @@ case-insensitively and refuses any other value, naming the set; one with catalog
 from __future__ import annotations
 
 import contextlib
+import difflib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -76,9 +77,12 @@ def _spelled(name: str, value: str, kind: Closed | Catalogued) -> tuple[str, tup
     """A string value of a closed or catalogued field: its one spelling, and the other spellings
     that match too."""
     if isinstance(kind, Closed):
-        canonical = {c.lower(): c for c in kind.choices}.get(value.lower())
+        spellings = {c.lower(): c for c in kind.choices}
+        canonical = spellings.get(value.lower())
         if canonical is None:
-            raise FilterError(f"{name}: unknown value {value[:40]!r}; valid: {', '.join(kind.choices)}")
+            near = difflib.get_close_matches(value.lower(), list(spellings), n=1) if len(value) <= 100 else []
+            hint = f"did you mean {spellings[near[0]]!r}? " if near else ""
+            raise FilterError(f"{name}: unknown value {value[:40]!r}; {hint}valid: {', '.join(kind.choices)}")
         return canonical, ()
     known = kind.lookup(value) if len(value) <= 200 else None
     return (known, (value,)) if known is not None and known != value else (value, ())

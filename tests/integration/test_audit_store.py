@@ -113,7 +113,7 @@ def test_filters_name_gpus_models_and_states_as_specs_do(store: AuditStore) -> N
     launches = LaunchStore(store)
     assert launches.list_rows('state = "running" AND dispatcher = "Local"') == ([], "")
     for text, field in (('state = "RUNING"', "state"), ('dispatcher = "slurm"', "dispatcher")):
-        with pytest.raises(filters.FilterError, match=f"^{field}: unknown value .*; valid: "):
+        with pytest.raises(filters.FilterError, match=f"^{field}: unknown value .*valid: "):
             launches.list_rows(text)
     with pytest.raises(filters.FilterError, match="valid: RUNNING, SUCCEEDED, FAILED"):
         ExperimentStore(store).list_rows('state = "LOST"')

@@ -165,6 +165,8 @@ def test_filter_values_of_closed_sets_match_as_spec_values_do() -> None:
     assert parse_filter('gpu = "X9"', fields) == [Term("gpu", "=", "X9")]
     with pytest.raises(FilterError, match=r"backend: unknown value 'piecewise'; valid: disabled, tc_piecewise"):
         parse_filter('backend = "piecewise"', fields)
+    with pytest.raises(FilterError, match=r"state: unknown value 'RUNING'; did you mean 'RUNNING'\? valid: "):
+        parse_filter('state = "RUNING"', fields)
 
 
 def test_filter_parser_bounds_what_reaches_sql() -> None:
