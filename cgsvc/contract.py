@@ -1,6 +1,7 @@
 """The one contract between the server and its workers: what crosses the boundary, typed.
 
     run directory   RunDir: plan.json (in), events.jsonl and report.json (out), logs/
+    plan sets       the closed sets a plan's backends and KV dtype are drawn from
     events          StateEvent, ProgressEvent, PlacedEvent: JSON lines a group's rank 0 appends
     report          WorkerReport: how the run ended and what ran (plan fidelity included)
     rank errors     RankError: which rank failed, its exit code and error
@@ -24,6 +25,16 @@ from cgsvc.files import write_atomically
 
 SCHEMA_VERSION = 1
 WORKER_STATES = ("loading", "capturing", "running", "succeeded", "failed")
+
+# The plan's closed sets (docs/plan.md): the server resolves within them (cgsvc.spec takes them from
+# here), and a worker refuses a plan.json with a value outside them rather than run it as something else.
+PREFILL_GRAPH_BACKENDS = ("disabled", "breakable", "tc_piecewise", "full")
+DECODE_GRAPH_BACKENDS = ("full", "disabled")
+ATTENTION_BACKENDS = (
+    "trtllm_mla", "trtllm_mha", "flashinfer", "fa3", "fa4", "flashmla", "cutlass_mla",
+    "triton", "torch_native", "flex_attention", "dsa",
+)
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1")
 FIDELITY_STATUSES = ("honoured", "substituted", "not_applicable")
 
 

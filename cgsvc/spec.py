@@ -16,16 +16,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# The plan's closed sets are the workers' contract too (plan.json in a run directory): kept there.
+from cgsvc.contract import (
+    ATTENTION_BACKENDS,
+    DECODE_GRAPH_BACKENDS,
+    KV_CACHE_DTYPES,
+    PREFILL_GRAPH_BACKENDS,
+)
 from cgsvc.errors import FieldViolation, ServiceError
 
 # Closed sets. Names are the JSON values; the proto carries the same strings.
-PREFILL_GRAPH_BACKENDS = ("disabled", "breakable", "tc_piecewise", "full")
-DECODE_GRAPH_BACKENDS = ("full", "disabled")
-ATTENTION_BACKENDS = (
-    "trtllm_mla", "trtllm_mha", "flashinfer", "fa3", "fa4", "flashmla", "cutlass_mla",
-    "triton", "torch_native", "flex_attention", "dsa",
-)
-KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1")
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 MOE_A2A_BACKENDS = ("none", "deepep", "flashinfer", "mooncake")

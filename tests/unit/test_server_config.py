@@ -163,8 +163,11 @@ def test_filter_values_of_closed_sets_match_as_spec_values_do() -> None:
     assert parse_filter('gpu = "h200"', fields) == [Term("gpu", "=", "H200", ("h200",))]
     assert parse_filter('gpu = "H200"', fields) == [Term("gpu", "=", "H200")]
     assert parse_filter('gpu = "X9"', fields) == [Term("gpu", "=", "X9")]
-    with pytest.raises(FilterError, match=r"backend: unknown value 'piecewise'; valid: disabled, tc_piecewise"):
+    with pytest.raises(FilterError, match=r"backend: unknown value 'piecewise'; did you mean 'tc_piecewise'\? "
+                                          r"valid: disabled, tc_piecewise$"):
         parse_filter('backend = "piecewise"', fields)
+    with pytest.raises(FilterError, match=r"backend: unknown value 'warp'; valid: disabled, tc_piecewise$"):
+        parse_filter('backend = "warp"', fields)
     with pytest.raises(FilterError, match=r"state: unknown value 'RUNING'; did you mean 'RUNNING'\? valid: "):
         parse_filter('state = "RUNING"', fields)
 

@@ -134,6 +134,23 @@ def test_plan_for_another_family_is_refused_naming_both(checkpoints: dict[str, s
     Engine(checkpoints["tiny"], tp.single(), PlanView.from_json(kimi), EngineOptions())  # Kimi wraps V3: accepted
 
 
+def test_a_plan_value_outside_its_closed_set_is_refused_not_run_as_something_else() -> None:
+    """prefill.backend "warp" ran as `breakable` on a GPU with no reason given, and on a CPU was
+    reported as substituted because CUDA graphs need a GPU: a value that is no backend at all. A
+    plan file is now refused on the field, with the values it may hold; a hand-written plan's
+    other spelling (FULL) is read as the plan's own, as spec values are."""
+    plan = {"prefill": {"backend": "disabled"}, "decode": {"backend": "FULL"},
+            "attention_backend": {"prefill": "FA3", "decode": "torch_native"}, "kv_cache_dtype": "Auto"}
+    view = PlanView.from_json({"plan": plan})
+    assert (view.decode_backend, view.attention_prefill, view.kv_cache_dtype) == ("full", "fa3", "auto")
+    for field, bad in (("prefill.backend", {"prefill": {"backend": "warp"}}),
+                       ("decode.backend", {"decode": {"backend": "breakable"}}),
+                       ("attention_backend.decode", {"attention_backend": {"prefill": "fa3", "decode": "nope"}}),
+                       ("kv_cache_dtype", {"kv_cache_dtype": "int3"})):
+        with pytest.raises(PlanMismatch, match=rf"^{field}: '\w+' is not one of the plan's values \("):
+            PlanView.from_json({"plan": {**plan, **bad}})
+
+
 @pytest.mark.parametrize("tokens", [1, 3, 64])  # gather path (T * k <= experts), dense path
 def test_static_moe_dispatch_equals_sparse(checkpoints: dict[str, str], tokens: int) -> None:
     engine = Engine(checkpoints["tiny"], tp.single(), PlanView(), EngineOptions())

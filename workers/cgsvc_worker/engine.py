@@ -17,6 +17,12 @@ from typing import Any
 
 import torch
 
+from cgsvc.contract import (
+    ATTENTION_BACKENDS,
+    DECODE_GRAPH_BACKENDS,
+    KV_CACHE_DTYPES,
+    PREFILL_GRAPH_BACKENDS,
+)
 from cgsvc_worker import loader
 from cgsvc_worker.attention import (
     DecodeMeta,
@@ -98,10 +104,30 @@ class PlanView:
                                "docs/plan.md") from None
         if any(n < 1 for n in view.prefill_num_tokens + view.decode_bs):
             raise PlanMismatch("plan capture sizes must be positive")
+        for name, attr, valid in CLOSED_FIELDS:
+            setattr(view, attr, _one_of(name, getattr(view, attr), valid))
         spec = data.get("spec") or plan.get("spec")
         if spec:
             view.model_architecture, view.model_name = _plan_model(spec)
         return view
+
+
+# Plan fields drawn from a closed set: (the plan's name, PlanView's attribute, the set).
+CLOSED_FIELDS = (("prefill.backend", "prefill_backend", PREFILL_GRAPH_BACKENDS),
+                 ("decode.backend", "decode_backend", DECODE_GRAPH_BACKENDS),
+                 ("attention_backend.prefill", "attention_prefill", ATTENTION_BACKENDS),
+                 ("attention_backend.decode", "attention_decode", ATTENTION_BACKENDS),
+                 ("kv_cache_dtype", "kv_cache_dtype", KV_CACHE_DTYPES))
+
+
+def _one_of(field: str, value: Any, valid: tuple[str, ...]) -> str:
+    """A plan value of a closed set in its one spelling (a hand-written plan may use another case);
+    a value outside the set is not a cgsvc plan, and is refused rather than run as something else."""
+    spelt = {v.lower(): v for v in valid}.get(str(value).lower())
+    if spelt is None:
+        raise PlanMismatch(f"{field}: {str(value)[:40]!r} is not one of the plan's values ({', '.join(valid)}); "
+                           "expected the JSON form of docs/plan.md")
+    return spelt
 
 
 class _AmaxRecorder:

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from cgsvc.contract import KV_CACHE_DTYPES
+
 
 class KVCacheExhausted(RuntimeError):
     """No free page for a sequence that needs one."""
@@ -60,9 +62,6 @@ class KVFormat:
         return self.name.startswith("fp8")
 
 
-PLAN_KV_DTYPES = ("auto", "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1")
-
-
 def kv_format(name: str, model_dtype: torch.dtype, latent_dim: int) -> KVFormat:
     """The storage for a plan's kv_cache_dtype; KVFormatError when it cannot be stored."""
     if name == "auto":
@@ -78,7 +77,7 @@ def kv_format(name: str, model_dtype: torch.dtype, latent_dim: int) -> KVFormat:
             raise KVFormatError(f"fp4_e2m1 stores blocks of {FP4_BLOCK} values; this model's latent has "
                                 f"{latent_dim} values per token, not a multiple of {FP4_BLOCK}")
         return KVFormat(name, torch.uint8, quantised=True)
-    raise KVFormatError(f"unknown kv_cache_dtype {name!r}; one of {', '.join(PLAN_KV_DTYPES)}")
+    raise KVFormatError(f"unknown kv_cache_dtype {name!r}; one of {', '.join(KV_CACHE_DTYPES)}")
 
 
 @dataclass
