@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from cgsvc import codec
@@ -30,8 +32,7 @@ from cgsvc_client.args import (
     streamed,
     workload,
 )
-from cgsvc_client.client import Client
-from cgsvc_client.launch_commands import TERMINAL
+from cgsvc_client.client import LAUNCH_ENDED, Client
 
 
 def _show(value: Any) -> str:
@@ -128,6 +129,105 @@ def cmd_plans_diff(ns: argparse.Namespace) -> int:
         if cmp.only_a or cmp.only_b:
             print(f"\nrules only in a: {', '.join(cmp.only_a) or '-'}\nrules only in b: {', '.join(cmp.only_b) or '-'}")
     return 1 if ns.exit_code and not cmp.same else 0
+
+
+# ---------------------------------------------------------------------------- launches diff
+
+# What each launch measured, as its report gives it: (label, getter).
+MEASURED: tuple[tuple[str, Callable[[Any], float]], ...] = (
+    ("TTFT p50 ms", lambda r: r.ttft_ms_p50), ("TTFT p99 ms", lambda r: r.ttft_ms_p99),
+    ("TPOT p50 ms", lambda r: r.tpot_ms_p50), ("TPOT p99 ms", lambda r: r.tpot_ms_p99),
+    ("throughput tokens/s", lambda r: r.throughput_tok_s), ("capture s", lambda r: r.capture_seconds),
+    ("capture bytes", lambda r: r.capture_bytes), ("KV bytes/token", lambda r: r.kv_bytes_per_token))
+SINGLE_RUNS = ("one launch a side: single runs, no interval; `cgsvc-cli experiment run --plan A --plan B` "
+               "measures a difference with confidence intervals")
+
+
+def _ran(launch: Any) -> dict[str, str]:
+    """What a launch ran beyond its plan: where, on what, with which workload, and (once it has
+    succeeded) the modes and backends in effect and each plan field's fidelity."""
+    w = launch.workload
+    out = {"state": launch.state, "checkpoint": launch.model_path,
+           "workload": f"{w.requests} requests x {w.input_len} in / {w.output_len} out, concurrency "
+                       f"{w.concurrency}, seed {w.seed}",
+           "ranks": f"{launch.tp} ({launch.dispatcher} dispatcher)", "devices": ", ".join(launch.devices) or "-"}
+    if launch.state == "SUCCEEDED":
+        r = launch.report
+        out |= {"prefill (effective)": r.prefill_effective, "decode (effective)": r.decode_effective,
+                "attention prefill (effective)": r.attention_prefill_effective,
+                "attention decode (effective)": r.attention_decode_effective}
+        out |= {f"fidelity of {f.field}": f"{f.status}: {_show(_json_value(f.effective))}"
+                for f in launch.report.plan_fidelity}
+    return out
+
+
+def _json_value(text: str) -> Any:
+    """A fidelity entry's value (JSON text: "disabled" quoted, a list of sizes), as its value;
+    null (nothing in effect) as "-"."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return "-" if value is None else value
+
+
+def cmd_launches_diff(ns: argparse.Namespace) -> int:
+    names = []
+    for side in ("a", "b"):
+        raw = getattr(ns, side)
+        name = resource_name("launches", raw)
+        if not name.startswith("launches/"):
+            raise bad(side, f"give launches/ID or the bare ID, got {raw!r} (plans diff compares plans)")
+        names.append(name)
+    with Client.from_args(ns) as c:
+        launches = [c.get_launch(n) for n in names]
+        plans = [codec.plan_from_proto(c.get_plan(x.plan)) for x in launches]
+    cmp = compare(*plans)
+    ran_a, ran_b = (_ran(x) for x in launches)
+    ran = [{"field": f, "a": ran_a.get(f, "-"), "b": ran_b.get(f, "-")}
+           for f in dict.fromkeys([*ran_a, *ran_b]) if ran_a.get(f) != ran_b.get(f)]
+    measured, note = [], SINGLE_RUNS
+    if all(x.state == "SUCCEEDED" for x in launches):
+        for label, get in MEASURED:
+            va, vb = (round(float(get(x.report)), 3) for x in launches)
+            measured.append({"metric": label, "a": va, "b": vb, "b_minus_a": round(vb - va, 3),
+                             "b_over_a": round(vb / va, 3) if va else None})
+    else:
+        note = "; ".join(f"{x.name} ended {x.state}: nothing it measured to compare" for x in launches
+                         if x.state != "SUCCEEDED")
+    sides = [{"launch": x.name, "state": x.state, "plan": x.plan, "policy": p.policy,
+              "policy_version": p.policy_version, "plan_hash": p.plan_hash} for x, p in zip(launches, plans, strict=True)]
+    result = {"a": sides[0], "b": sides[1],
+              "plan": {"changes": [{"field": f, "a": x, "b": y} for f, x, y in cmp.changes],
+                       "rules": {"only_a": list(cmp.only_a), "only_b": list(cmp.only_b)}},
+              "ran": ran, "measured": measured, "note": note}
+    if render.output_mode(ns) == "json":
+        render.print_json({"diff": result})
+    else:
+        print(launches_diff_table(result, cmp, plans))
+    return 1 if ns.exit_code and (not cmp.same or ran) else 0
+
+
+def launches_diff_table(d: dict[str, Any], cmp: Any, plans: list[Plan]) -> str:
+    lines = [f"{label}: {x['launch']} ({x['state']}; {x['plan']}, {x['policy']} {x['policy_version']}, plan "
+             f"{x['plan_hash'][:12]})" for label, x in (("a", d["a"]), ("b", d["b"]))]
+    if cmp.same:
+        lines.append("\nthe plans: no differences in their fields")
+    else:
+        lines += ["\nthe plans", render.table(["field", "a", "b", "decided by (a)", "decided by (b)"],
+                                              [(f, _show(x), _show(y), _trail(plans[0], f), _trail(plans[1], f))
+                                               for f, x, y in cmp.changes])]
+    if cmp.only_a or cmp.only_b:
+        lines.append(f"rules only in a: {', '.join(cmp.only_a) or '-'}\nrules only in b: {', '.join(cmp.only_b) or '-'}")
+    lines += (["\nwhat ran", render.table(["field", "a", "b"], [(r["field"], r["a"], r["b"]) for r in d["ran"]])]
+              if d["ran"] else ["\nwhat ran: the same"])
+    if d["measured"]:
+        lines += ["\nmeasured", render.table(["metric", "a", "b", "b - a", "b / a"],
+                                             [(m["metric"], f"{m['a']:g}", f"{m['b']:g}", f"{m['b_minus_a']:+g}",
+                                               "-" if m["b_over_a"] is None else f"{m['b_over_a']:.2f}x")
+                                              for m in d["measured"]])]
+    lines.append(f"({d['note']})")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------- policy impact
@@ -231,7 +331,7 @@ def experiment_table(d: dict[str, Any], style: render.Style) -> str:
 
 
 def _experiment_progress(msg: Any, last: list[str]) -> None:
-    done = sum(1 for r in msg.runs if r.state in TERMINAL)
+    done = sum(1 for r in msg.runs if r.state in LAUNCH_ENDED)
     total = 2 * msg.repeats
     current = msg.runs[-1] if msg.runs else None
     line = f"{msg.state:<9} {done}/{total} launches" + (
@@ -311,6 +411,19 @@ def register_diff(plans: Any) -> None:
     add_output(d)
     add_server(d)
     d.set_defaults(func=cmd_plans_diff)
+
+
+def register_launch_diff(launches: Any) -> None:
+    """`launches diff`, under the `launches` command group."""
+    d = launches.add_parser("diff", help="compare two launches: their plans (and the rules behind them), what "
+                                         "each ran, and what each measured")
+    d.add_argument("a", help="launches/ID (or the bare ID): the baseline")
+    d.add_argument("b", help="launches/ID (or the bare ID)")
+    d.add_argument("--exit-code", action="store_true",
+                   help="exit 1 when the plans or what ran differ, 0 when not (the measurements always differ)")
+    add_output(d)
+    add_server(d, required=True)
+    d.set_defaults(func=cmd_launches_diff)
 
 
 def register(sub: Any) -> None:

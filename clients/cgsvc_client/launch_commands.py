@@ -13,7 +13,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from cgsvc.errors import FieldViolation, ServiceError
-from cgsvc_client import render
+from cgsvc_client import evidence_commands, render
 from cgsvc_client.args import (
     INTERRUPTED,
     NO_ANSWER,
@@ -391,6 +391,7 @@ def register(sub: Any) -> None:
     add_follow(p4, "then print each log's new lines as they are written, until the launch ends (exit 0) or "
                    "Ctrl-C; -o json: one {\"log\", \"text\", \"end_offset\"} line a piece")
     p4.set_defaults(func=launches_logs)
+    evidence_commands.register_launch_diff(ls)
     rs = sub.add_parser("replicas", help="the server replicas on one database and their leases").add_subparsers(
         dest="replicas_command", required=True)
     p5 = rs.add_parser("list", help="list replicas: host, address, release, lease, active launches each supervises")

@@ -481,3 +481,38 @@ def test_launch_flags_without_a_spec_resolve_the_checkpoint_and_never_ride_besid
         missing = cli("launch", "--model-path", ckpt, "-o", "json", server=srv.address)  # no GPU: the resolver says
         assert missing.returncode == 2 and json.loads(missing.stdout)["error"]["field_violations"][0]["field"] \
             == "hardware.gpu", missing.stdout
+
+
+def test_launches_diff_says_what_differed_in_the_plan_in_what_ran_and_in_what_it_measured(
+        srv: ServerProcess, ckpt: str) -> None:
+    """`launches diff A B`, for "yesterday's launch was faster: what differed?": the plans' fields
+    with the rules behind each side, what each ran (effective modes, workload, checkpoint) and its
+    measurements side by side, with --exit-code as plans diff has it."""
+    with Client(srv.address) as c:
+        a = c.create_launch(ckpt, SHORT, spec=KIMI).metadata.name
+        assert wait_state(c, a, ("SUCCEEDED", "FAILED")).state == "SUCCEEDED"
+        b = c.create_launch(ckpt, {**SHORT, "output_len": 4}, spec=KIMI, policy="sglang-0.5.17").metadata.name
+        assert wait_state(c, b, ("SUCCEEDED", "FAILED")).state == "SUCCEEDED"
+    out = cli("launches", "diff", a, b.split("/")[1], "-o", "json", "--exit-code", server=srv.address)
+    assert out.returncode == 1, out.stdout + out.stderr  # they differ
+    diff = json.loads(out.stdout)["diff"]
+    assert (diff["a"]["launch"], diff["b"]["launch"]) == (a, b)
+    change = next(x for x in diff["plan"]["changes"] if x["field"] == "prefill.backend")
+    assert (change["a"], change["b"]) == ("disabled", "tc_piecewise")
+    assert "prefill.upgrade.multimodal_piecewise" in diff["plan"]["rules"]["only_b"]
+    ran = {x["field"]: (x["a"], x["b"]) for x in diff["ran"]}
+    assert ran["prefill (effective)"] == ("disabled", "tc_piecewise_nograph")
+    assert ran["workload"] == ("2 requests x 12 in / 6 out, concurrency 1, seed 7",
+                               "2 requests x 12 in / 4 out, concurrency 1, seed 7")
+    assert "decode (effective)" not in ran  # the same on both: not listed
+    ttft = next(m for m in diff["measured"] if m["metric"] == "TTFT p50 ms")
+    assert ttft["a"] > 0 and ttft["b"] > 0 and ttft["b_minus_a"] == round(ttft["b"] - ttft["a"], 3)
+    assert "one launch a side" in diff["note"]  # no interval from one run each: experiments measure that
+    table = cli("launches", "diff", a, b, "-o", "table", server=srv.address)
+    assert table.returncode == 0 and "prefill (effective)" in table.stdout and "TTFT p50 ms" in table.stdout
+    same = cli("launches", "diff", a, a, "-o", "json", "--exit-code", server=srv.address)
+    assert same.returncode == 0, same.stdout + same.stderr
+    itself = json.loads(same.stdout)["diff"]
+    assert itself["plan"]["changes"] == [] and itself["ran"] == []
+    bad = cli("launches", "diff", a, "plans/x", "-o", "json", server=srv.address)
+    assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field_violations"][0]["field"] == "b"
