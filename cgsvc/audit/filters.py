@@ -27,6 +27,23 @@ class FilterError(ValueError):
     """A filter that cannot be parsed or names an unknown field."""
 
 
+class OrderError(ValueError):
+    """An order_by this collection cannot be listed in."""
+
+
+def parse_order(text: str, key: str) -> bool:
+    """AIP-132 `order_by` over the one order a collection is kept in, when its items were made
+    (`key`: sequence, create_time): "", KEY or "KEY asc" is oldest first (False), "KEY desc"
+    newest first (True). Anything else is refused, naming what is valid."""
+    words = text.lower().split()
+    if not words:
+        return False
+    if words[0] == key and len(words) <= 2 and words[1:] in ([], ["asc"], ["desc"]):
+        return words[1:] == ["desc"]
+    raise OrderError(f"{text[:60]!r}: results are ordered by {key} only; give {key!r} (oldest first, the default) "
+                     f"or '{key} desc' (newest first)")
+
+
 @dataclass(frozen=True)
 class Term:
     field: str

@@ -583,7 +583,7 @@ def _decode_token(token: str, filter_text: str) -> int:
     except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError):
         raise PageTokenError("page_token is not one this server issued") from None
     if digest != hashlib.sha256(filter_text.encode()).hexdigest()[:12]:
-        raise PageTokenError("page_token was issued for a different filter")
+        raise PageTokenError("page_token was issued for a different filter or order")
     return after
 
 
@@ -1073,10 +1073,11 @@ class AuditStore:
             row = conn.execute(sa.select(audit_records).where(audit_records.c.sequence == sequence)).first()
         return self._record(row._mapping) if row is not None else None
 
-    def list_records(self, filter_text: str = "", page_size: int = 0,
-                     page_token: str = "") -> tuple[list[AuditRecord], str]:
+    def list_records(self, filter_text: str = "", page_size: int = 0, page_token: str = "",
+                     order_by: str = "") -> tuple[list[AuditRecord], str]:
         terms = filters.parse_filter(filter_text, AUDIT_FILTER_FIELDS)
-        rows, next_token = self.page(audit_records, terms, filter_text, page_size, page_token)
+        rows, next_token = self.page(audit_records, terms, filter_text, page_size, page_token,
+                                     newest_first=filters.parse_order(order_by, "sequence"))
         return [self._record(r._mapping) for r in rows], next_token
 
     def spec_groups(self, methods: Sequence[str], filter_text: str = "",
@@ -1121,27 +1122,33 @@ class AuditStore:
                                                               audit_records.c.plan_created == 1)).first()
         return self._stored_plan(row) if row is not None else None
 
-    def list_plans(self, filter_text: str = "", page_size: int = 0,
-                   page_token: str = "") -> tuple[list[StoredPlan], str]:
+    def list_plans(self, filter_text: str = "", page_size: int = 0, page_token: str = "",
+                   order_by: str = "") -> tuple[list[StoredPlan], str]:
         terms = filters.parse_filter(filter_text, PLAN_FILTER_FIELDS)
         rows, next_token = self.page(audit_records, terms, filter_text, page_size, page_token,
-                                     where=(audit_records.c.plan_created == 1,), columns=PLAN_FILTER_COLUMNS)
+                                     where=(audit_records.c.plan_created == 1,), columns=PLAN_FILTER_COLUMNS,
+                                     newest_first=filters.parse_order(order_by, "create_time"))
         return [self._stored_plan(r) for r in rows], next_token
 
     def page(self, table: sa.Table, terms: Sequence[filters.Term], filter_text: str, page_size: int,
-             page_token: str, where: Sequence[Any] = (), columns: dict[str, str] | None = None) -> tuple[list[Any], str]:
-        """A page of `table` in sequence order: rows matching the filter's terms (fields named
-        as `columns` maps them) and `where`."""
+             page_token: str, where: Sequence[Any] = (), columns: dict[str, str] | None = None,
+             newest_first: bool = False) -> tuple[list[Any], str]:
+        """A page of `table` in sequence order (`newest_first`: descending): rows matching the
+        filter's terms (fields named as `columns` maps them) and `where`. A page token holds the
+        last sequence returned and is bound to the filter and the order."""
         if page_size < 0:
             raise PageTokenError("page_size must not be negative")
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-        after = _decode_token(page_token, filter_text)
-        query = (sa.select(table).where(table.c.sequence > after, *where, *_where(table, terms, columns or {}))
-                 .order_by(table.c.sequence).limit(size + 1))
+        bound = filter_text + ("\norder_by desc" if newest_first else "")
+        last = _decode_token(page_token, bound)
+        seq = table.c.sequence
+        past = (seq < last if last else sa.true()) if newest_first else seq > last
+        query = (sa.select(table).where(past, *where, *_where(table, terms, columns or {}))
+                 .order_by(seq.desc() if newest_first else seq).limit(size + 1))
         with self.read_engine.begin() as conn:
             rows = list(conn.execute(query))
         if len(rows) > size:
-            return rows[:size], _encode_token(int(rows[size - 1]._mapping["sequence"]), filter_text)
+            return rows[:size], _encode_token(int(rows[size - 1]._mapping["sequence"]), bound)
         return rows, ""
 
     # ------------------------------------------------------------------ Merkle tree

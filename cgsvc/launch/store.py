@@ -180,7 +180,8 @@ class LaunchStore:
             row = conn.execute(sa.select(launches).where(launches.c.launch_id == launch_id)).first()
         return _from_columns(row._mapping) if row is not None else None
 
-    def list_rows(self, filter_text: str = "", page_size: int = 0, page_token: str = "") -> tuple[list[LaunchRow], str]:
+    def list_rows(self, filter_text: str = "", page_size: int = 0, page_token: str = "",
+                  order_by: str = "") -> tuple[list[LaunchRow], str]:
         terms, of_plan = [], []
         for t in filters.parse_filter(filter_text, LAUNCH_FILTER_FIELDS):
             if t.field in LAUNCH_PLAN_FIELDS:
@@ -190,7 +191,8 @@ class LaunchStore:
                              if t.field == "plan" else t)
         # the launches of every plan that matches (older launches too: their records carry no rules)
         where = [launches.c.plan_id.in_(plans_where(of_plan))] if of_plan else []
-        rows, token = self.audit.page(launches, terms, filter_text, page_size, page_token, where=where)
+        rows, token = self.audit.page(launches, terms, filter_text, page_size, page_token, where=where,
+                                      newest_first=filters.parse_order(order_by, "create_time"))
         return [_from_columns(r._mapping) for r in rows], token
 
     def in_states(self, states: Sequence[str]) -> list[LaunchRow]:
@@ -355,9 +357,10 @@ class ExperimentStore:
         return _experiment_from(row._mapping) if row is not None else None
 
     def list_rows(self, filter_text: str = "", page_size: int = 0,
-                  page_token: str = "") -> tuple[list[ExperimentRow], str]:
+                  page_token: str = "", order_by: str = "") -> tuple[list[ExperimentRow], str]:
         terms = filters.parse_filter(filter_text, EXPERIMENT_FILTER_FIELDS)
-        rows, token = self.audit.page(experiments, terms, filter_text, page_size, page_token)
+        rows, token = self.audit.page(experiments, terms, filter_text, page_size, page_token,
+                                      newest_first=filters.parse_order(order_by, "create_time"))
         return [_experiment_from(r._mapping) for r in rows], token
 
     def in_state(self, state: str) -> list[ExperimentRow]:

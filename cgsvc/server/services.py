@@ -56,12 +56,16 @@ def record_sequence(name: str) -> int:
     return int(raw)
 
 
-async def list_page(lister: Callable[[str, int, str], tuple[list[Any], str]], request: Any) -> tuple[list[Any], str]:
-    """Run a store listing for a List request; bad filters and page tokens name their field."""
+async def list_page(lister: Callable[[str, int, str, str], tuple[list[Any], str]],
+                    request: Any) -> tuple[list[Any], str]:
+    """Run a store listing for a List request; bad filters, orders and page tokens name their field."""
     try:
-        return await asyncio.to_thread(lister, request.filter, request.page_size, request.page_token)
+        return await asyncio.to_thread(lister, request.filter, request.page_size, request.page_token,
+                                       request.order_by)
     except filters.FilterError as exc:
         raise invalid("filter", str(exc)) from None
+    except filters.OrderError as exc:
+        raise invalid("order_by", str(exc)) from None
     except PageTokenError as exc:
         raise invalid("page_token" if "page_token" in str(exc) else "page_size", str(exc)) from None
 

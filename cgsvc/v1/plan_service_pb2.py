@@ -27,7 +27,7 @@ from cgsvc.v1 import plan_pb2 as cgsvc_dot_v1_dot_plan__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63gsvc/v1/plan_service.proto\x12\x08\x63gsvc.v1\x1a\x1a\x63gsvc/v1/launch_spec.proto\x1a\x13\x63gsvc/v1/plan.proto\x1a\x1cgoogle/protobuf/struct.proto\"s\n\x12ResolvePlanRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.cgsvc.v1.LaunchSpec\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06policy\x18\x04 \x01(\t\"\x1e\n\x0eGetPlanRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"I\n\x10ListPlansRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06\x66ilter\x18\x03 \x01(\t\"K\n\x11ListPlansResponse\x12\x1d\n\x05plans\x18\x01 \x03(\x0b\x32\x0e.cgsvc.v1.Plan\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"i\n\nPolicyInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\r\n\x05rules\x18\x04 \x01(\x05\x12\x0b\n\x03\x64oc\x18\x05 \x01(\t\x12\x0f\n\x07\x64\x65\x66\x61ult\x18\x06 \x01(\x08\"\x15\n\x13ListPoliciesRequest\">\n\x14ListPoliciesResponse\x12&\n\x08policies\x18\x01 \x03(\x0b\x32\x14.cgsvc.v1.PolicyInfo\"\x8a\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x14\n\x0c\x61rchitecture\x18\x03 \x01(\t\x12\x19\n\x11text_architecture\x18\x04 \x01(\t\x12\x0b\n\x03mla\x18\x05 \x01(\x08\x12\x0b\n\x03\x64sa\x18\x06 \x01(\x08\x12\x0b\n\x03moe\x18\x07 \x01(\x08\x12\x12\n\nmultimodal\x18\x08 \x01(\x08\x12\x14\n\x0cquantization\x18\t \x01(\t\x12\x16\n\x0ekv_cache_dtype\x18\n \x01(\t\x12\x12\n\nnum_layers\x18\x0b \x01(\x05\x12\x13\n\x0bhidden_size\x18\x0c \x01(\x05\x12\x1b\n\x13num_attention_heads\x18\r \x01(\x05\"\x13\n\x11ListModelsRequest\"9\n\x12ListModelsResponse\x12#\n\x06models\x18\x01 \x03(\x0b\x32\x13.cgsvc.v1.ModelInfo\"Q\n\x1a\x43omputePolicyImpactRequest\x12\x11\n\tcandidate\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61seline\x18\x02 \x01(\t\x12\x0e\n\x06\x66ilter\x18\x03 \x01(\t\"*\n\tPolicyRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"\xa2\x01\n\x0b\x46ieldChange\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12(\n\x08\x62\x61seline\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12)\n\tcandidate\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x16\n\x0e\x62\x61seline_rules\x18\x04 \x03(\t\x12\x17\n\x0f\x63\x61ndidate_rules\x18\x05 \x03(\t\"<\n\x0bRuleChanges\x12\x15\n\rbaseline_only\x18\x01 \x03(\t\x12\x16\n\x0e\x63\x61ndidate_only\x18\x02 \x03(\t\"\xb3\x01\n\x0b\x43hangedSpec\x12\x11\n\tspec_hash\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0b\n\x03gpu\x18\x03 \x01(\t\x12\x0f\n\x07records\x18\x04 \x01(\x03\x12&\n\x07\x63hanges\x18\x05 \x03(\x0b\x32\x15.cgsvc.v1.FieldChange\x12$\n\x05rules\x18\x06 \x01(\x0b\x32\x15.cgsvc.v1.RuleChanges\x12\x16\n\x0e\x65xample_record\x18\x07 \x01(\t\"\xa7\x01\n\rRefusalChange\x12\x11\n\tspec_hash\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0b\n\x03gpu\x18\x03 \x01(\t\x12\x0f\n\x07records\x18\x04 \x01(\x03\x12\x0c\n\x04\x63ode\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x0f\n\x07rule_id\x18\x07 \x01(\t\x12\x16\n\x0e\x65xample_record\x18\x08 \x01(\t\x12\x0e\n\x06\x66ields\x18\t \x03(\t\"A\n\rRecordedUnder\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0f\n\x07records\x18\x03 \x01(\x03\"\xec\x02\n\x0cPolicyImpact\x12%\n\x08\x62\x61seline\x18\x01 \x01(\x0b\x32\x13.cgsvc.v1.PolicyRef\x12&\n\tcandidate\x18\x02 \x01(\x0b\x32\x13.cgsvc.v1.PolicyRef\x12\x16\n\x0especs_examined\x18\x03 \x01(\x03\x12\x18\n\x10records_examined\x18\x04 \x01(\x03\x12&\n\x07\x63hanged\x18\x05 \x03(\x0b\x32\x15.cgsvc.v1.ChangedSpec\x12.\n\rnewly_refused\x18\x06 \x03(\x0b\x32\x17.cgsvc.v1.RefusalChange\x12/\n\x0enewly_accepted\x18\x07 \x03(\x0b\x32\x17.cgsvc.v1.RefusalChange\x12\x11\n\tunchanged\x18\x08 \x01(\x03\x12/\n\x0erecorded_under\x18\t \x03(\x0b\x32\x17.cgsvc.v1.RecordedUnder\x12\x0e\n\x06\x66ilter\x18\n \x01(\t2\xb2\x03\n\x0bPlanService\x12;\n\x0bResolvePlan\x12\x1c.cgsvc.v1.ResolvePlanRequest\x1a\x0e.cgsvc.v1.Plan\x12\x33\n\x07GetPlan\x12\x18.cgsvc.v1.GetPlanRequest\x1a\x0e.cgsvc.v1.Plan\x12\x44\n\tListPlans\x12\x1a.cgsvc.v1.ListPlansRequest\x1a\x1b.cgsvc.v1.ListPlansResponse\x12M\n\x0cListPolicies\x12\x1d.cgsvc.v1.ListPoliciesRequest\x1a\x1e.cgsvc.v1.ListPoliciesResponse\x12G\n\nListModels\x12\x1b.cgsvc.v1.ListModelsRequest\x1a\x1c.cgsvc.v1.ListModelsResponse\x12S\n\x13\x43omputePolicyImpact\x12$.cgsvc.v1.ComputePolicyImpactRequest\x1a\x16.cgsvc.v1.PolicyImpactB\x1cZ\x1a\x63gsvc/gen/cgsvc/v1;cgsvcv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63gsvc/v1/plan_service.proto\x12\x08\x63gsvc.v1\x1a\x1a\x63gsvc/v1/launch_spec.proto\x1a\x13\x63gsvc/v1/plan.proto\x1a\x1cgoogle/protobuf/struct.proto\"s\n\x12ResolvePlanRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.cgsvc.v1.LaunchSpec\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06policy\x18\x04 \x01(\t\"\x1e\n\x0eGetPlanRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"[\n\x10ListPlansRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06\x66ilter\x18\x03 \x01(\t\x12\x10\n\x08order_by\x18\x04 \x01(\t\"K\n\x11ListPlansResponse\x12\x1d\n\x05plans\x18\x01 \x03(\x0b\x32\x0e.cgsvc.v1.Plan\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"i\n\nPolicyInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\r\n\x05rules\x18\x04 \x01(\x05\x12\x0b\n\x03\x64oc\x18\x05 \x01(\t\x12\x0f\n\x07\x64\x65\x66\x61ult\x18\x06 \x01(\x08\"\x15\n\x13ListPoliciesRequest\">\n\x14ListPoliciesResponse\x12&\n\x08policies\x18\x01 \x03(\x0b\x32\x14.cgsvc.v1.PolicyInfo\"\x8a\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x14\n\x0c\x61rchitecture\x18\x03 \x01(\t\x12\x19\n\x11text_architecture\x18\x04 \x01(\t\x12\x0b\n\x03mla\x18\x05 \x01(\x08\x12\x0b\n\x03\x64sa\x18\x06 \x01(\x08\x12\x0b\n\x03moe\x18\x07 \x01(\x08\x12\x12\n\nmultimodal\x18\x08 \x01(\x08\x12\x14\n\x0cquantization\x18\t \x01(\t\x12\x16\n\x0ekv_cache_dtype\x18\n \x01(\t\x12\x12\n\nnum_layers\x18\x0b \x01(\x05\x12\x13\n\x0bhidden_size\x18\x0c \x01(\x05\x12\x1b\n\x13num_attention_heads\x18\r \x01(\x05\"\x13\n\x11ListModelsRequest\"9\n\x12ListModelsResponse\x12#\n\x06models\x18\x01 \x03(\x0b\x32\x13.cgsvc.v1.ModelInfo\"Q\n\x1a\x43omputePolicyImpactRequest\x12\x11\n\tcandidate\x18\x01 \x01(\t\x12\x10\n\x08\x62\x61seline\x18\x02 \x01(\t\x12\x0e\n\x06\x66ilter\x18\x03 \x01(\t\"*\n\tPolicyRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"\xa2\x01\n\x0b\x46ieldChange\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12(\n\x08\x62\x61seline\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12)\n\tcandidate\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x16\n\x0e\x62\x61seline_rules\x18\x04 \x03(\t\x12\x17\n\x0f\x63\x61ndidate_rules\x18\x05 \x03(\t\"<\n\x0bRuleChanges\x12\x15\n\rbaseline_only\x18\x01 \x03(\t\x12\x16\n\x0e\x63\x61ndidate_only\x18\x02 \x03(\t\"\xb3\x01\n\x0b\x43hangedSpec\x12\x11\n\tspec_hash\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0b\n\x03gpu\x18\x03 \x01(\t\x12\x0f\n\x07records\x18\x04 \x01(\x03\x12&\n\x07\x63hanges\x18\x05 \x03(\x0b\x32\x15.cgsvc.v1.FieldChange\x12$\n\x05rules\x18\x06 \x01(\x0b\x32\x15.cgsvc.v1.RuleChanges\x12\x16\n\x0e\x65xample_record\x18\x07 \x01(\t\"\xa7\x01\n\rRefusalChange\x12\x11\n\tspec_hash\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0b\n\x03gpu\x18\x03 \x01(\t\x12\x0f\n\x07records\x18\x04 \x01(\x03\x12\x0c\n\x04\x63ode\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x0f\n\x07rule_id\x18\x07 \x01(\t\x12\x16\n\x0e\x65xample_record\x18\x08 \x01(\t\x12\x0e\n\x06\x66ields\x18\t \x03(\t\"A\n\rRecordedUnder\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0f\n\x07records\x18\x03 \x01(\x03\"\xec\x02\n\x0cPolicyImpact\x12%\n\x08\x62\x61seline\x18\x01 \x01(\x0b\x32\x13.cgsvc.v1.PolicyRef\x12&\n\tcandidate\x18\x02 \x01(\x0b\x32\x13.cgsvc.v1.PolicyRef\x12\x16\n\x0especs_examined\x18\x03 \x01(\x03\x12\x18\n\x10records_examined\x18\x04 \x01(\x03\x12&\n\x07\x63hanged\x18\x05 \x03(\x0b\x32\x15.cgsvc.v1.ChangedSpec\x12.\n\rnewly_refused\x18\x06 \x03(\x0b\x32\x17.cgsvc.v1.RefusalChange\x12/\n\x0enewly_accepted\x18\x07 \x03(\x0b\x32\x17.cgsvc.v1.RefusalChange\x12\x11\n\tunchanged\x18\x08 \x01(\x03\x12/\n\x0erecorded_under\x18\t \x03(\x0b\x32\x17.cgsvc.v1.RecordedUnder\x12\x0e\n\x06\x66ilter\x18\n \x01(\t2\xb2\x03\n\x0bPlanService\x12;\n\x0bResolvePlan\x12\x1c.cgsvc.v1.ResolvePlanRequest\x1a\x0e.cgsvc.v1.Plan\x12\x33\n\x07GetPlan\x12\x18.cgsvc.v1.GetPlanRequest\x1a\x0e.cgsvc.v1.Plan\x12\x44\n\tListPlans\x12\x1a.cgsvc.v1.ListPlansRequest\x1a\x1b.cgsvc.v1.ListPlansResponse\x12M\n\x0cListPolicies\x12\x1d.cgsvc.v1.ListPoliciesRequest\x1a\x1e.cgsvc.v1.ListPoliciesResponse\x12G\n\nListModels\x12\x1b.cgsvc.v1.ListModelsRequest\x1a\x1c.cgsvc.v1.ListModelsResponse\x12S\n\x13\x43omputePolicyImpact\x12$.cgsvc.v1.ComputePolicyImpactRequest\x1a\x16.cgsvc.v1.PolicyImpactB\x1cZ\x1a\x63gsvc/gen/cgsvc/v1;cgsvcv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,37 +40,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETPLANREQUEST']._serialized_start=237
   _globals['_GETPLANREQUEST']._serialized_end=267
   _globals['_LISTPLANSREQUEST']._serialized_start=269
-  _globals['_LISTPLANSREQUEST']._serialized_end=342
-  _globals['_LISTPLANSRESPONSE']._serialized_start=344
-  _globals['_LISTPLANSRESPONSE']._serialized_end=419
-  _globals['_POLICYINFO']._serialized_start=421
-  _globals['_POLICYINFO']._serialized_end=526
-  _globals['_LISTPOLICIESREQUEST']._serialized_start=528
-  _globals['_LISTPOLICIESREQUEST']._serialized_end=549
-  _globals['_LISTPOLICIESRESPONSE']._serialized_start=551
-  _globals['_LISTPOLICIESRESPONSE']._serialized_end=613
-  _globals['_MODELINFO']._serialized_start=616
-  _globals['_MODELINFO']._serialized_end=882
-  _globals['_LISTMODELSREQUEST']._serialized_start=884
-  _globals['_LISTMODELSREQUEST']._serialized_end=903
-  _globals['_LISTMODELSRESPONSE']._serialized_start=905
-  _globals['_LISTMODELSRESPONSE']._serialized_end=962
-  _globals['_COMPUTEPOLICYIMPACTREQUEST']._serialized_start=964
-  _globals['_COMPUTEPOLICYIMPACTREQUEST']._serialized_end=1045
-  _globals['_POLICYREF']._serialized_start=1047
-  _globals['_POLICYREF']._serialized_end=1089
-  _globals['_FIELDCHANGE']._serialized_start=1092
-  _globals['_FIELDCHANGE']._serialized_end=1254
-  _globals['_RULECHANGES']._serialized_start=1256
-  _globals['_RULECHANGES']._serialized_end=1316
-  _globals['_CHANGEDSPEC']._serialized_start=1319
-  _globals['_CHANGEDSPEC']._serialized_end=1498
-  _globals['_REFUSALCHANGE']._serialized_start=1501
-  _globals['_REFUSALCHANGE']._serialized_end=1668
-  _globals['_RECORDEDUNDER']._serialized_start=1670
-  _globals['_RECORDEDUNDER']._serialized_end=1735
-  _globals['_POLICYIMPACT']._serialized_start=1738
-  _globals['_POLICYIMPACT']._serialized_end=2102
-  _globals['_PLANSERVICE']._serialized_start=2105
-  _globals['_PLANSERVICE']._serialized_end=2539
+  _globals['_LISTPLANSREQUEST']._serialized_end=360
+  _globals['_LISTPLANSRESPONSE']._serialized_start=362
+  _globals['_LISTPLANSRESPONSE']._serialized_end=437
+  _globals['_POLICYINFO']._serialized_start=439
+  _globals['_POLICYINFO']._serialized_end=544
+  _globals['_LISTPOLICIESREQUEST']._serialized_start=546
+  _globals['_LISTPOLICIESREQUEST']._serialized_end=567
+  _globals['_LISTPOLICIESRESPONSE']._serialized_start=569
+  _globals['_LISTPOLICIESRESPONSE']._serialized_end=631
+  _globals['_MODELINFO']._serialized_start=634
+  _globals['_MODELINFO']._serialized_end=900
+  _globals['_LISTMODELSREQUEST']._serialized_start=902
+  _globals['_LISTMODELSREQUEST']._serialized_end=921
+  _globals['_LISTMODELSRESPONSE']._serialized_start=923
+  _globals['_LISTMODELSRESPONSE']._serialized_end=980
+  _globals['_COMPUTEPOLICYIMPACTREQUEST']._serialized_start=982
+  _globals['_COMPUTEPOLICYIMPACTREQUEST']._serialized_end=1063
+  _globals['_POLICYREF']._serialized_start=1065
+  _globals['_POLICYREF']._serialized_end=1107
+  _globals['_FIELDCHANGE']._serialized_start=1110
+  _globals['_FIELDCHANGE']._serialized_end=1272
+  _globals['_RULECHANGES']._serialized_start=1274
+  _globals['_RULECHANGES']._serialized_end=1334
+  _globals['_CHANGEDSPEC']._serialized_start=1337
+  _globals['_CHANGEDSPEC']._serialized_end=1516
+  _globals['_REFUSALCHANGE']._serialized_start=1519
+  _globals['_REFUSALCHANGE']._serialized_end=1686
+  _globals['_RECORDEDUNDER']._serialized_start=1688
+  _globals['_RECORDEDUNDER']._serialized_end=1753
+  _globals['_POLICYIMPACT']._serialized_start=1756
+  _globals['_POLICYIMPACT']._serialized_end=2120
+  _globals['_PLANSERVICE']._serialized_start=2123
+  _globals['_PLANSERVICE']._serialized_end=2557
 # @@protoc_insertion_point(module_scope)

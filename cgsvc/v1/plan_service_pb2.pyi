@@ -28,14 +28,16 @@ class GetPlanRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class ListPlansRequest(_message.Message):
-    __slots__ = ("page_size", "page_token", "filter")
+    __slots__ = ("page_size", "page_token", "filter", "order_by")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
+    ORDER_BY_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
     filter: str
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., filter: _Optional[str] = ...) -> None: ...
+    order_by: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., filter: _Optional[str] = ..., order_by: _Optional[str] = ...) -> None: ...
 
 class ListPlansResponse(_message.Message):
     __slots__ = ("plans", "next_page_token")

@@ -10,6 +10,7 @@ import collections
 import contextlib
 import datetime as dt
 import difflib
+import functools
 import json
 import math
 import os
@@ -257,9 +258,12 @@ def add_filters(p: argparse.ArgumentParser, example: str, time_field: str = "cre
     p.set_defaults(time_field=time_field)
 
 
-def add_listing(p: argparse.ArgumentParser, example: str, time_field: str = "create_time") -> None:
-    """add_filters() and paging for List commands."""
+def add_listing(p: argparse.ArgumentParser, example: str, time_field: str = "create_time",
+                order_key: str = "create_time") -> None:
+    """add_filters() and paging for List commands (`order_key`: the order_by key of the collection)."""
     add_filters(p, example, time_field)
+    p.add_argument("--newest-first", action="store_const", const=f"{order_key} desc", default="", dest="order_by",
+                   help=f"the most recent first (order_by {order_key} desc); the default is the oldest first")
     p.add_argument("--page-size", type=int, default=50, help="results per page (default 50, at most 1000)")
     p.add_argument("--page-token", help="next_page_token of the previous page")
     p.add_argument("--all", action="store_true",
@@ -312,11 +316,17 @@ def pages(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field: 
     or, with --all, every page from there to the last (a running count on a terminal's stderr)."""
     progress = ns.all and sys.stderr.isatty()
     seen = 0
+    if order := getattr(ns, "order_by", ""):  # --newest-first
+        fetch = functools.partial(_ordered, fetch, order)
     for items, token in each_page(fetch, field, list_filter(ns), ns.page_size, ns.page_token or "", ns.all):
         seen += len(items)
         if progress:
             print(f"\r{seen} {field} so far ...", end="" if token else "\n", file=sys.stderr, flush=True)
         yield items, token
+
+
+def _ordered(fetch: Callable[..., Any], order_by: str, query: str, page_size: int, token: str) -> Any:
+    return fetch(query, page_size, token, order_by=order_by)
 
 
 def listing(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field: str) -> tuple[list[Any], str]:

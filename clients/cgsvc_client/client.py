@@ -160,9 +160,10 @@ class Client:
     def get_plan(self, name: str) -> plan_pb2.Plan:
         return self.call(self.plans.GetPlan, plan_service_pb2.GetPlanRequest(name=name))  # type: ignore[no-any-return]
 
-    def list_plans(self, filter: str = "", page_size: int = 0,
-                   page_token: str = "") -> plan_service_pb2.ListPlansResponse:
-        req = plan_service_pb2.ListPlansRequest(filter=filter, page_size=page_size, page_token=page_token)
+    def list_plans(self, filter: str = "", page_size: int = 0, page_token: str = "",
+                   order_by: str = "") -> plan_service_pb2.ListPlansResponse:
+        req = plan_service_pb2.ListPlansRequest(filter=filter, page_size=page_size, page_token=page_token,
+                                                order_by=order_by)
         return self.call(self.plans.ListPlans, req)  # type: ignore[no-any-return]
 
     def iter_plans(self, filter: str = "", page_size: int = 100) -> Iterator[plan_pb2.Plan]:
@@ -178,9 +179,10 @@ class Client:
     def get_audit_record(self, name: str) -> audit_pb2.AuditRecord:
         return self.call(self.audit.GetAuditRecord, audit_pb2.GetAuditRecordRequest(name=name))  # type: ignore[no-any-return]
 
-    def list_audit_records(self, filter: str = "", page_size: int = 0,
-                           page_token: str = "") -> audit_pb2.ListAuditRecordsResponse:
-        req = audit_pb2.ListAuditRecordsRequest(filter=filter, page_size=page_size, page_token=page_token)
+    def list_audit_records(self, filter: str = "", page_size: int = 0, page_token: str = "",
+                           order_by: str = "") -> audit_pb2.ListAuditRecordsResponse:
+        req = audit_pb2.ListAuditRecordsRequest(filter=filter, page_size=page_size, page_token=page_token,
+                                                order_by=order_by)
         return self.call(self.audit.ListAuditRecords, req)  # type: ignore[no-any-return]
 
     def verify_audit_log(self) -> audit_pb2.VerifyAuditLogResponse:
@@ -216,8 +218,10 @@ class Client:
     def get_launch(self, name: str) -> launch_pb2.Launch:
         return self.call(self.launches.GetLaunch, launch_pb2.GetLaunchRequest(name=name))  # type: ignore[no-any-return]
 
-    def list_launches(self, filter: str = "", page_size: int = 0, page_token: str = "") -> launch_pb2.ListLaunchesResponse:
-        req = launch_pb2.ListLaunchesRequest(filter=filter, page_size=page_size, page_token=page_token)
+    def list_launches(self, filter: str = "", page_size: int = 0, page_token: str = "",
+                      order_by: str = "") -> launch_pb2.ListLaunchesResponse:
+        req = launch_pb2.ListLaunchesRequest(filter=filter, page_size=page_size, page_token=page_token,
+                                             order_by=order_by)
         return self.call(self.launches.ListLaunches, req)  # type: ignore[no-any-return]
 
     def cancel_launch(self, name: str) -> launch_pb2.Launch:
@@ -286,9 +290,10 @@ class Client:
         return self.call(self.experiments.GetExperiment,  # type: ignore[no-any-return]
                          experiment_pb2.GetExperimentRequest(name=name))
 
-    def list_experiments(self, filter: str = "", page_size: int = 0,
-                         page_token: str = "") -> experiment_pb2.ListExperimentsResponse:
-        req = experiment_pb2.ListExperimentsRequest(filter=filter, page_size=page_size, page_token=page_token)
+    def list_experiments(self, filter: str = "", page_size: int = 0, page_token: str = "",
+                         order_by: str = "") -> experiment_pb2.ListExperimentsResponse:
+        req = experiment_pb2.ListExperimentsRequest(filter=filter, page_size=page_size, page_token=page_token,
+                                                    order_by=order_by)
         return self.call(self.experiments.ListExperiments, req)  # type: ignore[no-any-return]
 
     def watch_experiment(self, name: str, timeout: float = 24 * 3600, resume_for: float = RESUME_SECONDS,

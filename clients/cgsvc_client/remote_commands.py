@@ -24,6 +24,7 @@ from cgsvc_client.args import (
     add_output,
     add_server,
     add_summary,
+    bad,
     each_page,
     explained_field,
     follow,
@@ -132,6 +133,8 @@ def follow_records(ns: argparse.Namespace) -> int:
     commit — from the end of the log now, or with --all from the start. Polls ListAuditRecords
     for sequence > the last seen, so it sees what every replica on the database commits.
     JSON: one {"record": ...} line each."""
+    if ns.order_by:
+        raise bad("order_by", "--follow reads the log forward, in the order records commit: drop --newest-first")
     as_json = render.output_mode(ns) == "json"
     user_filter = list_filter(ns)
     widths = [len(h) for h in RECORD_COLUMNS]  # a table's columns widen as wider cells come, never narrow
@@ -338,7 +341,7 @@ def register(sub: Any) -> None:
 
     audit = sub.add_parser("audit", help="the audit log").add_subparsers(dest="audit_command", required=True)
     a = audit.add_parser("list", help="list audit records")
-    add_listing(a, 'rule_id = "breakable.mla" AND outcome = "OK"', time_field="time")
+    add_listing(a, 'rule_id = "breakable.mla" AND outcome = "OK"', time_field="time", order_key="sequence")
     add_follow(a, "keep printing the records that match as they commit (from now on; with --all, the history "
                   "first), until Ctrl-C; -o json: one {\"record\": ...} line each")
     a.set_defaults(func=audit_list)

@@ -480,6 +480,32 @@ def test_a_follow_outlives_a_server_restart(tmp_path: Path) -> None:
         srv.stop()
 
 
+def test_newest_first_lists_the_latest_items_first(server: ServerProcess, client: Client) -> None:
+    """`--newest-first` on any list: the most recent first (order_by "... desc" on the wire), page
+    by page with --all; the server refuses an order it cannot give on order_by, and a follow, which
+    reads forward, refuses it too."""
+    made = [client.resolve_proto(KIMI) for _ in range(3)]
+
+    def listed(*args: str) -> Any:
+        out = cli(*args, "--server", server.address, "-o", "json")
+        assert out.returncode == 0, out.stdout + out.stderr
+        return json.loads(out.stdout)
+
+    latest = listed("plans", "list", "--newest-first", "--page-size", "2")
+    assert [p["name"] for p in latest["plans"]] == [made[2].name, made[1].name] and latest["next_page_token"]
+    records = listed("audit", "list", "--newest-first", "--all", "--page-size", "2", "--filter",
+                     'method = "ResolvePlan"')["records"]
+    sequences = [int(r["sequence"]) for r in records]
+    assert sequences == sorted(sequences, reverse=True) and sequences[0] == int(made[2].audit_record.split("/")[1])
+    with pytest.raises(ServiceError) as e:
+        client.list_audit_records(order_by="time desc")
+    assert e.value.code == "INVALID_ARGUMENT" and e.value.violations[0].field == "order_by", e.value
+    assert "give 'sequence' (oldest first, the default) or 'sequence desc' (newest first)" in e.value.message
+    followed = cli("audit", "list", "--follow", "--newest-first", "--server", server.address, "-o", "json")
+    assert followed.returncode == 2, followed.stdout + followed.stderr
+    assert json.loads(followed.stdout)["error"]["field_violations"][0]["field"] == "order_by"
+
+
 def test_since_narrows_any_list_to_recent_items(server: ServerProcess, client: Client) -> None:
     """`--since 15m` or `--since TIME` on any list: a term on the collection's time field, joined
     to --filter."""

@@ -122,6 +122,33 @@ def test_filters_name_gpus_models_and_states_as_specs_do(store: AuditStore) -> N
     assert store.list_plans('prefill_backend = "TC_PIECEWISE" AND attention_decode = "FlashInfer"') == ([], "")
 
 
+def test_newest_first_pages_back_through_the_log(store: AuditStore) -> None:
+    """AIP-132 order_by: `sequence desc` lists the most recent first and pages backwards; a page
+    token is bound to its order as to its filter; any other order is refused, naming the valid
+    ones."""
+    from cgsvc.launch.store import LaunchStore
+
+    for i in range(1, 12):
+        store.append(entry(i))
+    seen, token = [], ""
+    while True:
+        recs, token = store.list_records("", page_size=4, page_token=token, order_by="sequence desc")
+        seen.append([r.sequence for r in recs])
+        if not token:
+            break
+    assert seen == [[11, 10, 9, 8], [7, 6, 5, 4], [3, 2, 1]]
+    assert [r.sequence for r in store.list_records('model = "Qwen/Qwen3-8B"', 3, "", "SEQUENCE  DESC")[0]] == [10, 8, 6]
+    assert [r.sequence for r in store.list_records("", 2, "", "sequence asc")[0]] == [1, 2]
+    _, oldest_first = store.list_records("", page_size=2)
+    with pytest.raises(PageTokenError, match="different filter or order"):
+        store.list_records("", page_size=2, page_token=oldest_first, order_by="sequence desc")
+    for bad in ("time desc", "sequence descending", "sequence desc, time"):
+        with pytest.raises(filters.OrderError, match=r"ordered by sequence only; give 'sequence' .* 'sequence desc'"):
+            store.list_records("", order_by=bad)
+    with pytest.raises(filters.OrderError, match="ordered by create_time only"):
+        LaunchStore(store).list_rows(order_by="sequence desc")
+
+
 def test_filters_and_pagination(store: AuditStore) -> None:
     for i in range(1, 12):
         store.append(entry(i, outcome_code=3 if i == 4 else 0, principal="bob" if i > 8 else "alice"))
