@@ -356,8 +356,11 @@ def cmd_experiment_run(ns: argparse.Namespace) -> int:
                     msg = update
                     _experiment_progress(update, last)
             except KeyboardInterrupt:  # the experiment is the server's: stop waiting, say how to reach it
+                current = msg.runs[-1].launch if msg.runs and msg.runs[-1].state not in LAUNCH_ENDED else ""
+                stop = (f"; `cgsvc-cli launches cancel {current}` stops it, keeping what it measured" if current
+                        else "")
                 print(f"\nstopped waiting: {msg.name} goes on ({msg.state}); `cgsvc-cli experiments show "
-                      f"{msg.name}` reads it", file=sys.stderr)
+                      f"{msg.name}` reads it{stop}", file=sys.stderr)
                 if render.output_mode(ns) == "json":
                     render.print_json({"experiment": codec.experiment_dict(msg)})
                 return INTERRUPTED
