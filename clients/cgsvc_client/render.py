@@ -75,7 +75,8 @@ def page(headers: Sequence[str], rows: Sequence[Sequence[Any]], next_page_token:
     if not rows:
         return f"no {what} match {query}" if query else f"no {what}"
     out = table(headers, rows)
-    return out + (f"\n\nnext page: --page-token {next_page_token}" if next_page_token else "")
+    same = " (with the same --filter, --since and --newest-first: a token is bound to them)"
+    return out + (f"\n\nnext page: --page-token {next_page_token}{same}" if next_page_token else "")
 
 
 def plan_table(plan: Plan, style: Style, explain: str | None = None) -> str:
