@@ -243,8 +243,9 @@ class Client:
         before then, by its own deadline or by the server going away (a restart, a rolling upgrade:
         UNAVAILABLE), is opened again; each opening sends the current state first, so nothing is
         missed. While nothing answers it waits 0.5 s, then longer, up to 5 s, between tries, and
-        after `resume_for` seconds of no answer it raises the last error. `on_resume(error, pause)`
-        is told each time (error None: the server closed the stream early)."""
+        after `resume_for` seconds of no answer (or of streams closed with nothing in them) it raises
+        the last error. `on_resume(error, pause)` is told each time (error None: the server closed
+        the stream early)."""
         silent_since: float | None = None
         pause = 0.5
         while True:
@@ -259,10 +260,11 @@ class Client:
                 err = error_from_rpc(exc)
                 if err.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
                     raise err from None
-            if err is not None and err.code == "UNAVAILABLE":
+            if err is None or err.code == "UNAVAILABLE":  # no answer, or a stream closed with nothing in it
                 silent_since = silent_since if silent_since is not None else time.monotonic()
                 if time.monotonic() - silent_since >= resume_for:
-                    raise err
+                    raise err or ServiceError("UNAVAILABLE", f"the server closed the watch for {resume_for:g} s "
+                                                             "without a word, before what it watches had ended")
             wait = 0.0 if err is not None and err.code == "DEADLINE_EXCEEDED" else pause
             if on_resume is not None:
                 on_resume(err, wait)
