@@ -193,8 +193,8 @@ def cmd_launches_diff(ns: argparse.Namespace) -> int:
             measured.append({"metric": label, "a": va, "b": vb, "b_minus_a": round(vb - va, 3),
                              "b_over_a": round(vb / va, 3) if va else None})
     else:
-        note = "; ".join(f"{x.name} ended {x.state}: nothing it measured to compare" for x in launches
-                         if x.state != "SUCCEEDED")
+        note = "; ".join(f"{x.name} {'ended' if x.state in LAUNCH_ENDED else 'is'} {x.state}: nothing it measured "
+                         "to compare" for x in launches if x.state != "SUCCEEDED")
     sides = [{"launch": x.name, "state": x.state, "plan": x.plan, "policy": p.policy,
               "policy_version": p.policy_version, "plan_hash": p.plan_hash} for x, p in zip(launches, plans, strict=True)]
     result = {"a": sides[0], "b": sides[1],
