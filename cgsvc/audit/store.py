@@ -249,6 +249,10 @@ experiments = sa.Table(
     sa.Column("audit_records_json", sa.Text, nullable=False, default="[]"),
     sa.Column("owner", sa.Text, nullable=False, default=""),  # the server instance running it
 )
+# Migration 15: a cancel asked of any replica, for the one that runs the experiment to act on.
+EXPERIMENT_COLUMNS_15 = (sa.Column("cancel_requested_by", sa.Text, nullable=False, server_default=""),)
+for _column in EXPERIMENT_COLUMNS_15:
+    experiments.append_column(_column)
 # One lease per server instance (migration 10), renewed while the server runs, on the database's
 # clock (db_epoch): on a shared database a replica whose lease has lapsed is taken to be gone, and
 # another replica takes over its launches and experiments.
@@ -309,6 +313,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      tuple((replica_leases, c) for c in REPLICA_COLUMNS_13)),
     (14, "the address each replica's clients reach it at (replica_leases.address)", (),
      tuple((replica_leases, c) for c in REPLICA_COLUMNS_14)),
+    (15, "who asked for an experiment to be cancelled (experiments.cancel_requested_by)", (),
+     tuple((experiments, c) for c in EXPERIMENT_COLUMNS_15)),
 )
 
 # GPUs and catalog models are matched as a spec names them: in any case, a model by an alias too.

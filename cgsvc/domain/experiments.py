@@ -43,6 +43,7 @@ from cgsvc.launch.store import ExperimentRow, ExperimentStore, LaunchRow, Lease,
 log = structlog.get_logger("cgsvc.experiments")
 
 CREATE_EXPERIMENT_METHOD = "/cgsvc.v1.ExperimentService/CreateExperiment"
+CANCEL_EXPERIMENT_METHOD = "/cgsvc.v1.ExperimentService/CancelExperiment"
 EXPERIMENT_STATE_METHOD = "experiment.state"
 ARMS = ("A", "B")
 MAX_REPEATS = 100
@@ -205,12 +206,18 @@ class Experiments:
             plans = [PlanSource.stored(await self.plans.get(name.removeprefix("plans/"))) for name in req["plans"]]
             for repeat in range(1, req["repeats"] + 1):
                 for arm, plan in zip(ARMS, plans, strict=True):
+                    if who := await self._cancel_asked(experiment_id):
+                        await self._end(row, samples, "CANCELLED", _cancelled(who, samples))
+                        return
                     order = order_for(plan, ckpt, req["model_path"], workload, req["dispatcher"], True)
                     launch, _ = await self.launches.create(order, dataclasses.replace(caller, request_id=""))
                     self.current[experiment_id] = launch.launch_id
                     run = {"arm": arm, "repeat": repeat, "launch": f"launches/{launch.launch_id}", "state": launch.state}
                     row = await self._save(dataclasses.replace(row, runs=(*row.runs, run)))
                     row, done = await self._follow(row, launch.launch_id)
+                    if done.state != "SUCCEEDED" and (who := await self._cancel_asked(experiment_id)):
+                        await self._end(row, samples, "CANCELLED", _cancelled(who, samples))
+                        return
                     if done.state != "SUCCEEDED":
                         why = (done.error.splitlines() or [done.state])[0]
                         await self._end(row, samples, "FAILED",
@@ -250,6 +257,32 @@ class Experiments:
         log.info("experiment ended", experiment_id=row.experiment_id, state=state, verdict=result["verdict"])
 
     # ------------------------------------------------------------------ read, watch, recover
+    # ------------------------------------------------------------------ cancel
+    async def cancel(self, experiment_id: str, caller: Caller) -> ExperimentRow:
+        """Ask, of any replica, for a running experiment to stop: the request is stored for the
+        replica running it, which starts no further launch and ends it CANCELLED, keeping what
+        was measured; the launch running now is cancelled here. Audited; a refusal (ended
+        already) is audited by the request pipeline."""
+        row = await self.get(experiment_id)
+        if row.state != "RUNNING" or not await asyncio.to_thread(self.store.request_cancel, experiment_id,
+                                                                  caller.principal):
+            now = await self.get(experiment_id)
+            raise ServiceError("FAILED_PRECONDITION", f"experiments/{experiment_id} has already ended ({now.state})")
+        await self.audit(CANCEL_EXPERIMENT_METHOD, caller.principal, "OK",
+                         f"cancel asked by {caller.principal}; it ends after its current launch stops", caller,
+                         experiment_id)
+        current = row.runs[-1]["launch"] if row.runs and row.runs[-1]["state"] not in TERMINAL else ""
+        if current:
+            with contextlib.suppress(ServiceError):  # it has ended meanwhile
+                await self.launches.request_cancel(current.removeprefix("launches/"), caller.principal,
+                                                   f"experiments/{experiment_id} was cancelled by {caller.principal}")
+        return await self.get(experiment_id)
+
+    async def _cancel_asked(self, experiment_id: str) -> str:
+        """Who asked for the experiment to stop ("" when nobody has)."""
+        row = await asyncio.to_thread(self.store.get, experiment_id)
+        return row.cancel_requested_by if row is not None else ""
+
     async def get(self, experiment_id: str) -> ExperimentRow:
         row = await asyncio.to_thread(self.store.get, experiment_id)
         if row is None:
@@ -312,3 +345,8 @@ class Experiments:
     async def close(self) -> None:
         for task in self.tasks.values():
             task.cancel()
+
+
+def _cancelled(principal: str, samples: dict[str, dict[str, list[float]]]) -> str:
+    return (f"cancelled by {principal}; the {sum(len(s['ttft_ms']) for s in samples.values())} samples measured "
+            "before are kept")

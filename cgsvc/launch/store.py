@@ -280,7 +280,7 @@ def _holds_work(active: Sequence[str]) -> sa.ColumnElement[bool]:
 
 # ---------------------------------------------------------------------------- experiments
 
-EXPERIMENT_STATES = ("RUNNING", "SUCCEEDED", "FAILED")
+EXPERIMENT_STATES = ("RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
 EXPERIMENT_FILTER_FIELDS: dict[str, filters.FieldKind] = {
     "state": filters.Closed(EXPERIMENT_STATES), "principal": "str", "create_time": "str"}
 
@@ -301,6 +301,7 @@ class ExperimentRow:
     create_time: str = ""
     update_time: str = ""
     sequence: int = 0
+    cancel_requested_by: str = ""  # who asked, of any replica, for it to stop ("": nobody)
 
 
 def _experiment_from(m: Any) -> ExperimentRow:
@@ -308,7 +309,8 @@ def _experiment_from(m: Any) -> ExperimentRow:
                          request=json.loads(m["request_json"]), runs=tuple(json.loads(m["launches_json"] or "[]")),
                          result=json.loads(m["result_json"] or "{}"), error=m["error"],
                          audit_records=tuple(json.loads(m["audit_records_json"] or "[]")), owner=m["owner"],
-                         create_time=m["create_time"], update_time=m["update_time"], sequence=int(m["sequence"]))
+                         create_time=m["create_time"], update_time=m["update_time"], sequence=int(m["sequence"]),
+                         cancel_requested_by=m["cancel_requested_by"])
 
 
 class ExperimentStore:
@@ -342,6 +344,15 @@ class ExperimentStore:
                 result_json=json.dumps(row.result), error=row.error,
                 audit_records_json=json.dumps(list(row.audit_records))))
         return dataclasses.replace(row, update_time=now) if done.rowcount else None
+
+    def request_cancel(self, experiment_id: str, principal: str) -> bool:
+        """Ask for a running experiment to stop (the replica running it acts on it); False when
+        it is not running (any more)."""
+        with self.write_engine.begin() as conn:
+            done = conn.execute(experiments.update().where(experiments.c.experiment_id == experiment_id,
+                                                           experiments.c.state == "RUNNING")
+                                .values(cancel_requested_by=principal))
+        return bool(done.rowcount)
 
     def claim(self, experiment_id: str, from_owner: str, to_owner: str) -> bool:
         """Make `to_owner` the owner, if `from_owner` still is (one replica wins)."""

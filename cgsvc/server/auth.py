@@ -38,6 +38,7 @@ PERMISSIONS: dict[str, tuple[str, ...]] = {
     "cgsvc.v1.LaunchService/CancelLaunch": ("launcher", "admin"),
     "cgsvc.v1.LaunchService/*": ("launcher", "auditor", "admin"),
     "cgsvc.v1.ExperimentService/CreateExperiment": ("launcher", "admin"),
+    "cgsvc.v1.ExperimentService/CancelExperiment": ("launcher", "admin"),
     "cgsvc.v1.ExperimentService/*": ("launcher", "auditor", "admin"),
     "cgsvc.v1.DiagnosticsService/*": ROLES,
 }

@@ -1,4 +1,4 @@
-"""ExperimentService: a shell over cgsvc.domain.experiments (create, get, list, watch)."""
+"""ExperimentService: a shell over cgsvc.domain.experiments (create, get, list, watch, cancel)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,11 @@ class ExperimentService:
         rows, token = await list_page(self.experiments.store.list_rows, request)
         return experiment_pb2.ListExperimentsResponse(experiments=[codec.experiment_proto(r) for r in rows],
                                                       next_page_token=token)
+
+    async def CancelExperiment(self, request: experiment_pb2.CancelExperimentRequest,  # noqa: N802
+                               rc: RequestContext) -> experiment_pb2.Experiment:
+        return codec.experiment_proto(await self.experiments.cancel(parse_name(request.name, "experiments"),
+                                                                    caller(rc)))
 
     async def WatchExperiment(self, request: experiment_pb2.WatchExperimentRequest,  # noqa: N802
                               rc: RequestContext) -> AsyncIterator[experiment_pb2.Experiment]:

@@ -11,6 +11,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class CancelExperimentRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
 class CreateExperimentRequest(_message.Message):
     __slots__ = ("plans", "workload", "model_path", "repeats", "dispatcher")
     PLANS_FIELD_NUMBER: _ClassVar[int]

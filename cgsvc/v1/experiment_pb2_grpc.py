@@ -56,6 +56,11 @@ class ExperimentServiceStub:
                 request_serializer=cgsvc_dot_v1_dot_experiment__pb2.WatchExperimentRequest.SerializeToString,
                 response_deserializer=cgsvc_dot_v1_dot_experiment__pb2.Experiment.FromString,
                 _registered_method=True)
+        self.CancelExperiment = channel.unary_unary(
+                '/cgsvc.v1.ExperimentService/CancelExperiment',
+                request_serializer=cgsvc_dot_v1_dot_experiment__pb2.CancelExperimentRequest.SerializeToString,
+                response_deserializer=cgsvc_dot_v1_dot_experiment__pb2.Experiment.FromString,
+                _registered_method=True)
 
 
 class ExperimentServiceServicer:
@@ -89,6 +94,14 @@ class ExperimentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelExperiment(self, request, context):
+        """Stops a running experiment: no further launch is started and the one running is cancelled;
+        it then ends CANCELLED, keeping what it measured. Asked of any replica. Audited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExperimentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +123,11 @@ def add_ExperimentServiceServicer_to_server(servicer, server):
             'WatchExperiment': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchExperiment,
                     request_deserializer=cgsvc_dot_v1_dot_experiment__pb2.WatchExperimentRequest.FromString,
+                    response_serializer=cgsvc_dot_v1_dot_experiment__pb2.Experiment.SerializeToString,
+            ),
+            'CancelExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelExperiment,
+                    request_deserializer=cgsvc_dot_v1_dot_experiment__pb2.CancelExperimentRequest.FromString,
                     response_serializer=cgsvc_dot_v1_dot_experiment__pb2.Experiment.SerializeToString,
             ),
     }
@@ -222,6 +240,33 @@ class ExperimentService:
             target,
             '/cgsvc.v1.ExperimentService/WatchExperiment',
             cgsvc_dot_v1_dot_experiment__pb2.WatchExperimentRequest.SerializeToString,
+            cgsvc_dot_v1_dot_experiment__pb2.Experiment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cgsvc.v1.ExperimentService/CancelExperiment',
+            cgsvc_dot_v1_dot_experiment__pb2.CancelExperimentRequest.SerializeToString,
             cgsvc_dot_v1_dot_experiment__pb2.Experiment.FromString,
             options,
             channel_credentials,

@@ -41,6 +41,10 @@ class ExperimentServiceStub:
     ListExperiments: _grpc.UnaryUnaryMultiCallable[_experiment_pb2.ListExperimentsRequest, _experiment_pb2.ListExperimentsResponse]
     WatchExperiment: _grpc.UnaryStreamMultiCallable[_experiment_pb2.WatchExperimentRequest, _experiment_pb2.Experiment]
     """The experiment now, then after every launch it starts or finishes, until it ends."""
+    CancelExperiment: _grpc.UnaryUnaryMultiCallable[_experiment_pb2.CancelExperimentRequest, _experiment_pb2.Experiment]
+    """Stops a running experiment: no further launch is started and the one running is cancelled;
+    it then ends CANCELLED, keeping what it measured. Asked of any replica. Audited.
+    """
 
 @_typing.type_check_only
 class ExperimentServiceAsyncStub(ExperimentServiceStub):
@@ -55,6 +59,10 @@ class ExperimentServiceAsyncStub(ExperimentServiceStub):
     ListExperiments: _aio.UnaryUnaryMultiCallable[_experiment_pb2.ListExperimentsRequest, _experiment_pb2.ListExperimentsResponse]  # type: ignore[assignment]
     WatchExperiment: _aio.UnaryStreamMultiCallable[_experiment_pb2.WatchExperimentRequest, _experiment_pb2.Experiment]  # type: ignore[assignment]
     """The experiment now, then after every launch it starts or finishes, until it ends."""
+    CancelExperiment: _aio.UnaryUnaryMultiCallable[_experiment_pb2.CancelExperimentRequest, _experiment_pb2.Experiment]  # type: ignore[assignment]
+    """Stops a running experiment: no further launch is started and the one running is cancelled;
+    it then ends CANCELLED, keeping what it measured. Asked of any replica. Audited.
+    """
 
 class ExperimentServiceServicer(metaclass=_abc_1.ABCMeta):
     """A/B experiments: two stored plans run as interleaved launches (A B A B ...) with the same
@@ -90,5 +98,15 @@ class ExperimentServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_experiment_pb2.Experiment], _abc.AsyncIterator[_experiment_pb2.Experiment]]:
         """The experiment now, then after every launch it starts or finishes, until it ends."""
+
+    @_abc_1.abstractmethod
+    def CancelExperiment(
+        self,
+        request: _experiment_pb2.CancelExperimentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_experiment_pb2.Experiment, _abc.Awaitable[_experiment_pb2.Experiment]]:
+        """Stops a running experiment: no further launch is started and the one running is cancelled;
+        it then ends CANCELLED, keeping what it measured. Asked of any replica. Audited.
+        """
 
 def add_ExperimentServiceServicer_to_server(servicer: ExperimentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -298,6 +298,10 @@ class Client:
                                                     order_by=order_by)
         return self.call(self.experiments.ListExperiments, req)  # type: ignore[no-any-return]
 
+    def cancel_experiment(self, name: str) -> experiment_pb2.Experiment:
+        return self.call(self.experiments.CancelExperiment,  # type: ignore[no-any-return]
+                         experiment_pb2.CancelExperimentRequest(name=name))
+
     def watch_experiment(self, name: str, timeout: float = 24 * 3600, resume_for: float = RESUME_SECONDS,
                          on_resume: OnResume | None = None) -> Iterator[experiment_pb2.Experiment]:
         """The experiment as it changes until it ends, across a server restart (see `followed`)."""

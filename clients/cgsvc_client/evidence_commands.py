@@ -356,11 +356,9 @@ def cmd_experiment_run(ns: argparse.Namespace) -> int:
                     msg = update
                     _experiment_progress(update, last)
             except KeyboardInterrupt:  # the experiment is the server's: stop waiting, say how to reach it
-                current = msg.runs[-1].launch if msg.runs and msg.runs[-1].state not in LAUNCH_ENDED else ""
-                stop = (f"; `cgsvc-cli launches cancel {current}` stops it, keeping what it measured" if current
-                        else "")
                 print(f"\nstopped waiting: {msg.name} goes on ({msg.state}); `cgsvc-cli experiments show "
-                      f"{msg.name}` reads it{stop}", file=sys.stderr)
+                      f"{msg.name}` reads it, `cgsvc-cli experiments cancel {msg.name}` stops it, keeping what it "
+                      "measured", file=sys.stderr)
                 if render.output_mode(ns) == "json":
                     render.print_json({"experiment": codec.experiment_dict(msg)})
                 return INTERRUPTED
@@ -371,6 +369,17 @@ def cmd_experiment_run(ns: argparse.Namespace) -> int:
     else:
         print(experiment_table(d, render.Style(sys.stdout.isatty())))
     return 0 if ns.detach or msg.state == "SUCCEEDED" else 4
+
+
+def cmd_experiments_cancel(ns: argparse.Namespace) -> int:
+    with Client.from_args(ns) as c:
+        msg = c.cancel_experiment(resource_name("experiments", ns.name))
+    if render.output_mode(ns) == "json":
+        render.print_json({"experiment": codec.experiment_dict(msg)})
+    else:
+        print(f"{msg.name}: cancel asked ({msg.state}); it ends CANCELLED once its current launch has stopped "
+              f"(`cgsvc-cli experiments show {msg.name}`)")
+    return 0
 
 
 def cmd_experiments_show(ns: argparse.Namespace) -> int:
@@ -464,6 +473,10 @@ def register(sub: Any) -> None:
     es = exs.add_parser("show", help="one experiment: its launches, statistics and verdict")
     es.add_argument("name", help="experiments/ID or ID")
     es.set_defaults(func=cmd_experiments_show)
-    for parser in (el, es):
+    ec = exs.add_parser("cancel", help="stop a running experiment: no further launch, the running one cancelled; "
+                                       "it ends CANCELLED, keeping what it measured")
+    ec.add_argument("name", help="experiments/ID or ID")
+    ec.set_defaults(func=cmd_experiments_cancel)
+    for parser in (el, es, ec):
         add_output(parser)
         add_server(parser, required=True)

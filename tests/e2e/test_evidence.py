@@ -252,6 +252,38 @@ def test_an_experiment_whose_launch_fails_stops_names_it_and_keeps_what_was_meas
         assert "FAILED" in end.outcome_message and victim in end.outcome_message
 
 
+def test_a_cancelled_experiment_stops_its_launch_ends_cancelled_and_keeps_what_it_measured(
+        srv: ServerProcess, ckpt: str) -> None:
+    """An experiment started by mistake ran every launch of every repeat: there was no way to stop
+    it but to cancel its launches one by one. `experiments cancel` stores the request (for whichever
+    replica runs it), cancels the launch running now, starts no other, and the experiment ends
+    CANCELLED with the samples measured before; who asked is in the audit log. Cancelling it again,
+    or as an auditor, is refused."""
+    with Client(srv.address) as c:
+        a, b = two_plans(c)
+        exp = c.create_experiment([a, b], ckpt, {**WORKLOAD, "output_len": 100, "requests": 1}, repeats=3)
+        running = wait_experiment(c, exp.name, lambda m: any(r.arm == "B" and r.state == "RUNNING" for r in m.runs))
+        victim = running.runs[-1].launch
+        asked = cli(srv, "experiments", "cancel", exp.name.split("/")[1], "-o", "json")
+        assert asked.returncode == 0, asked.stdout + asked.stderr
+        assert json.loads(asked.stdout)["experiment"]["name"] == exp.name
+        done = wait_experiment(c, exp.name, lambda m: m.state != "RUNNING")
+        assert done.state == "CANCELLED", done.error
+        assert done.error == "cancelled by local; the 1 samples measured before are kept", done.error
+        assert [r.state for r in done.runs] == ["SUCCEEDED", "CANCELLED"]  # no A2: nothing started after
+        assert c.get_launch(victim).state == "CANCELLED"
+        assert int(done.result["arms"]["A"]["ttft_ms"]["n"]) == 1
+        asks = [r for r in c.list_audit_records('method = "CancelExperiment"').records]
+        assert [(r.principal, r.outcome_code) for r in asks] == [("local", 0)]
+        assert asks[0].outcome_message.startswith(f"{exp.name}: cancel asked by local")
+        again = cli(srv, "experiments", "cancel", exp.name, "-o", "json")
+        assert again.returncode == 2 and "has already ended (CANCELLED)" in again.stdout, again.stdout
+        refused = c.list_audit_records('method = "CancelExperiment" AND outcome = "FAILED_PRECONDITION"').records
+        assert len(refused) == 1  # the refusal is audited too
+    runs = cli(srv, "experiments", "list", "--filter", 'state = "cancelled"', "-o", "json")
+    assert [x["name"] for x in json.loads(runs.stdout)["experiments"]] == [exp.name]
+
+
 def test_a_restart_ends_a_running_experiment_and_leaves_none_of_its_launches_running(
         srv: ServerProcess, ckpt: str) -> None:
     """The server is killed while an experiment's launch runs. Restarted, it re-attaches to the

@@ -56,9 +56,11 @@ def test_tokens_and_roles(tmp_path: Path) -> None:
                     denied_call()
                 assert e.value.code == "PERMISSION_DENIED"
         with Client(srv.address, token=TOKENS["auditor"]) as c:
-            with pytest.raises(ServiceError) as e:
-                c.resolve(KIMI)
-            assert e.value.code == "PERMISSION_DENIED"
+            for denied_call in (lambda: c.resolve(KIMI),
+                                lambda: c.cancel_experiment("experiments/x")):  # auditors read experiments only
+                with pytest.raises(ServiceError) as e:
+                    denied_call()
+                assert e.value.code == "PERMISSION_DENIED"
             assert c.get_plan(plan.name).plan_hash == plan.plan_hash
             assert c.list_models().models  # anyone authenticated
             assert c.policy_impact("sglang-0.5.17")["specs_examined"] == 1  # every attempt carried the one spec

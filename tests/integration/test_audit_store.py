@@ -46,8 +46,25 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 14
+    assert store.schema_version() == 15
     assert store.migrate() == []  # idempotent
+
+
+def test_migration_15_adds_the_cancel_column_to_existing_experiments(store: AuditStore) -> None:
+    """An experiments table of schema 14 (no cancel_requested_by) gains the column, its rows
+    reading as not cancelled; a cancel is then stored for a running experiment only."""
+    from cgsvc.launch.store import ExperimentRow, ExperimentStore
+
+    experiments = ExperimentStore(store)
+    experiments.create(ExperimentRow("e1", "RUNNING", "alice", {"plans": []}))
+    experiments.create(ExperimentRow("e2", "SUCCEEDED", "alice", {"plans": []}))
+    with store.write_engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE experiments DROP COLUMN cancel_requested_by"))
+        conn.execute(sa.text("DELETE FROM schema_migrations WHERE version = 15"))
+    assert store.migrate() == [15]
+    assert [r.cancel_requested_by for r in experiments.list_rows()[0]] == ["", ""]
+    assert experiments.request_cancel("e1", "bob") and not experiments.request_cancel("e2", "bob")
+    assert experiments.get("e1").cancel_requested_by == "bob"  # type: ignore[union-attr]
 
 
 def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,8 +99,8 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
             tp=4, model_path="/m", workload_json='{"input_len": 1, "output_len": 1, "requests": 1, "concurrency": 1}',
             create_time="2026-01-01T00:00:00Z", update_time="2026-01-01T00:00:00Z", tokens_done=1, tokens_total=1,
             error="", report_json="", run_dir="/r", handle_json="", owner=""))
-    assert store.migrate() == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
-    assert store.schema_version() == 14
+    assert store.migrate() == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 15
     old = store.get_record(1)
     assert old is not None and old.schema_version == 1 and old.policy == "cgsvc"
     assert ExperimentStore(store).list_rows() == ([], "")
