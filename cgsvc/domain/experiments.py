@@ -214,6 +214,10 @@ class Experiments:
                     self.current[experiment_id] = launch.launch_id
                     run = {"arm": arm, "repeat": repeat, "launch": f"launches/{launch.launch_id}", "state": launch.state}
                     row = await self._save(dataclasses.replace(row, runs=(*row.runs, run)))
+                    if who := await self._cancel_asked(experiment_id):  # asked while this launch was being made
+                        with contextlib.suppress(ServiceError):
+                            await self.launches.request_cancel(launch.launch_id, who,
+                                                               f"experiments/{experiment_id} was cancelled by {who}")
                     row, done = await self._follow(row, launch.launch_id)
                     if done.state != "SUCCEEDED" and (who := await self._cancel_asked(experiment_id)):
                         await self._end(row, samples, "CANCELLED", _cancelled(who, samples))
