@@ -226,8 +226,7 @@ class Experiments:
                         why = (done.error.splitlines() or [done.state])[0]
                         await self._end(row, samples, "FAILED",
                                         f"launches/{done.launch_id} (arm {arm}, repeat {repeat}) ended {done.state}: "
-                                        f"{why}; the {sum(len(s['ttft_ms']) for s in samples.values())} samples "
-                                        "measured before it are kept")
+                                        f"{why}; {_kept(samples, 'before it')}")
                         return
                     report = json.loads(done.report_json or "{}")
                     means = stored(row, "launch_means")
@@ -351,6 +350,13 @@ class Experiments:
             task.cancel()
 
 
+def _kept(samples: dict[str, dict[str, list[float]]], when: str) -> str:
+    """What an experiment that ends early keeps: "the 3 samples measured before it are kept"."""
+    n = sum(len(s["ttft_ms"]) for s in samples.values())
+    if not n:
+        return f"nothing was measured {when}"
+    return f"the 1 sample measured {when} is kept" if n == 1 else f"the {n} samples measured {when} are kept"
+
+
 def _cancelled(principal: str, samples: dict[str, dict[str, list[float]]]) -> str:
-    return (f"cancelled by {principal}; the {sum(len(s['ttft_ms']) for s in samples.values())} samples measured "
-            "before are kept")
+    return f"cancelled by {principal}; {_kept(samples, 'before')}"

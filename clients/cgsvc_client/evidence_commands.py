@@ -148,7 +148,7 @@ def _ran(launch: Any) -> dict[str, str]:
     succeeded) the modes and backends in effect and each plan field's fidelity."""
     w = launch.workload
     out = {"state": launch.state, "checkpoint": launch.model_path,
-           "workload": f"{w.requests} requests x {w.input_len} in / {w.output_len} out, concurrency "
+           "workload": f"{render.counted(w.requests, 'request')} x {w.input_len} in / {w.output_len} out, concurrency "
                        f"{w.concurrency}, seed {w.seed}",
            "ranks": f"{launch.tp} ({launch.dispatcher} dispatcher)", "devices": ", ".join(launch.devices) or "-"}
     if launch.state == "SUCCEEDED":
@@ -303,7 +303,7 @@ def experiment_table(d: dict[str, Any], style: render.Style) -> str:
     runs = d.get("runs", [])
     rows = [("experiment", f"{d['name']} ({d['state']})"),
             ("arms", f"A {d['plans'][0]}   B {d['plans'][1]}"),
-            ("workload", f"{wl.get('requests', 0)} requests x {wl.get('input_len', 0)} in / {wl.get('output_len', 0)} "
+            ("workload", f"{render.counted(wl.get('requests', 0), 'request')} x {wl.get('input_len', 0)} in / {wl.get('output_len', 0)} "
                          f"out, concurrency {wl.get('concurrency', 0)}, seed {wl.get('seed', 0)}; "
                          f"{d['repeats']} launches per arm on {d['dispatcher']} ({d['model_path']})"),
             ("runs", ", ".join(f"{r['arm']}{r['repeat']} {r['launch']} {r['state']}" for r in runs) or "-")]

@@ -269,7 +269,7 @@ def test_a_cancelled_experiment_stops_its_launch_ends_cancelled_and_keeps_what_i
         assert json.loads(asked.stdout)["experiment"]["name"] == exp.name
         done = wait_experiment(c, exp.name, lambda m: m.state != "RUNNING")
         assert done.state == "CANCELLED", done.error
-        assert done.error == "cancelled by local; the 1 samples measured before are kept", done.error
+        assert done.error == "cancelled by local; the 1 sample measured before is kept", done.error
         assert [r.state for r in done.runs] == ["SUCCEEDED", "CANCELLED"]  # no A2: nothing started after
         assert c.get_launch(victim).state == "CANCELLED"
         assert int(done.result["arms"]["A"]["ttft_ms"]["n"]) == 1
