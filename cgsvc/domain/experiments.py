@@ -259,7 +259,6 @@ class Experiments:
                                              audit_records=(*row.audit_records, record)))
         log.info("experiment ended", experiment_id=row.experiment_id, state=state, verdict=result["verdict"])
 
-    # ------------------------------------------------------------------ read, watch, recover
     # ------------------------------------------------------------------ cancel
     async def cancel(self, experiment_id: str, caller: Caller) -> ExperimentRow:
         """Ask, of any replica, for a running experiment to stop: the request is stored for the
@@ -286,6 +285,7 @@ class Experiments:
         row = await asyncio.to_thread(self.store.get, experiment_id)
         return row.cancel_requested_by if row is not None else ""
 
+    # ------------------------------------------------------------------ read, watch, recover
     async def get(self, experiment_id: str) -> ExperimentRow:
         row = await asyncio.to_thread(self.store.get, experiment_id)
         if row is None:
