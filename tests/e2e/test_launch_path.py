@@ -133,6 +133,24 @@ def test_concurrent_launches_get_disjoint_devices_and_each_rank_sees_only_its_ow
             assert_started_once(c, launch.name)
 
 
+def test_an_experiment_is_cancelled_from_a_replica_that_does_not_run_it(tmp_path: Path) -> None:
+    """CancelExperiment asked of replica 1 stops an experiment replica 0 runs: the ask is stored
+    with the experiment, replica 1 cancels the launch running now, and replica 0 starts no other
+    and ends the experiment CANCELLED."""
+    with pg_replicas(tmp_path, "experiment_cancel", 1) as (servers, tiny, spec), \
+            Client(servers[0].address) as c0, Client(servers[1].address) as c1:
+        plan = c0.resolve_proto(spec).name
+        exp = c0.create_experiment([plan, plan], tiny, {"input_len": 4, "output_len": 2000, "requests": 1,
+                                                        "concurrency": 1}, repeats=3)
+        wait_for("the first launch running", lambda: any(r.state == "RUNNING" for r in c1.get_experiment(exp.name).runs))
+        assert c1.cancel_experiment(exp.name).state == "RUNNING"  # asked; replica 0 ends it
+        wait_for("the experiment ended", lambda: c0.get_experiment(exp.name).state != "RUNNING", timeout=60)
+        done = c0.get_experiment(exp.name)
+        assert done.state == "CANCELLED" and done.error == "cancelled by local; nothing was measured before", done
+        assert [r.state for r in done.runs] == ["CANCELLED"]
+        assert c0.get_launch(done.runs[0].launch).owner == f"replicas/{instance_of(servers[0])}"
+
+
 def test_two_replicas_create_launches_concurrently_on_postgres(tmp_path: Path) -> None:
     work = {"input_len": 4, "output_len": 2, "requests": 1, "concurrency": 1}
     made: list[str] = []
