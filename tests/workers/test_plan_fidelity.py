@@ -149,6 +149,8 @@ def test_a_plan_value_outside_its_closed_set_is_refused_not_run_as_something_els
                        ("kv_cache_dtype", {"kv_cache_dtype": "int3"})):
         with pytest.raises(PlanMismatch, match=rf"^{field}: '\w+' is not one of the plan's values \("):
             PlanView.from_json({"plan": {**plan, **bad}})
+    with pytest.raises(PlanMismatch, match=r"^decode.max_bs: -4 is below 0"):  # every batch would have run eagerly
+        PlanView.from_json({"plan": {**plan, "decode": {"backend": "full", "max_bs": -4, "bs": [1, 2]}}})
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 64])  # gather path (T * k <= experts), dense path

@@ -104,6 +104,9 @@ class PlanView:
                                "docs/plan.md") from None
         if any(n < 1 for n in view.prefill_num_tokens + view.decode_bs):
             raise PlanMismatch("plan capture sizes must be positive")
+        for name, cap in (("prefill.max_num_tokens", view.prefill_max_num_tokens), ("decode.max_bs", view.decode_max_bs)):
+            if cap < 0:
+                raise PlanMismatch(f"{name}: {cap} is below 0 (0: up to the largest planned size)")
         for name, attr, valid in CLOSED_FIELDS:
             setattr(view, attr, _one_of(name, getattr(view, attr), valid))
         spec = data.get("spec") or plan.get("spec")
