@@ -283,7 +283,8 @@ def experiment_proto(row: ExperimentRow) -> experiment_pb2.Experiment:
         name=f"experiments/{row.experiment_id}", state=row.state, plans=req["plans"],
         workload=launch_pb2.LaunchWorkload(**req["workload"]), model_path=req["model_path"], repeats=req["repeats"],
         dispatcher=req["dispatcher"], runs=[experiment_pb2.ExperimentRun(**r) for r in row.runs], error=row.error,
-        verdict=str(row.result.get("verdict", "")), audit_records=list(row.audit_records), principal=row.principal)
+        verdict=str(row.result.get("verdict", "")), audit_records=list(row.audit_records), principal=row.principal,
+        cancel_requested_by=row.cancel_requested_by)
     msg.result.update(row.result)
     if row.create_time:
         msg.create_time.CopyFrom(timestamp(row.create_time))

@@ -307,6 +307,8 @@ def experiment_table(d: dict[str, Any], style: render.Style) -> str:
                          f"out, concurrency {wl.get('concurrency', 0)}, seed {wl.get('seed', 0)}; "
                          f"{d['repeats']} launches per arm on {d['dispatcher']} ({d['model_path']})"),
             ("runs", ", ".join(f"{r['arm']}{r['repeat']} {r['launch']} {r['state']}" for r in runs) or "-")]
+    if d.get("cancel_requested_by") and d["state"] == "RUNNING":
+        rows.append(("cancel", f"asked by {d['cancel_requested_by']}: it ends once its current launch has stopped"))
     if d.get("error"):
         rows.append(("error", d["error"]))
     rows.append(("audit", ", ".join(d.get("audit_records", []))))
@@ -377,8 +379,8 @@ def cmd_experiments_cancel(ns: argparse.Namespace) -> int:
     if render.output_mode(ns) == "json":
         render.print_json({"experiment": codec.experiment_dict(msg)})
     else:
-        print(f"{msg.name}: cancel asked ({msg.state}); it ends CANCELLED once its current launch has stopped "
-              f"(`cgsvc-cli experiments show {msg.name}`)")
+        print(f"{msg.name}: cancel asked by {msg.cancel_requested_by} ({msg.state}); it ends CANCELLED once its "
+              f"current launch has stopped (`cgsvc-cli experiments show {msg.name}`)")
     return 0
 
 

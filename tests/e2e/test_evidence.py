@@ -266,9 +266,10 @@ def test_a_cancelled_experiment_stops_its_launch_ends_cancelled_and_keeps_what_i
         victim = running.runs[-1].launch
         asked = cli(srv, "experiments", "cancel", exp.name.split("/")[1], "-o", "json")
         assert asked.returncode == 0, asked.stdout + asked.stderr
-        assert json.loads(asked.stdout)["experiment"]["name"] == exp.name
+        answered = json.loads(asked.stdout)["experiment"]
+        assert (answered["name"], answered["cancel_requested_by"]) == (exp.name, "local"), answered
         done = wait_experiment(c, exp.name, lambda m: m.state != "RUNNING")
-        assert done.state == "CANCELLED", done.error
+        assert done.state == "CANCELLED" and done.cancel_requested_by == "local", done.error
         assert done.error == "cancelled by local; the 1 sample measured before is kept", done.error
         assert [r.state for r in done.runs] == ["SUCCEEDED", "CANCELLED"]  # no A2: nothing started after
         assert c.get_launch(victim).state == "CANCELLED"
