@@ -131,6 +131,12 @@ def test_concurrent_launches_get_disjoint_devices_and_each_rank_sees_only_its_ow
             assert seen == list(launch.devices)  # rank r sees exactly the r-th device, alone
             assert "local devices" in launch.placement and "substituted" not in launch.placement
             assert_started_once(c, launch.name)
+        # the same plan and workload on other devices: shown by launches diff, not counted as running differently
+        diff = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "launches", "diff", *names, "--exit-code",
+                               "--server", srv.address, "-o", "json"], capture_output=True, text=True, timeout=60,
+                              cwd=ROOT)
+        assert diff.returncode == 0, diff.stdout + diff.stderr
+        assert [r["field"] for r in json.loads(diff.stdout)["diff"]["ran"]] == ["devices"], diff.stdout
 
 
 def test_an_experiment_is_cancelled_from_a_replica_that_does_not_run_it(tmp_path: Path) -> None:
