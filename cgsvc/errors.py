@@ -10,6 +10,8 @@ layer turns it into a rich status (BadRequest / ErrorInfo details); the CLI prin
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +29,22 @@ def clip(text: str, limit: int) -> str:
     """`text`, or its first `limit` characters and how long it was (for a caller's value that
     must fit somewhere: a status on the wire, an indexed column)."""
     return text if len(text) <= limit else f"{text[:limit]}... (cut at {limit} of {len(text)} characters)"
+
+
+def one_spelling(value: str, choices: Sequence[str]) -> str | None:
+    """`value` as the closed set `choices` spells it, matched in any case (what is kept is the one
+    spelling, so plans, the audit log and errors never see another); None when it is not in it."""
+    return {c.lower(): c for c in choices}.get(value.lower())
+
+
+def did_you_mean(value: str, choices: Sequence[str]) -> str:
+    """"did you mean 'X'? " for the one of `choices` nearest a mistyped `value` (compared in any
+    case), to put before the list of what is valid; "" when none is near."""
+    if len(value) > 100:  # far longer than any choice: nothing is near, and it costs no more
+        return ""
+    spellings = {c.lower(): c for c in choices}
+    near = difflib.get_close_matches(value.lower(), list(spellings), n=1)
+    return f"did you mean {spellings[near[0]]!r}? " if near else ""
 
 
 @dataclass(frozen=True)

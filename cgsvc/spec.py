@@ -23,7 +23,7 @@ from cgsvc.contract import (
     KV_CACHE_DTYPES,
     PREFILL_GRAPH_BACKENDS,
 )
-from cgsvc.errors import FieldViolation, ServiceError
+from cgsvc.errors import FieldViolation, ServiceError, one_spelling
 
 # Closed sets. Names are the JSON values; the proto carries the same strings.
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
@@ -178,7 +178,7 @@ def _check_scalar(path: str, value: Any, kind: type, meta: Mapping[str, Any],
     if choices is not None and value not in choices:
         # Closed sets match case-insensitively on input; what is kept is the one canonical
         # spelling, so plans, the audit log and errors never see another.
-        canonical = {c.lower(): c for c in choices}.get(value.lower())
+        canonical = one_spelling(value, choices)
         if canonical is None:
             out.append(FieldViolation(path, f"unknown value {value!r}; valid: {', '.join(choices)}"))
             return None

@@ -14,10 +14,11 @@ case-insensitively and refuses any other value, naming the set; one with catalog
 from __future__ import annotations
 
 import contextlib
-import difflib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+from cgsvc.errors import did_you_mean, one_spelling
 
 _TOKEN = re.compile(r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<op>!=|<=|>=|=|<|>)|(?P<word>[A-Za-z0-9_.:+\-/]+))')
 OPS = ("=", "!=", "<", "<=", ">", ">=")
@@ -94,12 +95,10 @@ def _spelled(name: str, value: str, kind: Closed | Catalogued) -> tuple[str, tup
     """A string value of a closed or catalogued field: its one spelling, and the other spellings
     that match too."""
     if isinstance(kind, Closed):
-        spellings = {c.lower(): c for c in kind.choices}
-        canonical = spellings.get(value.lower())
+        canonical = one_spelling(value, kind.choices)
         if canonical is None:
-            near = difflib.get_close_matches(value.lower(), list(spellings), n=1) if len(value) <= 100 else []
-            hint = f"did you mean {spellings[near[0]]!r}? " if near else ""
-            raise FilterError(f"{name}: unknown value {value[:40]!r}; {hint}valid: {', '.join(kind.choices)}")
+            raise FilterError(f"{name}: unknown value {value[:40]!r}; {did_you_mean(value, kind.choices)}valid: "
+                              f"{', '.join(kind.choices)}")
         return canonical, ()
     known = kind.lookup(value) if len(value) <= 200 else None
     return (known, (value,)) if known is not None and known != value else (value, ())

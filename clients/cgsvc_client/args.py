@@ -9,7 +9,6 @@ import argparse
 import collections
 import contextlib
 import datetime as dt
-import difflib
 import functools
 import json
 import math
@@ -20,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from cgsvc.errors import FieldViolation, ServiceError
+from cgsvc.errors import FieldViolation, ServiceError, did_you_mean, one_spelling
 
 REFUSAL_CODES = ("INVALID_ARGUMENT", "FAILED_PRECONDITION")
 
@@ -82,12 +81,9 @@ def add_explain(p: argparse.ArgumentParser) -> None:
 def one_of(option: str, asked: str, known: Sequence[str], what: str) -> str:
     """`asked` in its one spelling among `known`, matched in any case; else bad input naming
     `option`, saying it is not `what` and listing what is."""
-    spellings = {k.lower(): k for k in known}
-    if (key := spellings.get(asked.strip().lower())) is not None:
+    if (key := one_spelling(asked.strip(), known)) is not None:
         return key
-    near = difflib.get_close_matches(asked.strip().lower(), list(spellings), n=1) if len(asked) <= 100 else []
-    hint = f"did you mean {spellings[near[0]]!r}? " if near else ""
-    raise bad(option, f"{asked!r} is not {what}; {hint}valid: {', '.join(known)}")
+    raise bad(option, f"{asked!r} is not {what}; {did_you_mean(asked.strip(), known)}valid: {', '.join(known)}")
 
 
 def explained_field(field: str) -> str:

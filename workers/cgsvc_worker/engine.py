@@ -23,6 +23,7 @@ from cgsvc.contract import (
     KV_CACHE_DTYPES,
     PREFILL_GRAPH_BACKENDS,
 )
+from cgsvc.errors import one_spelling
 from cgsvc_worker import loader
 from cgsvc_worker.attention import (
     DecodeMeta,
@@ -126,7 +127,7 @@ CLOSED_FIELDS = (("prefill.backend", "prefill_backend", PREFILL_GRAPH_BACKENDS),
 def _one_of(field: str, value: Any, valid: tuple[str, ...]) -> str:
     """A plan value of a closed set in its one spelling (a hand-written plan may use another case);
     a value outside the set is not a cgsvc plan, and is refused rather than run as something else."""
-    spelt = {v.lower(): v for v in valid}.get(str(value).lower())
+    spelt = one_spelling(str(value), valid)
     if spelt is None:
         raise PlanMismatch(f"{field}: {str(value)[:40]!r} is not one of the plan's values ({', '.join(valid)}); "
                            "expected the JSON form of docs/plan.md")
