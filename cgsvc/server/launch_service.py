@@ -184,27 +184,25 @@ class LaunchService:
         and settled because its group ran on another machine, on that machine, with the replica
         that holds a lease there now if any (LOGS_ELSEWHERE, naming the replica, host and address
         to ask). None: they are nowhere else (the group never wrote any)."""
-        ran_on = RunHandle.from_json(row.handle_json).host if row.handle_json else ""
+        leases = self.launches.leases.leases  # the most recently renewed first
         if row.owner and row.owner != self.launches.instance:
-            leases = await asyncio.to_thread(self.launches.leases.leases)
-            lease = next((x for x in leases if x.owner == row.owner), None)
-            where = f" on {lease.host}" if lease else ""
+            lease = next((x for x in await asyncio.to_thread(leases) if x.owner == row.owner), None)
+            replica, host = f"replicas/{row.owner}", lease.host if lease else ""
             at = f" at {lease.address}" if lease and lease.address else ""
-            return ServiceError("FAILED_PRECONDITION", f"{name}'s logs are kept by replicas/{row.owner}{where}, "
-                                f"which supervises it, in {logs}: ask that replica{at} (cgsvc-cli replicas list)",
-                                reason="LOGS_ELSEWHERE",
-                                info={"replica": f"replicas/{row.owner}", "host": lease.host if lease else "",
-                                      "address": lease.address if lease else ""})
-        if not ran_on or ran_on == HOST:
-            return None
-        live = await asyncio.to_thread(self.launches.leases.leases)  # the most recently renewed first
-        lease = next((x for x in live if x.host == ran_on and x.age < self.launches.lease_seconds), None)
-        ask = (f"ask replicas/{lease.owner} there at {lease.address}" if lease and lease.address
-               else "no replica on that machine holds a lease now; they can be read there, on its disk")
-        return ServiceError("FAILED_PRECONDITION", f"{name}'s logs are kept on {ran_on}, where its group ran, in "
-                            f"{logs}: {ask}", reason="LOGS_ELSEWHERE",
-                            info={"replica": f"replicas/{lease.owner}" if lease else "", "host": ran_on,
-                                  "address": lease.address if lease else ""})
+            message = (f"{name}'s logs are kept by {replica}{f' on {host}' if host else ''}, which supervises it, "
+                       f"in {logs}: ask that replica{at} (cgsvc-cli replicas list)")
+        else:
+            host = RunHandle.from_json(row.handle_json).host if row.handle_json else ""
+            if not host or host == HOST:
+                return None
+            lease = next((x for x in await asyncio.to_thread(leases)
+                          if x.host == host and x.age < self.launches.lease_seconds), None)
+            replica = f"replicas/{lease.owner}" if lease else ""
+            ask = (f"ask {replica} there at {lease.address}" if lease and lease.address
+                   else "no replica on that machine holds a lease now; they can be read there, on its disk")
+            message = f"{name}'s logs are kept on {host}, where its group ran, in {logs}: {ask}"
+        return ServiceError("FAILED_PRECONDITION", message, reason="LOGS_ELSEWHERE",
+                            info={"replica": replica, "host": host, "address": lease.address if lease else ""})
 
     async def GetLaunchLogs(self, request: launch_pb2.GetLaunchLogsRequest,  # noqa: N802
                             rc: RequestContext) -> launch_pb2.LaunchLogs:
