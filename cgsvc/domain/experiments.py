@@ -188,11 +188,12 @@ class Experiments:
         # taken-over experiment may never have seen this launch.
         await self._cancel_launches([self.current.pop(experiment_id, "")], why)
 
-    async def _cancel_launches(self, launch_ids: list[str], why: str) -> None:
-        """Ask for an ended experiment's unfinished launches to be cancelled (not waiting for them)."""
+    async def _cancel_launches(self, launch_ids: list[str], why: str, principal: str = "cgsvc") -> None:
+        """Ask for an ended (or cancelled) experiment's unfinished launches to be cancelled (not
+        waiting for them), by `principal`: the service itself, or whoever cancelled it."""
         for launch_id in filter(None, launch_ids):
             with contextlib.suppress(ServiceError):  # it has ended meanwhile
-                await self.launches.request_cancel(launch_id, "cgsvc", why)
+                await self.launches.request_cancel(launch_id, principal, why)
 
     async def _run(self, experiment_id: str, caller: Caller) -> None:
         row = await asyncio.to_thread(self.store.get, experiment_id)
@@ -215,9 +216,7 @@ class Experiments:
                     run = {"arm": arm, "repeat": repeat, "launch": f"launches/{launch.launch_id}", "state": launch.state}
                     row = await self._save(dataclasses.replace(row, runs=(*row.runs, run)))
                     if who := await self._cancel_asked(experiment_id):  # asked while this launch was being made
-                        with contextlib.suppress(ServiceError):
-                            await self.launches.request_cancel(launch.launch_id, who,
-                                                               f"experiments/{experiment_id} was cancelled by {who}")
+                        await self._cancel_launches([launch.launch_id], _cancel_reason(experiment_id, who), who)
                     row, done = await self._follow(row, launch.launch_id)
                     if done.state != "SUCCEEDED" and (who := await self._cancel_asked(experiment_id)):
                         await self._end(row, samples, "CANCELLED", _cancelled(who, samples))
@@ -273,11 +272,9 @@ class Experiments:
         await self.audit(CANCEL_EXPERIMENT_METHOD, caller.principal, "OK",
                          f"cancel asked by {caller.principal}; it ends after its current launch stops", caller,
                          experiment_id)
-        current = row.runs[-1]["launch"] if row.runs and row.runs[-1]["state"] not in TERMINAL else ""
-        if current:
-            with contextlib.suppress(ServiceError):  # it has ended meanwhile
-                await self.launches.request_cancel(current.removeprefix("launches/"), caller.principal,
-                                                   f"experiments/{experiment_id} was cancelled by {caller.principal}")
+        if row.runs and row.runs[-1]["state"] not in TERMINAL:
+            await self._cancel_launches([row.runs[-1]["launch"].removeprefix("launches/")],
+                                        _cancel_reason(experiment_id, caller.principal), caller.principal)
         return await self.get(experiment_id)
 
     async def _cancel_asked(self, experiment_id: str) -> str:
@@ -356,6 +353,11 @@ def _kept(samples: dict[str, dict[str, list[float]]], when: str) -> str:
     if not n:
         return f"nothing was measured {when}"
     return f"the 1 sample measured {when} is kept" if n == 1 else f"the {n} samples measured {when} are kept"
+
+
+def _cancel_reason(experiment_id: str, principal: str) -> str:
+    """Why a cancelled experiment's launch is cancelled, as that launch records it."""
+    return f"experiments/{experiment_id} was cancelled by {principal}"
 
 
 def _cancelled(principal: str, samples: dict[str, dict[str, list[float]]]) -> str:
