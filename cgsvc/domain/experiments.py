@@ -244,6 +244,10 @@ class Experiments:
             log.exception("experiment failed", experiment_id=experiment_id)
             await self._end(row, samples, "FAILED", f"internal error: {exc}")
             return
+        if who := await self._cancel_asked(experiment_id):  # accepted, though its last launch beat it
+            await self._end(row, samples, "CANCELLED", f"cancelled by {who} as its last launch finished: every "
+                            f"launch it planned ran, and {_kept(samples, 'in them')}")
+            return
         await self._end(row, samples, "SUCCEEDED", "")
 
     async def _end(self, row: ExperimentRow, samples: dict[str, dict[str, list[float]]], state: str,

@@ -285,6 +285,33 @@ def test_a_cancelled_experiment_stops_its_launch_ends_cancelled_and_keeps_what_i
     assert [x["name"] for x in json.loads(runs.stdout)["experiments"]] == [exp.name]
 
 
+def test_a_cancel_that_lands_as_the_last_launch_finishes_still_ends_the_experiment_cancelled(
+        srv: ServerProcess, ckpt: str) -> None:
+    """Regression: `experiments cancel` was accepted ("it ends after its current launch stops"),
+    but the last launch finished before the cancel reached it, and the experiment ended SUCCEEDED
+    with `cancel_requested_by` set: a script waiting for CANCELLED never saw it. The request is
+    stored here straight into the experiment's row (as a replica does first) while the last launch
+    runs, and that launch is left to finish, which is the race's outcome made certain."""
+    from cgsvc.launch.store import ExperimentStore
+    with Client(srv.address) as c:
+        a, b = two_plans(c)
+        exp = c.create_experiment([a, b], ckpt, {**WORKLOAD, "output_len": 100, "requests": 1}, repeats=1)
+        wait_experiment(c, exp.name, lambda m: any(r.arm == "B" and r.state == "RUNNING" for r in m.runs))
+        store = AuditStore(f"sqlite:///{srv.data_dir / 'cgsvc.db'}")
+        try:
+            assert ExperimentStore(store).request_cancel(exp.name.split("/")[1], "local")
+        finally:
+            store.close()
+        done = wait_experiment(c, exp.name, lambda m: m.state != "RUNNING")
+        assert [r.state for r in done.runs] == ["SUCCEEDED", "SUCCEEDED"]  # the launch finished all the same
+        assert done.state == "CANCELLED" and done.cancel_requested_by == "local", (done.state, done.error)
+        assert done.error == ("cancelled by local as its last launch finished: every launch it planned ran, "
+                              "and the 2 samples measured in them are kept"), done.error
+        assert int(done.result["arms"]["B"]["ttft_ms"]["n"]) == 1
+        end = c.get_audit_record(done.audit_records[-1])
+        assert end.outcome_message.startswith(f"{exp.name}: CANCELLED: ") and "as its last launch finished" in end.outcome_message
+
+
 def test_a_restart_ends_a_running_experiment_and_leaves_none_of_its_launches_running(
         srv: ServerProcess, ckpt: str) -> None:
     """The server is killed while an experiment's launch runs. Restarted, it re-attaches to the
