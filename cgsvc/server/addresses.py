@@ -53,11 +53,29 @@ def target_is_local(target: str, resolve: Resolver = _resolve) -> bool:
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 
 
+def parse_host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of HOST:PORT as every address setting reads it (the bind, advertised and
+    metrics addresses), or None: a port of ASCII digits 0-65535, and an IPv6 host in brackets
+    (`[::1]:50051`; bare, `::1:8080` is read one way here and another by a client). The host may
+    be empty (every interface); whether that, or port 0, will do is the caller's rule."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        return None
+    if host.startswith("[") or host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1] if host.startswith("[") and host.endswith("]") else "-")
+        except ValueError:
+            return None
+    elif ":" in host or any(c.isspace() or c in "[]/" for c in host):
+        return None
+    return host, int(port)
+
+
 def check_advertised(address: str) -> str:
     """`address` if it is HOST:PORT with a host and a port 1-65535 (what a client can dial), else
     ValueError saying what would do."""
-    host, sep, port = address.rpartition(":")
-    if not sep or host.strip("[]") in WILDCARD_HOSTS or not port.isdigit() or not 0 < int(port) < 65536:
+    parsed = parse_host_port(address)
+    if parsed is None or parsed[0].strip("[]") in WILDCARD_HOSTS or parsed[1] == 0:
         raise ValueError(f"must be HOST:PORT that clients can dial (a host name or address, not a wildcard, and "
                          f"a port 1-65535), got {address!r}")
     return address

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cgsvc.server.addresses import check_advertised
+from cgsvc.server.addresses import check_advertised, parse_host_port
 
 CLIENT_ENVIRONMENT = ("CGSVC_SERVER", "CGSVC_TOKEN")  # read by cgsvc-cli, not by the server
 
@@ -29,7 +29,8 @@ MIN_MESSAGE_BYTES = 64 * 1024
 class ServerConfig:
     """Every setting, with the help line `cgsvc serve --help` prints for its flag."""
 
-    address: str = _opt("127.0.0.1:50051", "HOST:PORT to serve gRPC on (port 0 picks a free one)")
+    address: str = _opt("127.0.0.1:50051", "HOST:PORT to serve gRPC on (port 0 picks a free one; an IPv6 host in "
+                        "brackets, [::1]:50051)")
     advertise_address: str = _opt("", "HOST:PORT that clients reach this server at, where the address it binds "
                                       "is not (a wildcard, a port behind a NAT): replicas name it for the launch "
                                       "logs on their disk; default: the bound address, with this machine's name "
@@ -107,8 +108,7 @@ class ServerConfig:
         for name, ok, valid in bounds:
             if not ok:
                 raise ValueError(f"{name} must be {valid}, got {getattr(self, name)!r}")
-        host, sep, port = self.address.rpartition(":")
-        if not (sep and port.isdigit() and int(port) <= 65535 and (":" not in host or host.startswith("["))):
+        if parse_host_port(self.address) is None:
             # gRPC binds some other port for one it cannot parse (127.0.0.1:99999 served on a random one)
             raise ValueError(f"address must be HOST:PORT (port 0-65535, 0 picks a free one; an IPv6 host in "
                              f"brackets), got {self.address!r}")

@@ -26,6 +26,7 @@ import structlog
 
 from cgsvc import __version__
 from cgsvc.server import token_commands
+from cgsvc.server.addresses import parse_host_port
 from cgsvc.server.config import EVENT_LOOPS, ServerConfig, load_config, misspelt_environment
 from cgsvc.server.token_commands import EXPIRY_WARNING_DAYS, token_warnings
 
@@ -70,11 +71,13 @@ def start_metrics(address: str) -> str:
 
     from cgsvc.server import metrics
 
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
-        raise ValueError(f"must be HOST:PORT (port 0-65535, 0 picks one; empty turns it off), got {address!r}")
+    parsed = parse_host_port(address)
+    if parsed is None or not parsed[0]:
+        raise ValueError(f"must be HOST:PORT (port 0-65535, 0 picks one; an IPv6 host in brackets; empty turns it "
+                         f"off), got {address!r}")
+    host, port = parsed
     try:
-        server, _thread = start_http_server(int(port), addr=host.strip("[]"), registry=metrics.REGISTRY)
+        server, _thread = start_http_server(port, addr=host.strip("[]"), registry=metrics.REGISTRY)
     except OSError as exc:
         raise ValueError(f"cannot listen on {address}: {exc.strerror or exc}") from None
     return f"http://{host}:{server.server_port}/metrics"

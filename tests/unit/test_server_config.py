@@ -55,6 +55,25 @@ def test_every_bounded_setting_is_checked_when_loaded(name: str, value: object, 
     load_config(env={}, overrides={"log_level": "WARNING", "audit_max_batch": 1, "max_message_bytes": 65536})
 
 
+def test_every_address_setting_reads_host_port_one_way() -> None:
+    """Regression: the bind address, the advertised address and the metrics address each split
+    HOST:PORT by hand, with different rules. `127.0.0.1:²` failed with "invalid literal for int()",
+    naming no setting; `h:٣` (an Arabic-Indic 3) passed as port 3, which gRPC cannot parse; an
+    unclosed `[::1:50051` was bound, and `::1:8080` advertised to clients that read it otherwise."""
+    from cgsvc.server.addresses import parse_host_port
+    from cgsvc.server.main import start_metrics
+    assert parse_host_port("[::1]:50051") == ("[::1]", 50051) and parse_host_port(":0") == ("", 0)
+    assert parse_host_port("cgsvc-0.cgsvc.svc:65535") == ("cgsvc-0.cgsvc.svc", 65535)
+    for bad in ("127.0.0.1:²", "h:٣", "[::1:50051", "::1]:50051", "::1:8080", "[no-v6]:1", "h st:1", "h:+1", "h:-1"):
+        assert parse_host_port(bad) is None, bad
+        with pytest.raises(ValueError, match=r"^address must be HOST:PORT \(port 0-65535"):
+            load_config(env={}, overrides={"address": bad})
+        with pytest.raises(ValueError, match="HOST:PORT that clients can dial"):
+            check_advertised(bad)
+        with pytest.raises(ValueError, match=r"^must be HOST:PORT \(port 0-65535"):
+            start_metrics(bad)
+
+
 def test_loopback_detection() -> None:
     assert is_loopback("127.0.0.1:0") and is_loopback("[::1]:50051") and is_loopback("localhost:1")
     assert not is_loopback("0.0.0.0:50051") and not is_loopback("[::]:1") and not is_loopback("10.0.0.1:1")
