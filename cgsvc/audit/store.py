@@ -340,7 +340,12 @@ class TreeSizeError(ValueError):
 
 
 class PageTokenError(ValueError):
-    """A page token this store did not issue for this filter."""
+    """A page token this store did not issue for this filter, or a page size out of range;
+    `field` names which (the message does not repeat it)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field} {message}")
+        self.field, self.message = field, message
 
 
 def db_epoch(dialect: str) -> sa.ColumnElement[float]:
@@ -587,9 +592,9 @@ def _decode_token(token: str, filter_text: str) -> int:
         if type(after) is not int or not 0 <= after < 1 << 63:  # a token this server made holds a sequence
             raise ValueError(after)
     except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError):
-        raise PageTokenError("page_token is not one this server issued") from None
+        raise PageTokenError("page_token", "is not one this server issued") from None
     if digest != hashlib.sha256(filter_text.encode()).hexdigest()[:12]:
-        raise PageTokenError("page_token was issued for a different filter or order")
+        raise PageTokenError("page_token", "was issued for a different filter or order")
     return after
 
 
@@ -1143,7 +1148,8 @@ class AuditStore:
         filter's terms (fields named as `columns` maps them) and `where`. A page token holds the
         last sequence returned and is bound to the filter and the order."""
         if page_size < 0:
-            raise PageTokenError("page_size must not be negative")
+            raise PageTokenError("page_size", f"must not be negative (0 asks for the default, {DEFAULT_PAGE_SIZE}; at most "
+                                              f"{MAX_PAGE_SIZE}), got {page_size}")
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         bound = filter_text + ("\norder_by desc" if newest_first else "")
         last = _decode_token(page_token, bound)

@@ -67,7 +67,7 @@ async def list_page(lister: Callable[[str, int, str, str], tuple[list[Any], str]
     except filters.OrderError as exc:
         raise invalid("order_by", str(exc)) from None
     except PageTokenError as exc:
-        raise invalid("page_token" if "page_token" in str(exc) else "page_size", str(exc)) from None
+        raise invalid(exc.field, exc.message) from None
 
 
 def rejection_auditor(auditor: Auditor) -> Callable[..., Any]:

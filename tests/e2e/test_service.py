@@ -283,10 +283,14 @@ def test_bad_input_keeps_the_server_up(server: ServerProcess, client: Client) ->
             ch.unary_unary("/cgsvc.v1.PlanService/ResolvePlan")(
                 plan_service_pb2.ResolvePlanRequest().SerializeToString(), timeout=0.000001)
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    for bad in ({"filter": "model ="}, {"page_token": "zzz"}, {"page_size": -1}):
+    for bad, says in (({"filter": "model ="}, "expected FIELD OP VALUE"), ({"page_token": "zzz"}, "is not one this server issued"),
+                      ({"page_size": -1}, "must not be negative (0 asks for the default, 50; at most 1000), got -1")):
         with pytest.raises(ServiceError) as e:
             client.list_plans(**bad)  # type: ignore[arg-type]
-        assert e.value.code == "INVALID_ARGUMENT" and e.value.violations[0].field in ("filter", "page_token", "page_size")
+        (field,) = bad
+        assert e.value.code == "INVALID_ARGUMENT" and e.value.violations[0].field == field, e.value
+        # regression: "page_size: page_size must not be negative" named its field twice and no valid value
+        assert says in e.value.violations[0].description and field not in e.value.violations[0].description, e.value
     for name in ("plans/", "x/1", "plans/a/b"):
         with pytest.raises(ServiceError) as e:
             client.get_plan(name)
