@@ -240,6 +240,11 @@ def workload(ns: argparse.Namespace) -> dict[str, int]:
             "concurrency": ns.concurrency, "seed": ns.seed}
 
 
+def add_list_verb(p: argparse.ArgumentParser) -> None:
+    """`policies list` as well as `policies`: every other collection is listed with `list`."""
+    p.add_argument("verb", nargs="?", choices=("list",), help="optional: list (the same answer)")
+
+
 def add_output(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", "-o", choices=("table", "json"),
                    help="table (default on a terminal) or json (default otherwise)")

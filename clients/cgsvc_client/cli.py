@@ -25,6 +25,7 @@ from cgsvc_client.args import (
     INTERRUPTED,
     CliError,
     add_explain,
+    add_list_verb,
     add_output,
     add_policy,
     add_server,
@@ -274,6 +275,7 @@ def parser() -> argparse.ArgumentParser:
     rl.set_defaults(func=cmd_rules)
 
     md = sub.add_parser("models", help="the model catalog model.name is resolved against (ids, aliases, facts)")
+    add_list_verb(md)
     add_output(md)
     add_server(md)
     md.set_defaults(func=cmd_models)

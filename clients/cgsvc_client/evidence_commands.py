@@ -18,6 +18,7 @@ from cgsvc_client import render
 from cgsvc_client.args import (
     INTERRUPTED,
     CliError,
+    add_list_verb,
     add_listing,
     add_output,
     add_server,
@@ -446,6 +447,7 @@ def register_launch_diff(launches: Any) -> None:
 
 def register(sub: Any) -> None:
     pl = sub.add_parser("policies", help="the policies a plan can be resolved under, with their versions")
+    add_list_verb(pl)
     add_output(pl)
     add_server(pl)
     pl.set_defaults(func=cmd_policies)

@@ -147,6 +147,15 @@ def test_models_lists_the_catalog_the_refusal_points_to() -> None:
     assert any(line.startswith("deepseek-ai/DeepSeek-V3.2 ") and "MLA+DSA" in line for line in table.splitlines())
 
 
+def test_policies_and_models_read_list_as_the_other_lists_do() -> None:
+    """`plans list`, `launches list`, `replicas list` ...: `policies list` and `models list` were
+    refused with "unrecognized arguments: list"."""
+    for command in ("policies", "models"):
+        assert as_json(cli(command, "list", "-o", "json")) == as_json(cli(command, "-o", "json"))
+        refused = cli(command, "lsit", "-o", "json")
+        assert refused.returncode == 2 and "list" in as_json(refused)["error"]["message"], refused.stdout
+
+
 def test_help_lists_every_exit_code_and_a_refusal_exits_with_the_listed_one(tmp_path: Path) -> None:
     """A script reads the exit codes off `--help`; the one for a refusal is what it gets."""
     help_text = cli("--help").stdout
