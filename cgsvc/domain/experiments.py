@@ -31,6 +31,7 @@ from cgsvc.domain.launches import (
     Launches,
     PlanSource,
     TakenOver,
+    dispatcher_named,
     order_for,
     read_checkpoint,
     workload_problems,
@@ -119,6 +120,8 @@ class Experiments:
     async def _create(self, plans: list[str], workload: Workload, model_path: str, repeats: int, dispatcher: str,
                       caller: Caller) -> ExperimentRow:
         problems = workload_problems(workload, model_path)
+        dispatcher, wrong = dispatcher_named(dispatcher)
+        problems += wrong
         if len(plans) != 2:
             problems.append(FieldViolation("plans", f"exactly two (A and B), got {len(plans)}"))
         if not 1 <= repeats <= MAX_REPEATS:

@@ -50,10 +50,18 @@ from cgsvc.contract import (
     read_report,
 )
 from cgsvc.domain.plans import Caller
-from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
+from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError, did_you_mean, one_spelling
 from cgsvc.ids import new_id
 from cgsvc.launch.dispatch import HOST, DispatchError, LocalDispatcher, RunHandle
-from cgsvc.launch.store import LAUNCH_STATES, LaunchRow, LaunchStore, Lease, LeaseStore, Workload
+from cgsvc.launch.store import (
+    DISPATCHERS,
+    LAUNCH_STATES,
+    LaunchRow,
+    LaunchStore,
+    Lease,
+    LeaseStore,
+    Workload,
+)
 from cgsvc.plan import canonical_json, rule_ids
 from cgsvc.resolve import DEFAULT_POLICY, policy_version
 
@@ -107,6 +115,18 @@ def workload_problems(workload: Workload, model_path: str) -> list[FieldViolatio
     if not model_path:
         problems.append(FieldViolation("model_path", "required: the checkpoint directory the workers load"))
     return problems
+
+
+def dispatcher_named(value: str) -> tuple[str, list[FieldViolation]]:
+    """The dispatcher `value` names ("" is local) in its one spelling, read in any case as every
+    closed set is; outside the set, the violation saying what would do. (Whether this server has
+    it configured is admission's question: FAILED_PRECONDITION there.)"""
+    value = value or "local"
+    known = one_spelling(value, DISPATCHERS)
+    if known is not None:
+        return known, []
+    return value, [FieldViolation("dispatcher", f"unknown value {value[:40]!r}; {did_you_mean(value, DISPATCHERS)}"
+                                                f"valid: {', '.join(DISPATCHERS)}")]
 
 
 def read_checkpoint(model_path: str, workload: Workload, roots: catalog.ModelRoots) -> catalog.ModelFacts:

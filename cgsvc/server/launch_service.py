@@ -22,13 +22,14 @@ from cgsvc.domain.launches import (
     TERMINAL,
     Launches,
     PlanSource,
+    dispatcher_named,
     order_for,
     read_checkpoint,
     read_log,
     request_hash,
     workload_problems,
 )
-from cgsvc.domain.plans import Caller, Plans
+from cgsvc.domain.plans import Caller, Plans, resolve_spec
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.launch.dispatch import HOST, RunHandle
 from cgsvc.launch.store import LaunchRow, Workload
@@ -67,20 +68,27 @@ class LaunchService:
         msg = await self._proto(row)
         return launch_pb2.Operation(name=f"operations/{row.launch_id}", done=row.state in TERMINAL, metadata=msg)
 
-    @staticmethod
-    def _checked(request: launch_pb2.CreateLaunchRequest) -> tuple[Workload, str, str, dict[str, Any]]:
-        """The request's workload, checkpoint path, dispatcher and source (a spec as a dict, or
-        {"plan": name}); INVALID_ARGUMENT naming every problem."""
+    def _checked(self, request: launch_pb2.CreateLaunchRequest) -> tuple[Workload, str, str, dict[str, Any]]:
+        """The request's workload, checkpoint path, dispatcher (its one spelling) and source (a
+        spec as a dict, or {"plan": name}); INVALID_ARGUMENT naming every problem, the spec's
+        with the rest, so that one answer lists all that a retry must mend."""
         wl = request.workload
         workload = Workload(wl.input_len, wl.output_len, wl.requests, wl.concurrency, wl.seed)
         problems = workload_problems(workload, request.model_path)
+        dispatcher, wrong = dispatcher_named(request.dispatcher)
+        problems += wrong
         if request.WhichOneof("source") is None:
             problems.append(FieldViolation("source", "give spec (resolved now) or plan (plans/ID of a stored plan)"))
-        if problems:
-            raise ServiceError.invalid(problems)
         source = (codec.spec_dict_from_proto(request.spec) if request.WhichOneof("source") == "spec"
                   else {"plan": request.plan})
-        return workload, os.path.abspath(request.model_path), request.dispatcher or "local", source
+        if problems and "plan" not in source:  # the spec's own problems, without recording a resolution
+            try:
+                resolve_spec(source, request.policy, "", self.plans.model_roots)
+            except ServiceError as err:
+                problems += err.violations if err.code == "INVALID_ARGUMENT" else []
+        if problems:
+            raise ServiceError.invalid(problems)
+        return workload, os.path.abspath(request.model_path), dispatcher, source
 
     async def _plan(self, request: launch_pb2.CreateLaunchRequest, who: Caller, source: dict[str, Any],
                     validate_only: bool = False) -> PlanSource:

@@ -19,7 +19,7 @@ import pytest
 from cgsvc_client.client import Client
 from cgsvc_worker.checkpoint import make_checkpoint
 
-from cgsvc.errors import ServiceError
+from cgsvc.errors import CODE_NUMBERS, ServiceError
 from cgsvc.launch.dispatch import HOST, session_members
 from tests.conftest import ROOT, llama_dir
 from tests.e2e.server import ServerProcess
@@ -301,6 +301,36 @@ def test_bad_launches_start_nothing_and_are_audited(srv: ServerProcess, ckpt: st
         refused = c.list_audit_records('method = "/cgsvc.v1.LaunchService/CreateLaunch"').records
         assert len(refused) == len(cases) and all(r.outcome_code != 0 for r in refused)
     assert not any((srv.data_dir / "launches").glob("*")) if (srv.data_dir / "launches").exists() else True
+
+
+def test_a_bad_launch_names_every_problem_at_once_and_the_dispatcher_reads_in_any_case(
+        srv: ServerProcess, ckpt: str) -> None:
+    """Regression: a CreateLaunch with a bad workload answered only the workload's problems, and
+    its spec's came one retry later; `dispatcher: "Ray"` was "not configured on this server"
+    (FAILED_PRECONDITION) and a misspelt one too, where a closed set reads any case and a value
+    outside it is INVALID_ARGUMENT with the nearest. Experiments read the dispatcher the same way."""
+    no_gpu = {"model": KIMI["model"], "parallelism": {"tp": 4}}
+    with Client(srv.address) as c:
+        with pytest.raises(ServiceError) as e:
+            c.create_launch(ckpt, {**SHORT, "input_len": 0}, spec=no_gpu, dispatcher="Rya")
+        assert e.value.code == "INVALID_ARGUMENT", e.value
+        said = {v.field: v.description for v in e.value.violations}
+        assert set(said) == {"workload.input_len", "hardware.gpu", "dispatcher"}, said
+        assert said["dispatcher"] == "unknown value 'Rya'; did you mean 'ray'? valid: local, ray", said
+        would = c.create_launch(ckpt, SHORT, spec=KIMI, dispatcher="LOCAL", validate_only=True).metadata
+        assert would.dispatcher == "local" and "local devices free now" in would.placement, would
+        with pytest.raises(ServiceError) as e:  # known, in any case, but not configured here
+            c.create_launch(ckpt, SHORT, spec=KIMI, dispatcher="RAY")
+        assert e.value.code == "FAILED_PRECONDITION" and "dispatcher 'ray' is not configured" in e.value.message
+        plan = c.resolve_proto(KIMI).name
+        with pytest.raises(ServiceError) as e:
+            c.create_experiment([plan, plan], ckpt, SHORT, repeats=1, dispatcher="lcoal")
+        assert e.value.code == "INVALID_ARGUMENT" and e.value.violations[0].field == "dispatcher", e.value
+        assert "did you mean 'local'?" in e.value.violations[0].description
+        records = c.list_audit_records('method = "CreateLaunch"').records
+        assert [r.outcome_code for r in records] == [CODE_NUMBERS["INVALID_ARGUMENT"], 0,
+                                                     CODE_NUMBERS["FAILED_PRECONDITION"]], records
+        assert list(c.list_launches().launches) == []
 
 
 def test_cli_launch_wait_and_launches_commands(srv: ServerProcess, ckpt: str) -> None:
