@@ -64,6 +64,7 @@ from cgsvc.launch.store import (
 )
 from cgsvc.plan import canonical_json, rule_ids
 from cgsvc.resolve import DEFAULT_POLICY, policy_version
+from cgsvc.text import counted
 
 log = structlog.get_logger("cgsvc.launch")
 
@@ -393,7 +394,7 @@ class Launches:
             return created.row, False
         write_plan(run, order.plan_json, order.spec_json)
         await self.audit_order(created.row, order, caller,
-                               f"launch of {order.plan_audit} on {order.tp} {order.dispatcher} ranks")
+                               f"launch of {order.plan_audit} on {counted(order.tp, order.dispatcher + ' rank')}")
         self.watched[launch_id] = Watched()
         await self.schedule()
         got = await asyncio.to_thread(self.store.get, launch_id)

@@ -35,6 +35,7 @@ from cgsvc.launch.dispatch import HOST, RunHandle
 from cgsvc.launch.store import LaunchRow, Workload
 from cgsvc.server.interceptors import RequestContext
 from cgsvc.server.services import caller, list_page, parse_name
+from cgsvc.text import counted
 from cgsvc.v1 import launch_pb2
 
 
@@ -114,7 +115,7 @@ class LaunchService:
                      + (f"would be placed on {', '.join(admitted.devices)}" if admitted.devices
                         else f"would wait in PLACING for {order.tp}"))
         record = await self.launches.audit_order(
-            None, order, who, f"validate_only: would launch {order.plan_audit} on {order.tp} {dispatcher} ranks; "
+            None, order, who, f"validate_only: would launch {order.plan_audit} on {counted(order.tp, dispatcher + ' rank')}; "
                               f"nothing was started ({admitted.free} of {admitted.slots} devices free)")
         would = launch_pb2.Launch(
             plan=f"plans/{plan.plan_id}" if plan.plan_id else "", workload=request.workload, model_path=model_path,

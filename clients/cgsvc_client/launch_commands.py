@@ -76,7 +76,7 @@ def report_table(launch: Any) -> str:
     r = launch.report
     rows = [("launch", f"{launch.name} ({launch.state})" if launch.name else "none made (validate_only)"),
             ("plan", f"{launch.plan or 'resolved for the check, not stored'} (audit {launch.plan_audit_record})"),
-            ("workers", f"{launch.tp} ranks, {launch.dispatcher} dispatcher, {launch.model_path}"),
+            ("workers", f"{render.counted(launch.tp, 'rank')}, {launch.dispatcher} dispatcher, {launch.model_path}"),
             ("devices", ", ".join(launch.devices) or "(not placed yet)"),
             ("supervised by", launch.owner or "-"),
             ("placement", launch.placement or "-")]
@@ -123,8 +123,9 @@ def cmd_launch(ns: argparse.Namespace) -> int:
             if render.output_mode(ns) == "json":
                 render.print_json({"validated": launch_dict(launch)})
             else:
-                print(f"valid: would launch {launch.plan or launch.plan_audit_record} on {launch.tp} "
-                      f"{launch.dispatcher} ranks; nothing was started (audit {launch.audit_records[0]})\n")
+                print(f"valid: would launch {launch.plan or launch.plan_audit_record} on "
+                      f"{render.counted(launch.tp, launch.dispatcher + ' rank')}; nothing was started (audit "
+                      f"{launch.audit_records[0]})\n")
                 print(report_table(launch))
             return 0
         if ns.wait:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cgsvc.plan import Decision, Plan
+from cgsvc.text import counted  # noqa: F401 - render.counted, for the commands
 
 BOLD, RED, YELLOW, DIM, RESET = "\033[1m", "\033[31m", "\033[33m", "\033[2m", "\033[0m"
 
@@ -31,11 +32,6 @@ class Style:
 
     def __call__(self, text: str, code: str) -> str:
         return f"{code}{text}{RESET}" if self.color else text
-
-
-def counted(n: int, noun: str, plural: str = "") -> str:
-    """`1 record`, `2 records`: a count and its noun, in the number the count asks for."""
-    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
 
 
 def _sizes(values: Sequence[int]) -> str:

@@ -319,6 +319,10 @@ def test_a_bad_launch_names_every_problem_at_once_and_the_dispatcher_reads_in_an
         assert said["dispatcher"] == "unknown value 'Rya'; did you mean 'ray'? valid: local, ray", said
         would = c.create_launch(ckpt, SHORT, spec=KIMI, dispatcher="LOCAL", validate_only=True).metadata
         assert would.dispatcher == "local" and "local devices free now" in would.placement, would
+        one = c.create_launch(ckpt, SHORT, spec={**no_gpu, "hardware": {"gpu": "cpu"}, "parallelism": {"tp": 1}},
+                              validate_only=True).metadata
+        said_one = c.get_audit_record(one.audit_records[0]).outcome_message
+        assert " on 1 local rank; nothing was started" in said_one, said_one  # not "1 local ranks"
         with pytest.raises(ServiceError) as e:  # known, in any case, but not configured here
             c.create_launch(ckpt, SHORT, spec=KIMI, dispatcher="RAY")
         assert e.value.code == "FAILED_PRECONDITION" and "dispatcher 'ray' is not configured" in e.value.message
@@ -328,7 +332,7 @@ def test_a_bad_launch_names_every_problem_at_once_and_the_dispatcher_reads_in_an
         assert e.value.code == "INVALID_ARGUMENT" and e.value.violations[0].field == "dispatcher", e.value
         assert "did you mean 'local'?" in e.value.violations[0].description
         records = c.list_audit_records('method = "CreateLaunch"').records
-        assert [r.outcome_code for r in records] == [CODE_NUMBERS["INVALID_ARGUMENT"], 0,
+        assert [r.outcome_code for r in records] == [CODE_NUMBERS["INVALID_ARGUMENT"], 0, 0,
                                                      CODE_NUMBERS["FAILED_PRECONDITION"]], records
         assert list(c.list_launches().launches) == []
 
