@@ -182,7 +182,10 @@ def audit_show(ns: argparse.Namespace) -> int:
         return 0
     style = render.Style(sys.stdout.isatty())
     spec = json.dumps(json.loads(d["spec_json"]), separators=(",", ":")) if d.get("spec_json") else ""
-    rows = [(k, spec if k == "spec_json" else ", ".join(map(str, v)) if isinstance(v, list) else str(v))
+    # the hashed bytes hold the plan again: on a terminal their size, the plan as a table below
+    hashed = f"{len(rec.hashed_json.encode())} bytes (-o json shows them; audit verify checks them)"
+    rows = [(k, spec if k == "spec_json" else hashed if k == "hashed_json" else
+             ", ".join(map(str, v)) if isinstance(v, list) else str(v))
             for k, v in d.items() if k not in ("plan_json", "outcome_code", "outcome_message")]
     outcome = CODE_NAMES.get(rec.outcome_code, str(rec.outcome_code))  # OK is the proto default, absent from d
     at = next(i for i, (k, _) in enumerate(rows) if k == "method") + 1 if "method" in d else len(rows)

@@ -575,6 +575,9 @@ def test_audit_show_on_a_terminal_renders_the_recorded_plan_with_its_decision_tr
     assert "method" in head and "ResolvePlan" in head and '"gpu":"GB300"' in head  # the spec, on one line
     lines = dict(line.split(None, 1) for line in head.splitlines())
     assert lines["outcome"] == "OK" and lines["rule_ids"].startswith("default.prefill.backend, ")
+    # regression: the hashed bytes (the whole plan again, several KiB on one line) filled the terminal
+    recorded_bytes = len(client.get_audit_record(plan.audit_record).hashed_json.encode())
+    assert lines["hashed_json"] == f"{recorded_bytes} bytes (-o json shows them; audit verify checks them)", lines
     assert "decision trail" in rest and "breakable.mla" in rest and "prefill graph" in rest
     recorded = json.loads(cli("audit", "show", plan.audit_record, "--server", server.address, "-o",
                               "json").stdout)["record"]
