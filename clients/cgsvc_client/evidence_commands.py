@@ -348,12 +348,14 @@ def _experiment_progress(msg: Any, last: list[str]) -> None:
 
 
 def cmd_experiment_run(ns: argparse.Namespace) -> int:
-    if len(ns.plan) != 2:
-        raise bad("plans", f"give --plan twice (A, then B); got {len(ns.plan)}")
+    plans = [resource_name("plans", p) for p in ns.plans + ns.plan]
+    if len(plans) != 2:
+        raise bad("plans", f"give two plans, A (the baseline) then B: `experiment run A B` or --plan A --plan B; "
+                           f"got {len(plans)}")
     with Client.from_args(ns) as c:
-        msg = c.create_experiment(ns.plan, os.path.abspath(ns.checkpoint), workload(ns), ns.repeats,
+        msg = c.create_experiment(plans, os.path.abspath(ns.checkpoint), workload(ns), ns.repeats,
                                   ns.dispatcher or "")
-        print(f"{msg.name}: {ns.plan[0]} (A) vs {ns.plan[1]} (B), {ns.repeats} launches per arm, interleaved",
+        print(f"{msg.name}: {plans[0]} (A) vs {plans[1]} (B), {ns.repeats} launches per arm, interleaved",
               file=sys.stderr, flush=True)
         if not ns.detach:
             last = [""]
@@ -464,8 +466,9 @@ def register(sub: Any) -> None:
     ex = sub.add_parser("experiment", help="A/B experiments on real worker groups").add_subparsers(
         dest="experiment_command", required=True)
     run = ex.add_parser("run", help="run two stored plans as interleaved launches (A B A B ...) and compare them")
-    run.add_argument("--plan", action="append", default=[], required=True,
-                     help="plans/ID; give it twice: A (the baseline), then B")
+    run.add_argument("plans", nargs="*", metavar="PLAN", help="plans/ID (or ID) of A (the baseline), then of B")
+    run.add_argument("--plan", action="append", default=[],
+                     help="plans/ID, the other way to give them: --plan A --plan B")
     add_workload(run)
     run.add_argument("--repeats", type=int, default=3, help="launches per arm (default 3)")
     run.add_argument("--detach", action="store_true", help="answer once it has started (follow it with experiments show)")

@@ -194,7 +194,8 @@ def two_plans(c: Client) -> tuple[str, str]:
 def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProcess, ckpt: str) -> None:
     with Client(srv.address) as c:
         a, b = two_plans(c)
-    proc = cli(srv, "experiment", "run", "--plan", a, "--plan", b, "--model-path", ckpt, "--input-len", "12",
+    # A and B as `plans diff A B` takes them (a bare ID too); `--plan A --plan B` reads the same
+    proc = cli(srv, "experiment", "run", a, b.removeprefix("plans/"), "--model-path", ckpt, "--input-len", "12",
                "--output-len", "4", "--requests", "3", "--repeats", "2", "--seed", "5", "-o", "json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "4/4 launches" in proc.stderr  # progress on the way

@@ -156,6 +156,15 @@ def test_policies_and_models_read_list_as_the_other_lists_do() -> None:
         assert refused.returncode == 2 and "list" in as_json(refused)["error"]["message"], refused.stdout
 
 
+def test_an_experiment_takes_exactly_two_plans_given_either_way() -> None:
+    """Refused on the command line, before any server is dialled (nothing answers on port 9)."""
+    for plans in (["plans/a"], ["plans/a", "b", "--plan", "plans/c"], []):
+        proc = cli("experiment", "run", *plans, "--model-path", "/x", "--server", "127.0.0.1:9", "-o", "json")
+        error = as_json(proc)["error"]
+        assert proc.returncode == 2 and error["field_violations"][0]["field"] == "plans", proc.stdout
+        assert "give two plans, A (the baseline) then B" in error["message"], error
+
+
 def test_help_lists_every_exit_code_and_a_refusal_exits_with_the_listed_one(tmp_path: Path) -> None:
     """A script reads the exit codes off `--help`; the one for a refusal is what it gets."""
     help_text = cli("--help").stdout
