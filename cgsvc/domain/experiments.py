@@ -67,6 +67,22 @@ def substitutions_of(report: dict[str, Any]) -> list[str]:
             for f in report.get("plan_fidelity") or [] if f.get("status") == "substituted"]
 
 
+def ran_as(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per plan field of a worker report, what the plan asked for and what the workers ran."""
+    return {f["field"]: {"requested": f.get("requested"), "effective": f.get("effective")}
+            for f in report.get("plan_fidelity") or []}
+
+
+def ran_alike(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> list[str]:
+    """The plan fields A and B were planned differently in, where the workers ran every field of
+    both alike (what differed was substituted away or did not apply): then a measured difference
+    is the machine's, not the plans'. Empty when what ran differs, when the plans are the same
+    (an A/A run measures the machine on purpose), or while an arm has no report."""
+    if not a or not b or a.keys() != b.keys() or any(a[f]["effective"] != b[f]["effective"] for f in a):
+        return []
+    return [f for f in a if a[f]["requested"] != b[f]["requested"]]
+
+
 def stored(row: ExperimentRow, key: str) -> dict[str, dict[str, list[float]]]:
     """Per arm and metric, what the stored result holds under `key` ("samples" or "launch_means")."""
     return {arm: {m: list(row.result.get("arms", {}).get(arm, {}).get(key, {}).get(m, []))
@@ -75,15 +91,22 @@ def stored(row: ExperimentRow, key: str) -> dict[str, dict[str, list[float]]]:
 
 def result_of(row: ExperimentRow, samples: dict[str, dict[str, list[float]]],
               substituted: dict[str, list[str]] | None = None,
-              launch_means: dict[str, dict[str, list[float]]] | None = None) -> dict[str, Any]:
+              launch_means: dict[str, dict[str, list[float]]] | None = None,
+              ran: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     out = stats.analyse(samples, launch_means if launch_means is not None else stored(row, "launch_means"))
     for arm, plan in zip(ARMS, row.request["plans"], strict=True):
+        kept = row.result.get("arms", {}).get(arm, {})
         out["arms"][arm]["plan"] = plan
         out["arms"][arm]["launches"] = [r["launch"] for r in row.runs if r["arm"] == arm and r["state"] == "SUCCEEDED"]
         out["arms"][arm]["samples"] = samples[arm]
         # What was planned is what ran, or this says why not (the same for every launch of the arm).
-        out["arms"][arm]["substituted"] = (substituted or {}).get(arm) or \
-            row.result.get("arms", {}).get(arm, {}).get("substituted", [])
+        out["arms"][arm]["substituted"] = (substituted or {}).get(arm) or kept.get("substituted", [])
+        out["arms"][arm]["ran"] = (ran or {}).get(arm) or kept.get("ran", {})
+    out["ran_alike"] = ran_alike(out["arms"]["A"]["ran"], out["arms"]["B"]["ran"])
+    if out["ran_alike"]:
+        out["verdict"] = (f"A and B ran alike here: their plans differ only in {', '.join(out['ran_alike'])}, which "
+                          "these workers substituted away or did not apply, so a difference below is the machine's, "
+                          "not the plans'; " + out["verdict"])
     return out
 
 
@@ -205,6 +228,7 @@ class Experiments:
         workload = Workload(**req["workload"])
         samples = _empty_samples()
         substituted: dict[str, list[str]] = {arm: [] for arm in ARMS}
+        ran: dict[str, dict[str, Any]] = {}
         try:
             ckpt = read_checkpoint(req["model_path"], workload, self.plans.model_roots)
             plans = [PlanSource.stored(await self.plans.get(name.removeprefix("plans/"))) for name in req["plans"]]
@@ -237,7 +261,9 @@ class Experiments:
                         if values:
                             means[arm][metric].append(round(sum(values) / len(values), 4))
                     substituted[arm] = list(dict.fromkeys(substituted[arm] + substitutions_of(report)))
-                    row = await self._save(dataclasses.replace(row, result=result_of(row, samples, substituted, means)))
+                    ran[arm] = ran_as(report)
+                    row = await self._save(dataclasses.replace(
+                        row, result=result_of(row, samples, substituted, means, ran)))
         except TakenOver:
             raise
         except ServiceError as err:  # a plan or checkpoint that went away, devices gone, ...

@@ -210,7 +210,11 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
         assert lo <= res["arms"][arm]["ttft_ms"]["mean"] <= hi
     # the breakable arm ran on CPU: the report says what was substituted
     assert any(s.startswith("prefill.backend: ") for s in res["arms"]["B"]["substituted"])
-    assert res["verdict"].startswith("TTFT: ") and "scipy.stats.bootstrap" in res["method"]
+    # ... and so did A's attention and decode: on this CPU both arms ran alike, and the verdict says
+    # so before any difference it measured (drift between launches, not the plans)
+    assert res["ran_alike"] == ["prefill.backend", "prefill.max_num_tokens", "prefill.num_tokens"], res["ran_alike"]
+    assert res["verdict"].startswith("A and B ran alike here: their plans differ only in prefill.backend, ")
+    assert "; TTFT: " in res["verdict"] and "scipy.stats.bootstrap" in res["method"]
     with Client(srv.address) as c:
         launches = [c.get_launch(r["launch"]) for r in exp["runs"]]
         assert [x.plan for x in launches] == [a, b, a, b]
