@@ -71,6 +71,31 @@ def parse_host_port(address: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
+def cannot_listen(address: str) -> str:
+    """Why a server could not listen on `address` (HOST:PORT, checked already) now, or "": each of
+    the host's addresses is tried as gRPC binds it (SO_REUSEADDR), and the port is taken when
+    none can be bound, as gRPC then fails. Port 0 always can be. Asked before anything is opened,
+    so that a port in use stops the start with its reason rather than gRPC's "Failed to bind"."""
+    parsed = parse_host_port(address)
+    if parsed is None or parsed[1] == 0:
+        return ""
+    host = parsed[0].strip("[]") or None
+    try:
+        infos = socket.getaddrinfo(host, parsed[1], type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        return f"{parsed[0]} does not resolve ({getattr(exc, 'strerror', None) or exc})"
+    reasons = []
+    for family, kind, proto, _, where in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(where)
+                return ""
+            except OSError as exc:
+                reasons.append(exc.strerror or str(exc))
+    return reasons[0] if reasons else f"{parsed[0]} has no address to listen on"
+
+
 def check_advertised(address: str) -> str:
     """`address` if it is HOST:PORT with a host and a port 1-65535 (what a client can dial), else
     ValueError saying what would do."""

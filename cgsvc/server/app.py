@@ -26,7 +26,7 @@ from cgsvc.launch.devices import DeviceListError, Inventory
 from cgsvc.launch.dispatch import HOST, LocalDispatcher, RayDispatcher
 from cgsvc.launch.store import ExperimentStore, LaunchStore
 from cgsvc.server import credentials, metrics, reflection, signing
-from cgsvc.server.addresses import advertised, is_loopback
+from cgsvc.server.addresses import advertised, cannot_listen, is_loopback
 from cgsvc.server.auth import Authenticator
 from cgsvc.server.config import ServerConfig
 from cgsvc.server.experiment_service import ExperimentService
@@ -143,7 +143,12 @@ async def start(cfg: ServerConfig) -> Running:
         cfg.check()  # as load_config does: a configuration made otherwise is checked all the same
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    os.makedirs(cfg.data_dir, exist_ok=True)
+    if why := cannot_listen(cfg.address):  # before anything is made or opened
+        raise ConfigError(f"address: cannot listen on {cfg.address}: {why}")
+    try:
+        os.makedirs(cfg.data_dir, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"data_dir: cannot make {cfg.data_dir}: {exc.strerror or exc}") from None
     try:
         inventory = Inventory.local(cfg.local_devices, cfg.local_slots)
     except (DeviceListError, OSError, ValueError) as exc:
@@ -220,12 +225,15 @@ async def start(cfg: ServerConfig) -> Running:
     for name in [*descriptors, ""]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable(server, [*descriptors, health.SERVICE_NAME])
-    port = server.add_secure_port(cfg.address, creds) if creds else server.add_insecure_port(cfg.address)
+    try:
+        port = server.add_secure_port(cfg.address, creds) if creds else server.add_insecure_port(cfg.address)
+    except RuntimeError:  # taken since cannot_listen looked: gRPC's own "Failed to bind"
+        port = 0
     if port == 0:
         await writer.aclose()
         store.close()
         instance_lock.close()
-        raise ConfigError(f"cannot bind {cfg.address}")
+        raise ConfigError(f"address: cannot listen on {cfg.address} (taken as the server started?)")
     await server.start()
     launches.address = cfg.advertise_address or advertised(cfg.address, port, HOST)
     lease = None

@@ -178,6 +178,8 @@ def load_config(file: str | None = None, env: Mapping[str, str] | None = None,
                 data = tomllib.load(fh)
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"{file}: not TOML: {exc}") from None
+        except OSError as exc:
+            raise ValueError(f"config: {file}: {exc.strerror or exc}") from None
         section = data.get("server", data)
         if not isinstance(section, dict):
             raise ValueError(f"{file}: server must be a table ([server]) of the settings")

@@ -401,6 +401,21 @@ def test_tls_files_that_are_missing_or_wrong_are_refused_by_name(tmp_path: Path)
         assert expected in error["field_violations"][0]["description"], error
 
 
+def test_an_address_in_use_or_a_data_dir_that_cannot_be_made_stops_the_start_by_name(tmp_path: Path) -> None:
+    """Regression: both were a Python traceback (gRPC's "Failed to bind", after the database was
+    opened and the signing key settled; os.makedirs' FileNotFoundError), exit 1."""
+    with ServerProcess(tmp_path / "first") as first:
+        err = serve_refused(tmp_path / "second", "--address", first.address)
+        assert f"address: cannot listen on {first.address}: Address already in use" in err, err
+        assert "Traceback" not in err and "add_port" not in err, err
+        assert not (tmp_path / "second").exists(), "refused before the data directory was made"
+    (tmp_path / "a-file").write_text("")
+    err = serve_refused(tmp_path / "a-file" / "data")
+    assert f"data_dir: cannot make {tmp_path / 'a-file' / 'data'}: Not a directory" in err and "Traceback" not in err
+    err = serve_refused(tmp_path / "x", "--config", str(tmp_path / "none.toml"))
+    assert f"config: {tmp_path / 'none.toml'}: No such file or directory" in err, err
+
+
 def test_a_bad_metrics_address_stops_the_start_and_one_beyond_loopback_is_warned_of(tmp_path: Path) -> None:
     # it was a traceback after the gRPC port was bound and the audit writer started
     for address, expected in (("nonsense", "must be HOST:PORT"), ("127.0.0.1:99999", "must be HOST:PORT"),
