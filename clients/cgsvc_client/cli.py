@@ -343,6 +343,14 @@ def with_hint(err: ServiceError, ns: argparse.Namespace) -> ServiceError:
     elif tls and ("WRONG_VERSION_NUMBER" in err.message or "Tls handshake failed" in err.message):
         hint = (f"{ns.server} does not speak TLS (the handshake got a plaintext answer): drop --tls-ca, or check "
                 "the address")
+    elif "Connection refused" in err.message:
+        hint = (f"nothing answers at {ns.server}: is `cgsvc serve` running there? (--server or CGSVC_SERVER "
+                "names the server)")
+        if ":" not in ns.server.rsplit("]", 1)[-1]:
+            hint += "; no port given, so gRPC dialled 443; cgsvc serves 50051 unless told otherwise"
+    elif "errors resolving" in err.message or "DNS resolution failed" in err.message:
+        host = ns.server.split("///")[-1].rsplit(":", 1)[0] if ":" in ns.server else ns.server
+        hint = f"{host} does not resolve: check --server (or CGSVC_SERVER)"
     else:
         return err
     return ServiceError(err.code, f"{err.message}; {hint}", err.violations)

@@ -165,6 +165,22 @@ def test_an_experiment_takes_exactly_two_plans_given_either_way() -> None:
         assert "give two plans, A (the baseline) then B" in error["message"], error
 
 
+def test_a_server_that_cannot_be_reached_is_named_with_what_to_check() -> None:
+    """gRPC's own words ("failed to connect to all addresses; ... Connection refused") named no
+    remedy, and `--server 127.0.0.1` silently dialled port 443 (gRPC's default, not cgsvc's)."""
+    def message(server: str) -> str:
+        proc = cli("plans", "list", "--server", server, "--timeout", "5", "-o", "json")
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        return str(as_json(proc)["error"]["message"])
+
+    refused = message("127.0.0.1:1")
+    assert refused.startswith("UNAVAILABLE: ") or "Connection refused" in refused, refused
+    assert "nothing answers at 127.0.0.1:1: is `cgsvc serve` running there? (--server or CGSVC_SERVER" in refused
+    bare = message("127.0.0.1")
+    assert "no port given, so gRPC dialled 443; cgsvc serves 50051 unless told otherwise" in bare, bare
+    assert "nohost.invalid does not resolve" in message("nohost.invalid:50051")
+
+
 def test_help_lists_every_exit_code_and_a_refusal_exits_with_the_listed_one(tmp_path: Path) -> None:
     """A script reads the exit codes off `--help`; the one for a refusal is what it gets."""
     help_text = cli("--help").stdout
