@@ -27,6 +27,7 @@ from typing import Any
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.files import write_atomically
 from cgsvc.server.auth import ROLES, Principal, TokenFileError, hash_token, load_token_file
+from cgsvc.text import counted
 
 NO_ROLES = "it is authenticated but may call no cgsvc method (health and reflection need no token)"
 EXPIRY_WARNING_DAYS = 7
@@ -250,7 +251,7 @@ def revoke(ns: argparse.Namespace) -> int:
     else:
         for g in gone:
             print(f"revoked a token of principal {g['principal']!r} (sha256 {g['sha256'][:16]}...)")
-        print(f"{ns.file}: {len(remaining)} tokens left; a server refuses the revoked ones after `kill -HUP` or at "
+        print(f"{ns.file}: {counted(len(remaining), 'token')} left; a server refuses the revoked ones after `kill -HUP` or at "
               "its next --credentials-poll-seconds check")
     return 0
 

@@ -75,14 +75,14 @@ def cmd_rules(ns: argparse.Namespace) -> int:
     except ServiceError as exc:
         raise CliError.from_resolve(exc) from None
     rules = [r.describe() for r in policy.rules]
-    heading = f"{len(rules)} rules"
+    heading = render.counted(len(rules), "rule")
     for option, kind in (("writes", "write"), ("reads", "read")):
         if (asked := getattr(ns, option)) is None:
             continue
         known = sorted({f for r in rules for f in r[option]} | (set(KEYS) if option == "writes" else set()))
         field = one_of(option, asked, known, f"a field a rule of {policy.name} {option}")
         total, rules = len(rules), [r for r in rules if field in r[option]]
-        heading = f"{len(rules)} rules of {total} that {kind} {field}"
+        heading = f"{render.counted(len(rules), 'rule')} of {total} that {kind} {field}"
     if render.output_mode(ns) == "json":
         render.print_json({"policy": policy.name, "policy_version": policy_version(policy.name), "rules": rules})
     else:

@@ -105,6 +105,7 @@ def test_a_token_from_token_new_is_admitted_on_the_next_reload(tmp_path: Path) -
         revoked = subprocess.run([sys.executable, "-m", "cgsvc.server.main", "token", "revoke", "--file", str(tokens),
                                   "--token", "-"], input=first, capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert revoked.returncode == 0 and "revoked a token of principal 'ci-bot'" in revoked.stdout, revoked.stderr
+        assert f"{tokens}: 1 token left;" in revoked.stdout, revoked.stdout  # not "1 tokens left"
         srv.proc.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 30
         while (proc := cli("version", "--server", srv.address, "--token", first, "-o", "json")).returncode == 0:

@@ -106,6 +106,8 @@ def test_rules_writes_and_reads_narrow_the_table_to_one_field() -> None:
     assert readers and all("hardware.gpu" in r["reads"] for r in readers)
     table = cli("rules", "--writes", "decode.bs", "-o", "table").stdout
     assert table.startswith("policy cgsvc ") and "rules of " in table.splitlines()[0] and "write decode.bs" in table
+    one = cli("rules", "--writes", "decode.max_bs", "-o", "table").stdout.splitlines()[0]
+    assert ": 1 rule of " in one, one  # not "1 rules"
     for flag, typo in (("--writes", "prefill.bakend"), ("--reads", "hardware.gpuu")):
         bad = cli("rules", flag, typo, "-o", "json")
         assert bad.returncode == 2, bad.stdout
