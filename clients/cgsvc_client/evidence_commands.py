@@ -140,7 +140,7 @@ MEASURED: tuple[tuple[str, Callable[[Any], float]], ...] = (
     ("TPOT p50 ms", lambda r: r.tpot_ms_p50), ("TPOT p99 ms", lambda r: r.tpot_ms_p99),
     ("throughput tokens/s", lambda r: r.throughput_tok_s), ("capture s", lambda r: r.capture_seconds),
     ("capture bytes", lambda r: r.capture_bytes), ("KV bytes/token", lambda r: r.kv_bytes_per_token))
-SINGLE_RUNS = ("one launch a side: single runs, no interval; `cgsvc-cli experiment run --plan A --plan B` "
+SINGLE_RUNS = ("one launch a side: single runs, no interval; `cgsvc-cli experiment run A B` "
                "measures a difference with confidence intervals")
 
 
@@ -149,8 +149,7 @@ def _ran(launch: Any) -> dict[str, str]:
     succeeded) the modes and backends in effect and each plan field's fidelity."""
     w = launch.workload
     out = {"state": launch.state, "checkpoint": launch.model_path,
-           "workload": f"{render.counted(w.requests, 'request')} x {w.input_len} in / {w.output_len} out, concurrency "
-                       f"{w.concurrency}, seed {w.seed}",
+           "workload": render.workload_text(w),
            "ranks": f"{launch.tp} ({launch.dispatcher} dispatcher)", "devices": ", ".join(launch.devices) or "-"}
     if launch.state == "SUCCEEDED":
         r = launch.report

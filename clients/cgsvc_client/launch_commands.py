@@ -77,9 +77,12 @@ def report_table(launch: Any) -> str:
     rows = [("launch", f"{launch.name} ({launch.state})" if launch.name else "none made (validate_only)"),
             ("plan", f"{launch.plan or 'resolved for the check, not stored'} (audit {launch.plan_audit_record})"),
             ("workers", f"{render.counted(launch.tp, 'rank')}, {launch.dispatcher} dispatcher, {launch.model_path}"),
+            ("workload", render.workload_text(launch.workload)),
             ("devices", ", ".join(launch.devices) or "(not placed yet)"),
             ("supervised by", launch.owner or "-"),
             ("placement", launch.placement or "-")]
+    if launch.name and launch.state != "SUCCEEDED":  # how far it has got, or got before it ended
+        rows.append(("progress", f"{launch.tokens_done}/{launch.tokens_total} tokens"))
     if launch.error:
         rows.append(("error", launch.error))
     if launch.state == "SUCCEEDED":

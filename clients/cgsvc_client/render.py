@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cgsvc.plan import Decision, Plan
-from cgsvc.text import counted  # noqa: F401 - render.counted, for the commands
+from cgsvc.text import counted
 
 BOLD, RED, YELLOW, DIM, RESET = "\033[1m", "\033[31m", "\033[33m", "\033[2m", "\033[0m"
 
@@ -32,6 +32,12 @@ class Style:
 
     def __call__(self, text: str, code: str) -> str:
         return f"{code}{text}{RESET}" if self.color else text
+
+
+def workload_text(w: Any) -> str:
+    """A launch's workload on one line: "2 requests x 8 in / 4 out, concurrency 1, seed 0"."""
+    return (f"{counted(w.requests, 'request')} x {w.input_len} in / {w.output_len} out, concurrency "
+            f"{w.concurrency}, seed {w.seed}")
 
 
 def _sizes(values: Sequence[int]) -> str:

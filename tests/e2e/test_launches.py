@@ -156,6 +156,13 @@ def test_cancel_stops_every_rank(srv: ServerProcess, ckpt: str) -> None:
         launch = c.cancel_launch(name)
         assert launch.state == "CANCELLED" and "cancelled by local" in launch.error
         assert no_processes_left(pgid)
+        shown = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "launches", "show", name, "--server",
+                                srv.address, "-o", "table"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        rows = dict(line.split(None, 1) for line in shown.stdout.splitlines() if line.split(None, 1)[0] in
+                    ("workload", "progress"))
+        done = c.get_launch(name).tokens_done
+        assert 3 <= done < 400 and rows["progress"] == f"{done}/400 tokens", rows  # how far it got
+        assert rows["workload"] == "1 request x 12 in / 400 out, concurrency 1, seed 3", rows
         with pytest.raises(ServiceError) as e:
             c.cancel_launch(name)
         assert e.value.code == "FAILED_PRECONDITION"
@@ -353,6 +360,8 @@ def test_cli_launch_wait_and_launches_commands(srv: ServerProcess, ckpt: str) ->
     shown = cli("launches", "show", launch["name"], "-o", "table").stdout
     assert "requested full -> effective static_eager" in shown
     lines = {line.split("  ", 1)[0]: line for line in shown.splitlines()}
+    assert lines["workload"].endswith("2 requests x 8 in / 4 out, concurrency 1, seed 0"), lines
+    assert "progress" not in lines  # a launch that succeeded gives its throughput instead
     # not honoured: attention x2 and decode.backend (a CPU), prefill sizes (prefill disabled by the plan)
     assert "5 of 10 plan fields honoured as planned" in lines["plan fidelity"]
     assert 'decode.backend: "full" -> "static_eager" (CUDA graphs need a CUDA device' in shown
