@@ -14,6 +14,7 @@ case-insensitively and refuses any other value, naming the set; one with catalog
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -70,6 +71,19 @@ class Catalogued:
 
 
 FieldKind = str | Closed | Catalogued  # "str", "int", "time", or one of the above (strings)
+
+TIME_FORM = "an RFC 3339 time with an offset (2026-12-06T08:00:00Z)"
+
+
+def utc_time(text: str) -> str | None:
+    """An RFC 3339 time with an offset as the services write times (UTC, microseconds, which
+    sorts as text), or None for anything else (a time with no offset names no moment)."""
+    moment = None
+    with contextlib.suppress(ValueError):
+        moment = dt.datetime.fromisoformat(text.strip()) if len(text) <= 64 else None
+    if moment is None or moment.tzinfo is None:
+        return None
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _tokens(text: str) -> list[tuple[str, str]]:
@@ -130,6 +144,10 @@ def parse_filter(text: str, fields: Mapping[str, FieldKind]) -> list[Term]:
             if number is None or not -(1 << 63) <= number < 1 << 63:
                 raise FilterError(f"{name} takes an integer from -2^63 to 2^63-1, got {str(value)[:40]!r}")
             value = number
+        elif fields[name] == "time":  # a moment, compared as the stored UTC text sorts
+            if (moment := utc_time(str(value))) is None:
+                raise FilterError(f"{name}: {TIME_FORM}; got {str(value)[:40]!r}")
+            value = moment
         also: tuple[str, ...] = ()
         if isinstance(fields[name], Closed | Catalogued):
             value, also = _spelled(name, str(value), fields[name])  # type: ignore[arg-type]

@@ -322,7 +322,7 @@ GPU_NAME = filters.Catalogued(lambda v: g.name if (g := catalog.find_gpu(v)) els
 MODEL_NAME = filters.Catalogued(lambda v: m.name if (m := catalog.find_model(v)) else None)
 AUDIT_FILTER_FIELDS: dict[str, filters.FieldKind] = {
     "model": MODEL_NAME, "gpu": GPU_NAME, "rule_id": "str", "principal": "str", "outcome": "str", "method": "str",
-    "time": "str", "request_id": "str", "plan_id": "str", "launch_id": "str", "sequence": "int",
+    "time": "time", "request_id": "str", "plan_id": "str", "launch_id": "str", "sequence": "int",
     "policy_version": "str", "policy": "str"}
 # Plans are listed from the records that created them; create_time is the record's time.
 PLAN_FILTER_COLUMNS = {"create_time": "time"}
@@ -330,7 +330,7 @@ PLAN_FILTER_FIELDS: dict[str, filters.FieldKind] = {
     "model": MODEL_NAME, "gpu": GPU_NAME, "prefill_backend": filters.Closed(PREFILL_GRAPH_BACKENDS),
     "decode_backend": filters.Closed(DECODE_GRAPH_BACKENDS), "attention_prefill": filters.Closed(ATTENTION_BACKENDS),
     "attention_decode": filters.Closed(ATTENTION_BACKENDS), "policy_version": "str", "plan_hash": "str",
-    "principal": "str", "create_time": "str", "policy": "str", "rule_id": "str"}
+    "principal": "str", "create_time": "time", "policy": "str", "rule_id": "str"}
 MAX_PAGE_SIZE = 1000
 DEFAULT_PAGE_SIZE = 50
 

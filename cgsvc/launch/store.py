@@ -38,7 +38,7 @@ DISPATCHERS = ("local", "ray")
 LAUNCH_PLAN_FIELDS: dict[str, filters.FieldKind] = {"rule_id": "str", "model": MODEL_NAME, "gpu": GPU_NAME}
 LAUNCH_FILTER_FIELDS: dict[str, filters.FieldKind] = {
     "state": filters.Closed(LAUNCH_STATES), "plan": "str", "principal": "str",
-    "dispatcher": filters.Closed(DISPATCHERS), "create_time": "str", "model_path": "str", **LAUNCH_PLAN_FIELDS}
+    "dispatcher": filters.Closed(DISPATCHERS), "create_time": "time", "model_path": "str", **LAUNCH_PLAN_FIELDS}
 _LAUNCH_LOCK = 727375  # PostgreSQL advisory lock key for launch creation
 
 
@@ -282,7 +282,7 @@ def _holds_work(active: Sequence[str]) -> sa.ColumnElement[bool]:
 
 EXPERIMENT_STATES = ("RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
 EXPERIMENT_FILTER_FIELDS: dict[str, filters.FieldKind] = {
-    "state": filters.Closed(EXPERIMENT_STATES), "principal": "str", "create_time": "str"}
+    "state": filters.Closed(EXPERIMENT_STATES), "principal": "str", "create_time": "time"}
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import datetime as dt
 import functools
 import json
@@ -19,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from cgsvc.audit.filters import TIME_FORM, utc_time
 from cgsvc.errors import FieldViolation, ServiceError, did_you_mean, one_spelling
 
 REFUSAL_CODES = ("INVALID_ARGUMENT", "FAILED_PRECONDITION")
@@ -279,16 +279,12 @@ def since_time(when: str) -> str:
     """--since as the services write times (RFC 3339, UTC, microseconds, which sorts as text): a
     duration ago, or a time with an offset."""
     text = when.strip()
-    moment: dt.datetime | None = None
     if m := AGO.match(text):
-        moment = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=float(m[1]) * SECONDS[m[2]])
-    else:
-        with contextlib.suppress(ValueError):
-            moment = dt.datetime.fromisoformat(text)
-    if moment is None or moment.tzinfo is None:
-        raise bad("since", f"a duration ago (90s, 15m, 2h, 7d) or an RFC 3339 time with an offset "
-                           f"(2026-12-06T08:00:00Z); got {when!r}")
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        text = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=float(m[1]) * SECONDS[m[2]])).isoformat()
+    moment = utc_time(text)
+    if moment is None:
+        raise bad("since", f"a duration ago (90s, 15m, 2h, 7d) or {TIME_FORM}; got {when!r}")
+    return moment
 
 
 def list_filter(ns: argparse.Namespace) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import threading
 import uuid
@@ -137,6 +138,29 @@ def test_filters_name_gpus_models_and_states_as_specs_do(store: AuditStore) -> N
     with pytest.raises(filters.FilterError, match="valid: disabled, breakable, tc_piecewise, full"):
         store.list_plans('prefill_backend = "piecewise"')
     assert store.list_plans('prefill_backend = "TC_PIECEWISE" AND attention_decode = "FlashInfer"') == ([], "")
+
+
+def test_a_time_in_a_filter_is_read_as_a_moment_whatever_its_offset(store: AuditStore) -> None:
+    """Regression: `time > "2026-12-06T17:15:00+01:00"` compared the text with the stored UTC
+    text, so an offset gave the wrong records, and `time > "yesterday"` answered an empty page.
+    A time (records' `time`; launches', experiments' and plans' `create_time`) is now an RFC 3339
+    moment, compared in UTC, and anything else is refused naming the form."""
+    from cgsvc.launch.store import ExperimentStore, LaunchStore
+
+    for i in range(1, 4):
+        store.append(entry(i))
+    times = [r.time for r in store.list_records()[0]]
+    second = dt.datetime.fromisoformat(times[1])
+    in_paris = second.astimezone(dt.timezone(dt.timedelta(hours=1))).isoformat()  # the same moment, +01:00
+    assert [r.sequence for r in store.list_records(f'time >= "{in_paris}"')[0]] == [2, 3]
+    assert [r.sequence for r in store.list_records(f'time = "{in_paris}"')[0]] == [2]
+    assert [r.sequence for r in store.list_records(f'time < "{second.isoformat()}"')[0]] == [1]
+    for text, lister in (('time > "yesterday"', store.list_records), ('create_time > "2026-12-06"', store.list_plans),
+                         ('create_time < "2026-12-06T08:00:00"', LaunchStore(store).list_rows),
+                         ('create_time < "12/06/2026"', ExperimentStore(store).list_rows)):
+        with pytest.raises(filters.FilterError, match=r"time: an RFC 3339 time with an offset "
+                                                      r"\(2026-12-06T08:00:00Z\); got "):
+            lister(text)
 
 
 def test_newest_first_pages_back_through_the_log(store: AuditStore) -> None:
