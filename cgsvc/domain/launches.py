@@ -253,6 +253,7 @@ class Launches:
         self.watched: dict[str, Watched] = {}
         self.poll_seconds = 0.1
         self.taken_over = 0  # launches claimed from replicas whose lease lapsed (a metric)
+        self.ended: collections.Counter[tuple[str, str]] = collections.Counter()  # (dispatcher, state) ended here
         # One placement at a time: a launch stays PLACING in the store until its group has
         # started, so two schedule() calls at once (two creates, or a create and a launch that
         # ended) each started every PLACING launch, a second group on the same devices.
@@ -334,6 +335,8 @@ class Launches:
                 return None
         if moved:
             log.info("launch state", launch_id=row.launch_id, state=state, reason=reason)
+            if state in TERMINAL:
+                self.ended[(row.dispatcher, state)] += 1
         new = await asyncio.to_thread(self.store.get, row.launch_id)
         assert new is not None
         await self.announce(row.launch_id)
@@ -346,6 +349,13 @@ class Launches:
             w.changed.notify_all()
 
     # ------------------------------------------------------------------ create
+    def occupancy(self) -> tuple[list[LaunchRow], dict[str, tuple[int, int]]]:
+        """Now, from the store: the active launches this replica supervises, and each
+        dispatcher's devices as (busy, all) — what the metrics say when scraped."""
+        rows = self.store.in_states(ACTIVE)
+        return ([r for r in rows if r.owner == self.instance],
+                {name: (len(self._busy(d, rows)), d.slots) for name, d in self.dispatchers.items()})
+
     def _busy(self, disp: LocalDispatcher, rows: list[LaunchRow]) -> list[str]:
         """Devices held by active launches: this machine's (owned here) for local devices, the
         whole cluster's slots for Ray."""

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import time
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
+
+from cgsvc.domain.launches import ACTIVE, TERMINAL, Launches
 
 REGISTRY = CollectorRegistry()
 GCCollector(registry=REGISTRY)  # python_gc_*: collections and objects collected, per generation
@@ -39,6 +44,41 @@ SERVER_INFO = Gauge("cgsvc_server_info", "Always 1: the labels say this server's
                     "on (--event-loop; read from the running loop)", ["version", "event_loop"], registry=REGISTRY)
 PLANS_TOTAL = Counter("cgsvc_plans_total", "Plans resolved", ["prefill_backend", "decode_backend"],
                       registry=REGISTRY)
+
+
+class LaunchCollector:
+    """The launches and devices of the replica serving now (`launches`, set at start), read
+    from the store when scraped; every dispatcher and state has a series, 0 included, so that
+    an alert on one needs no absent-series care."""
+
+    def __init__(self) -> None:
+        self.launches: Launches | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        launches = self.launches
+        if launches is None:
+            return
+        mine, devices = launches.occupancy()
+        active = GaugeMetricFamily("cgsvc_launches_active", "Launches this replica supervises now, by state",
+                                   labels=["dispatcher", "state"])
+        now = collections.Counter((r.dispatcher, r.state) for r in mine)
+        ended = CounterMetricFamily("cgsvc_launches_ended", "Launches that ended while this replica supervised "
+                                    "them, by how (since it started)", labels=["dispatcher", "state"])
+        for name in launches.dispatchers:
+            for state in ACTIVE:
+                active.add_metric([name, state], now[(name, state)])
+            for state in TERMINAL:
+                ended.add_metric([name, state], launches.ended[(name, state)])
+        held = GaugeMetricFamily("cgsvc_devices", "Each dispatcher's devices, busy (held by an active launch) or free",
+                                 labels=["dispatcher", "status"])
+        for name, (busy, slots) in devices.items():
+            held.add_metric([name, "busy"], busy)
+            held.add_metric([name, "free"], slots - busy)
+        yield from (active, ended, held)
+
+
+LAUNCHES = LaunchCollector()
+REGISTRY.register(LAUNCHES)
 
 
 def observe_batch(records: int, seconds: float) -> None:

@@ -148,14 +148,31 @@ def test_a_dead_rank_fails_the_launch_and_stops_the_group(srv: ServerProcess, ck
         assert no_processes_left(pgid)
 
 
+def launch_metrics(srv: ServerProcess) -> dict[str, float]:
+    """The launch and device series of the server's /metrics: 'name{labels}' -> value."""
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in srv.metrics_text().splitlines()
+            if line.startswith(("cgsvc_launches_", "cgsvc_devices{"))}
+
+
 def test_cancel_stops_every_rank(srv: ServerProcess, ckpt: str) -> None:
     with Client(srv.address) as c:
         name = c.create_launch(ckpt, LONG, spec=KIMI).metadata.name
         wait_tokens(c, name, 3)
+        # what a fleet's dashboards read: launches by state, devices busy and free, launches ended
+        running = launch_metrics(srv)
+        assert running['cgsvc_launches_active{dispatcher="local",state="RUNNING"}'] == 1, running
+        assert running['cgsvc_launches_active{dispatcher="local",state="PLACING"}'] == 0, running
+        assert running['cgsvc_devices{dispatcher="local",status="busy"}'] == 4, running
+        assert running['cgsvc_devices{dispatcher="local",status="free"}'] == 0, running
+        assert running['cgsvc_launches_ended_total{dispatcher="local",state="CANCELLED"}'] == 0, running
         pgid = handle(srv, name)["pgid"]
         launch = c.cancel_launch(name)
         assert launch.state == "CANCELLED" and "cancelled by local" in launch.error
         assert no_processes_left(pgid)
+        ended = launch_metrics(srv)
+        assert ended['cgsvc_launches_ended_total{dispatcher="local",state="CANCELLED"}'] == 1, ended
+        assert ended['cgsvc_launches_active{dispatcher="local",state="RUNNING"}'] == 0, ended
+        assert ended['cgsvc_devices{dispatcher="local",status="free"}'] == 4, ended
         shown = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "launches", "show", name, "--server",
                                 srv.address, "-o", "table"], capture_output=True, text=True, timeout=60, cwd=ROOT)
         rows = dict(line.split(None, 1) for line in shown.stdout.splitlines() if line.split(None, 1)[0] in
