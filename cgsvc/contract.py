@@ -36,6 +36,16 @@ ATTENTION_BACKENDS = (
 )
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1")
 FIDELITY_STATUSES = ("honoured", "substituted", "not_applicable")
+# What the workers split evenly over a TP group's ranks (each rank holds 1/tp of it), as
+# (checkpoint fact, words): a plan whose tp does not divide one cannot run on that checkpoint.
+TP_SHARDED = (("num_attention_heads", "attention heads"), ("vocab_size", "vocabulary rows"),
+              ("routed_experts", "routed experts"))
+
+
+def tp_misfits(tp: int, sizes: dict[str, int]) -> list[str]:
+    """What of a checkpoint (`sizes`: TP_SHARDED's facts; 0 or absent for none) a TP group of
+    `tp` ranks cannot split evenly, in words: "510 vocabulary rows"."""
+    return [f"{sizes[fact]} {words}" for fact, words in TP_SHARDED if sizes.get(fact) and sizes[fact] % tp]
 
 
 class ContractError(ValueError):

@@ -67,6 +67,8 @@ class ModelFacts:
     kv_lora_rank: int | None
     qk_rope_head_dim: int | None
     max_position_embeddings: int | None
+    vocab_size: int = 0
+    routed_experts: int = 0  # n_routed_experts (DeepSeek) or num_experts; 0 for a dense model
 
     @property
     def deepseek_v3_family(self) -> bool:
@@ -133,6 +135,8 @@ def model_facts_from_config(config: dict[str, Any], name: str) -> ModelFacts:
         kv_lora_rank=kv_lora if isinstance(kv_lora, int) else None,
         qk_rope_head_dim=num("qk_rope_head_dim") or None,
         max_position_embeddings=num("max_position_embeddings") or None,
+        vocab_size=num("vocab_size"),
+        routed_experts=num("n_routed_experts") or num("num_experts"),
     )
 
 

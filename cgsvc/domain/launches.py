@@ -40,6 +40,7 @@ from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.records import AuditEntry
 from cgsvc.audit.store import StoredPlan, utc_now
 from cgsvc.contract import (
+    TP_SHARDED,
     ContractError,
     PlacedEvent,
     ProgressEvent,
@@ -48,6 +49,7 @@ from cgsvc.contract import (
     WorkerReport,
     parse_event,
     read_report,
+    tp_misfits,
 )
 from cgsvc.domain.plans import Caller
 from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError, did_you_mean, one_spelling
@@ -183,8 +185,14 @@ def order_for(plan: PlanSource, ckpt: catalog.ModelFacts, model_path: str, workl
                            f"the checkpoint at {model_path} is a {ckpt.text_architecture} model; the plan was "
                            f"resolved for {wanted.name} ({wanted.text_architecture})",
                            [FieldViolation("model_path", "a checkpoint of the plan's model family")])
+    tp = int(spec.get("parallelism", {}).get("tp", 1))
+    if misfits := tp_misfits(tp, {fact: getattr(ckpt, fact) for fact, _ in TP_SHARDED}):
+        why = f"tp={tp} (the plan's) does not divide the checkpoint's {' or '.join(misfits)}"
+        raise ServiceError("FAILED_PRECONDITION", f"{why}: its ranks could not split it evenly ({model_path})",
+                           [FieldViolation("model_path", f"{why}; a checkpoint whose sizes tp={tp} divides, or a "
+                                                         "plan of another tp")])
     return LaunchOrder(plan_id=plan.plan_id, plan_json=plan.plan_json, spec_json=plan.spec_json,
-                       plan_audit=plan.audit_record, tp=int(spec.get("parallelism", {}).get("tp", 1)),
+                       plan_audit=plan.audit_record, tp=tp,
                        model_path=model_path, workload=workload, dispatcher=dispatcher, wait=wait,
                        request_id=request_id, request_hash=request_hash,
                        rule_ids=tuple(rule_ids(codec.plan_from_dict(json.loads(plan.plan_json)))))

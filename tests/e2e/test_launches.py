@@ -297,6 +297,16 @@ def test_admission_refuses_or_queues(srv: ServerProcess, ckpt: str) -> None:
         assert e.value.code == "FAILED_PRECONDITION" and "needs 8 devices" in e.value.message
 
 
+def reshaped(ckpt: Path, to: Path, **text: int) -> Path:
+    """`to` holding ckpt's config.json with these text_config values changed (no weights: a
+    launch refused on its config never reads them)."""
+    config = json.loads((ckpt / "config.json").read_text())
+    config["text_config"].update(text)
+    to.mkdir(parents=True, exist_ok=True)
+    (to / "config.json").write_text(json.dumps(config))
+    return to
+
+
 def test_bad_launches_start_nothing_and_are_audited(srv: ServerProcess, ckpt: str, tmp_path: Path) -> None:
     llama_ckpt = llama_dir(tmp_path / "llama")
     cases: list[tuple[dict[str, Any], str, str]] = [
@@ -311,6 +321,10 @@ def test_bad_launches_start_nothing_and_are_audited(srv: ServerProcess, ckpt: st
         ({"spec": KIMI, "model_path": str(llama_ckpt)}, "FAILED_PRECONDITION", "model_path"),
         ({"spec": KIMI, "model_path": str(tmp_path / "nothing")}, "INVALID_ARGUMENT", "model_path"),
         ({"spec": KIMI, "dispatcher": "ray"}, "FAILED_PRECONDITION", "dispatcher"),
+        # the plan's tp=4 cannot shard a checkpoint of 510 vocabulary rows: refused here, where the
+        # ranks would have loaded it and failed one by one (ValueError) after holding 4 devices
+        ({"spec": KIMI, "model_path": str(reshaped(Path(ckpt), tmp_path / "odd-vocab", vocab_size=510))},
+         "FAILED_PRECONDITION", "model_path"),
     ]
     with Client(srv.address) as c:
         for case, code, field in cases:
@@ -319,6 +333,8 @@ def test_bad_launches_start_nothing_and_are_audited(srv: ServerProcess, ckpt: st
             with pytest.raises(ServiceError) as e:
                 c.create_launch(case.get("model_path", ckpt), case.get("workload", SHORT), **kwargs)
             assert e.value.code == code, (case, e.value.message)
+            if "odd-vocab" in case.get("model_path", ""):
+                assert "tp=4 (the plan's) does not divide the checkpoint's 510 vocabulary rows" in e.value.message
             if field:
                 assert field in [v.field for v in e.value.violations], e.value.violations
         assert list(c.list_launches().launches) == []

@@ -120,6 +120,9 @@ def test_unfollowed_after_without_a_follow_file_is_refused(checkpoints: dict[str
     (("bench", "--requests", "0"), "--requests must be at least 1, got 0"),  # was an "ok" report of no requests
     (("bench", "--concurrency", "-1"), "--concurrency must be 0 (all) or more, got -1"),  # was torch.cat's error
     (("bench", "--tp", "0"), "--tp must be at least 1, got 0"),
+    # was a ValueError report from each rank after it loaded, three JSON objects on standard output
+    (("bench", "--tp", "3"), "--tp 3 does not divide the checkpoint's 8 attention heads or 512 vocabulary rows or "
+                             "8 routed experts"),
     (("generate", "--prompts", "p.json", "--max-new-tokens", "0"), "--max-new-tokens must be at least 1, got 0"),
     (("check-graphs", "--kv-cache-mb", "0"), "--kv-cache-mb must be more than 0, got 0"),
 ])
@@ -128,6 +131,21 @@ def test_a_flag_out_of_bounds_is_refused_by_name_before_any_rank_starts(checkpoi
     proc = worker(*args[:1], "--model-path", checkpoints["tiny"], *args[1:], timeout=60)
     assert (proc.returncode, proc.stdout) == (2, ""), proc
     assert proc.stderr.strip() == f"cgsvc-worker: {said}", proc.stderr
+
+
+def test_a_group_that_fails_without_output_prints_one_report(checkpoints: dict[str, str], tmp_path: Path) -> None:
+    """Standard output holds one JSON object, rank 0's (docs/worker-report.md); every rank's
+    failure report was printed there, one after another, which no JSON reader takes."""
+    model = tmp_path / "m"
+    shutil.copytree(checkpoints["tiny"], model)
+    config = json.loads((model / "config.json").read_text())
+    config["kv_lora_rank"] = 48  # every rank fails to load it
+    (model / "config.json").write_text(json.dumps(config))
+    proc = worker("bench", "--model-path", str(model), "--tp", "2", "--requests", "1", "--output-len", "2")
+    assert proc.returncode == 2, proc.stderr
+    report = json.loads(proc.stdout)  # one object: a second would be "Extra data"
+    assert report["status"] == "failed" and "the model expects" in report["error"], report
+    assert "cgsvc-worker: rank 1: " in proc.stderr and "the model expects" in proc.stderr, proc.stderr
 
 
 def test_unfollowed_counts_from_the_last_touch(tmp_path: Path) -> None:
@@ -145,7 +163,7 @@ def test_unfollowed_counts_from_the_last_touch(tmp_path: Path) -> None:
     assert Unfollowed(str(follow), 0).lapsed() == "" and Unfollowed("", 5).lapsed() == ""  # no limit, no file
 
 
-@pytest.mark.parametrize("case", ["missing_tensor", "shape_mismatch", "unsupported_arch", "tp_heads", "other_model",
+@pytest.mark.parametrize("case", ["missing_tensor", "shape_mismatch", "unsupported_arch", "other_model",
                                   "too_long", "kv_exhausted", "bad_prompts"])
 def test_bad_input_fails_clearly(checkpoints: dict[str, str], tmp_path: Path, case: str) -> None:
     model = str(tmp_path / "m")
@@ -166,8 +184,6 @@ def test_bad_input_fails_clearly(checkpoints: dict[str, str], tmp_path: Path, ca
     elif case == "unsupported_arch":
         cfg["architectures"] = ["LlamaForCausalLM"]
         expect = "unsupported architecture 'LlamaForCausalLM'"
-    elif case == "tp_heads":
-        tp, expect = 3, "tp=3 does not divide"
     elif case == "other_model":
         extra = ["--plan", plan_file(tmp_path, spec={"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
                                                      "hardware": {"gpu": "H100"}})]

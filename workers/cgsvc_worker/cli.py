@@ -26,7 +26,7 @@ import sys
 from collections.abc import Sequence
 
 from cgsvc import __version__
-from cgsvc.contract import write_report
+from cgsvc.contract import tp_misfits, write_report
 from cgsvc_worker.runtime import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -173,6 +173,20 @@ def out_of_bounds(ns: argparse.Namespace) -> str:
     return ""
 
 
+def tp_misfit(model_path: str, tp: int) -> str:
+    """Why `tp` ranks cannot split the checkpoint's config evenly, before any rank starts and
+    loads it; "" when they can, or when the config cannot be read (each rank then says why)."""
+    from cgsvc_worker.config import load_model_config
+
+    try:
+        cfg = load_model_config(model_path)
+    except (OSError, ValueError, KeyError):
+        return ""
+    misfits = tp_misfits(tp, {"num_attention_heads": cfg.num_heads, "vocab_size": cfg.vocab_size,
+                              "routed_experts": cfg.n_routed_experts})
+    return f"--tp {tp} does not divide the checkpoint's {' or '.join(misfits)}" if misfits else ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ns = parser().parse_args(argv)
     if ns.command == "make-checkpoint":
@@ -192,6 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.unfollowed_after < 0 or (ns.unfollowed_after and not ns.follow_file):
         print(f"cgsvc-worker: --unfollowed-after {ns.unfollowed_after:g}: give 0 (never) or a number of seconds, "
               "with --follow-file naming the file whose last touch counts", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if ns.tp > 1 and "WORLD_SIZE" not in os.environ and (misfit := tp_misfit(ns.model_path, ns.tp)):
+        print(f"cgsvc-worker: {misfit}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if "WORLD_SIZE" in os.environ or (ns.tp == 1 and not ns.unfollowed_after):
         os.environ.setdefault("WORLD_SIZE", str(ns.tp))

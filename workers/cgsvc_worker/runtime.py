@@ -214,8 +214,10 @@ def rank_entry(ns: argparse.Namespace) -> int:
         emit(ns, rank, StateEvent("failed", failed.error))
         if rank == 0:
             write_report(ns.output, failed)
-        else:
-            write_report(rank_error_path(ns.output, rank) if ns.output else None, failed)
+        elif ns.output:
+            write_report(rank_error_path(ns.output, rank), failed)
+        else:  # standard output holds one report, rank 0's: the others say theirs on a line of stderr
+            print(f"cgsvc-worker: rank {rank}: {failed.error}", file=sys.stderr, flush=True)
         return code
     if rank == 0:
         write_report(ns.output, report)
