@@ -48,6 +48,22 @@ def tp_misfits(tp: int, sizes: dict[str, int]) -> list[str]:
     return [f"{sizes[fact]} {words}" for fact, words in TP_SHARDED if sizes.get(fact) and sizes[fact] % tp]
 
 
+def ran_as(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per plan field of a worker report, what the plan asked for and what the workers ran."""
+    return {f["field"]: {"requested": f.get("requested"), "effective": f.get("effective")}
+            for f in report.get("plan_fidelity") or []}
+
+
+def ran_alike(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> list[str]:
+    """The plan fields A and B were planned differently in, where the workers ran every field of
+    both alike (what differed was substituted away or did not apply): then a measured difference
+    is the machine's, not the plans'. Empty when what ran differs, when the plans are the same
+    (an A/A run measures the machine on purpose), or while an arm has no report."""
+    if not a or not b or a.keys() != b.keys() or any(a[f]["effective"] != b[f]["effective"] for f in a):
+        return []
+    return [f for f in a if a[f]["requested"] != b[f]["requested"]]
+
+
 class ContractError(ValueError):
     """A message that does not follow the contract; the message names the field."""
 

@@ -25,6 +25,7 @@ import structlog
 
 from cgsvc import __version__
 from cgsvc.audit.records import AuditEntry
+from cgsvc.contract import ran_alike, ran_as
 from cgsvc.domain import stats
 from cgsvc.domain.launches import (
     TERMINAL,
@@ -65,22 +66,6 @@ def substitutions_of(report: dict[str, Any]) -> list[str]:
     """What the workers ran differently from the plan, as "field: requested -> effective (reason)"."""
     return [f"{f['field']}: {f['requested']} -> {f['effective']} ({f['reason']})"
             for f in report.get("plan_fidelity") or [] if f.get("status") == "substituted"]
-
-
-def ran_as(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per plan field of a worker report, what the plan asked for and what the workers ran."""
-    return {f["field"]: {"requested": f.get("requested"), "effective": f.get("effective")}
-            for f in report.get("plan_fidelity") or []}
-
-
-def ran_alike(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> list[str]:
-    """The plan fields A and B were planned differently in, where the workers ran every field of
-    both alike (what differed was substituted away or did not apply): then a measured difference
-    is the machine's, not the plans'. Empty when what ran differs, when the plans are the same
-    (an A/A run measures the machine on purpose), or while an arm has no report."""
-    if not a or not b or a.keys() != b.keys() or any(a[f]["effective"] != b[f]["effective"] for f in a):
-        return []
-    return [f for f in a if a[f]["requested"] != b[f]["requested"]]
 
 
 def stored(row: ExperimentRow, key: str) -> dict[str, dict[str, list[float]]]:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cgsvc import codec
+from cgsvc.contract import ran_alike, ran_as
 from cgsvc.errors import ServiceError
 from cgsvc.plan import Plan, compare, plan_fields
 from cgsvc_client import render
@@ -186,8 +187,11 @@ def cmd_launches_diff(ns: argparse.Namespace) -> int:
     ran_a, ran_b = (_ran(x) for x in launches)
     ran = [{"field": f, "a": ran_a.get(f, "-"), "b": ran_b.get(f, "-")}
            for f in dict.fromkeys([*ran_a, *ran_b]) if ran_a.get(f) != ran_b.get(f)]
-    measured, note = [], SINGLE_RUNS
+    measured, note, alike = [], SINGLE_RUNS, []
     if all(x.state == "SUCCEEDED" for x in launches):
+        alike = ran_alike(*(ran_as({"plan_fidelity": [{"field": f.field, "requested": f.requested,
+                                                       "effective": f.effective} for f in x.report.plan_fidelity]})
+                            for x in launches))
         for label, get in MEASURED:
             va, vb = (round(float(get(x.report)), 3) for x in launches)
             measured.append({"metric": label, "a": va, "b": vb, "b_minus_a": round(vb - va, 3),
@@ -200,7 +204,7 @@ def cmd_launches_diff(ns: argparse.Namespace) -> int:
     result = {"a": sides[0], "b": sides[1],
               "plan": {"changes": [{"field": f, "a": x, "b": y} for f, x, y in cmp.changes],
                        "rules": {"only_a": list(cmp.only_a), "only_b": list(cmp.only_b)}},
-              "ran": ran, "measured": measured, "note": note}
+              "ran": ran, "ran_alike": alike, "measured": measured, "note": note}
     if render.output_mode(ns) == "json":
         render.print_json({"diff": result})
     else:
@@ -224,6 +228,10 @@ def launches_diff_table(d: dict[str, Any], cmp: Any, plans: list[Plan]) -> str:
         lines.append(f"rules only in a: {', '.join(cmp.only_a) or '-'}\nrules only in b: {', '.join(cmp.only_b) or '-'}")
     lines += (["\nwhat ran", render.table(["field", "a", "b"], [(r["field"], r["a"], r["b"]) for r in d["ran"]])]
               if d["ran"] else ["\nwhat ran: the same"])
+    if d["ran_alike"]:
+        lines.append(f"a and b ran alike: their plans differ only in {', '.join(d['ran_alike'])}, which these workers "
+                     "substituted away or did not apply, so a difference measured below is the machine's, not the "
+                     "plans'")
     if d["measured"]:
         lines += ["\nmeasured", render.table(["metric", "a", "b", "b - a", "b / a"],
                                              [(m["metric"], f"{m['a']:g}", f"{m['b']:g}", f"{m['b_minus_a']:+g}",

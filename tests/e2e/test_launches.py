@@ -569,6 +569,9 @@ def test_launches_diff_says_what_differed_in_the_plan_in_what_ran_and_in_what_it
         assert wait_state(c, a, ("SUCCEEDED", "FAILED")).state == "SUCCEEDED"
         b = c.create_launch(ckpt, {**SHORT, "output_len": 4}, spec=KIMI, policy="sglang-0.5.17").metadata.name
         assert wait_state(c, b, ("SUCCEEDED", "FAILED")).state == "SUCCEEDED"
+        # sglang 0.5.18's plan differs from a's only in prefill fields a CPU substitutes away
+        alike = c.create_launch(ckpt, SHORT, spec=KIMI, policy="sglang-0.5.18").metadata.name
+        assert wait_state(c, alike, ("SUCCEEDED", "FAILED")).state == "SUCCEEDED"
     out = cli("launches", "diff", a, b.split("/")[1], "-o", "json", "--exit-code", server=srv.address)
     assert out.returncode == 1, out.stdout + out.stderr  # they differ
     diff = json.loads(out.stdout)["diff"]
@@ -584,6 +587,13 @@ def test_launches_diff_says_what_differed_in_the_plan_in_what_ran_and_in_what_it
     ttft = next(m for m in diff["measured"] if m["metric"] == "TTFT p50 ms")
     assert ttft["a"] > 0 and ttft["b"] > 0 and ttft["b_minus_a"] == round(ttft["b"] - ttft["a"], 3)
     assert "one launch a side" in diff["note"]  # no interval from one run each: experiments measure that
+    assert diff["ran_alike"] == []  # b ran tc_piecewise_nograph: what ran differs
+    twins = cli("launches", "diff", a, alike, "-o", "json", server=srv.address)
+    assert json.loads(twins.stdout)["diff"]["ran_alike"] == ["prefill.backend", "prefill.max_num_tokens",
+                                                             "prefill.num_tokens"], twins.stdout
+    said = cli("launches", "diff", a, alike, "-o", "table", server=srv.address).stdout
+    assert "a and b ran alike: their plans differ only in prefill.backend, prefill.max_num_tokens, " \
+           "prefill.num_tokens" in said, said
     table = cli("launches", "diff", a, b, "-o", "table", server=srv.address)
     assert table.returncode == 0 and "prefill (effective)" in table.stdout and "TTFT p50 ms" in table.stdout
     same = cli("launches", "diff", a, a, "-o", "json", "--exit-code", server=srv.address)

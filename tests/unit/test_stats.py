@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from typing import Any
 
 from cgsvc.domain import stats
 
@@ -64,25 +63,3 @@ def test_one_odd_launch_is_not_a_plan_effect() -> None:
     flat["B"]["ttft_ms"] = [v + 30 for v in sum(a, [])]
     assert stats.analyse(flat, consistent)["verdict"].startswith("TTFT: B is slower by")
 
-
-def fidelity(**fields: tuple[Any, Any]) -> dict[str, Any]:
-    """A worker report's plan_fidelity: field -> (requested, effective)."""
-    return {"plan_fidelity": [{"field": f.replace("__", "."), "requested": r, "effective": e}
-                              for f, (r, e) in fields.items()]}
-
-
-def test_arms_whose_plans_differ_only_where_the_workers_substituted_ran_alike() -> None:
-    """Regression: on a CPU, cgsvc's plan (prefill disabled) and sglang 0.5.18's (prefill
-    breakable, substituted to disabled) ran identically, yet the verdict read "TPOT: B is faster
-    by 7.25 ms": drift between launches, reported as the plans' effect."""
-    from cgsvc.domain.experiments import ran_alike, ran_as
-    a = ran_as(fidelity(prefill__backend=("disabled", "disabled"), prefill__num_tokens=([], []),
-                        decode__backend=("full", "static_eager")))
-    b = ran_as(fidelity(prefill__backend=("breakable", "disabled"), prefill__num_tokens=([4, 8], []),
-                        decode__backend=("full", "static_eager")))
-    assert ran_alike(a, b) == ["prefill.backend", "prefill.num_tokens"]
-    differs = ran_as(fidelity(prefill__backend=("breakable", "tc_piecewise_nograph"), prefill__num_tokens=([4, 8], [4, 8]),
-                              decode__backend=("full", "static_eager")))
-    assert ran_alike(a, differs) == []  # what ran differs: the measurement is the plans'
-    assert ran_alike(a, a) == []  # an A/A run (the same plan twice) measures the machine on purpose
-    assert ran_alike(a, {}) == []  # an arm with no report yet says nothing
