@@ -170,7 +170,9 @@ def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
         if now - last[0] > 0.25 or done == total:
             last[0] = now
             emit(ns, group.rank, ProgressEvent(done, total))
-        if group.rank == 0 and (now - last[1] > 5 or done == total):
+        # rank 0 says how far it has got; every rank says when it has finished, so that a log that
+        # ends at "running" is one whose rank stopped there
+        if (group.rank == 0 and now - last[1] > 5) or done == total:
             last[1] = now
             ttfts = [m["ttft_ms"] for m in ended if m.get("ttft_ms") is not None]
             median = f" (TTFT median so far {statistics.median(ttfts):.1f} ms)" if ttfts else ""
