@@ -246,7 +246,7 @@ class Parser(argparse.ArgumentParser):
 
 def json_requested(argv: Sequence[str]) -> bool:
     """Whether the command line asks for -o json anywhere (read before argparse, which may fail)."""
-    pairs = zip(argv, [*argv[1:], ""], strict=True)
+    pairs = zip(argv, [*argv[1:], ""][:len(argv)], strict=True)  # no arguments at all: no pairs
     return any(a in ("-ojson", "--output=json") or (a in ("-o", "--output") and b == "json") for a, b in pairs)
 
 

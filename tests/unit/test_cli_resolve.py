@@ -147,6 +147,12 @@ def test_models_lists_the_catalog_the_refusal_points_to() -> None:
     assert any(line.startswith("deepseek-ai/DeepSeek-V3.2 ") and "MLA+DSA" in line for line in table.splitlines())
 
 
+def test_no_arguments_at_all_is_a_usage_error_not_a_traceback() -> None:
+    proc = cli()  # regression: json_requested's zip of no arguments raised ValueError
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("usage: cgsvc-cli") and "required" in proc.stderr, proc.stderr
+
+
 def test_policies_and_models_read_list_as_the_other_lists_do() -> None:
     """`plans list`, `launches list`, `replicas list` ...: `policies list` and `models list` were
     refused with "unrecognized arguments: list"."""
