@@ -318,10 +318,29 @@ def leading_options_end(argv: Sequence[str]) -> int:
     return min(i, len(argv))
 
 
+def _subcommands(ap: argparse.ArgumentParser) -> argparse._SubParsersAction | None:  # type: ignore[type-arg]
+    return next((a for a in ap._actions  # noqa: SLF001 - argparse has no public list of them
+                 if isinstance(a, argparse._SubParsersAction)), None)  # noqa: SLF001
+
+
 def commands(ap: argparse.ArgumentParser) -> list[str]:
     """The top-level commands, in the order --help lists them."""
-    return [name for action in ap._actions  # noqa: SLF001 - argparse has no public list of them
-            if isinstance(action, argparse._SubParsersAction) for name in action.choices]  # noqa: SLF001
+    sub = _subcommands(ap)
+    return list(sub.choices) if sub is not None else []
+
+
+def missing_command(ap: argparse.ArgumentParser, given: Sequence[str]) -> UsageError | None:
+    """The usage error of a command line that names a command group (or none) and then only
+    options: argparse would read the option's value as the missing command (`audit -o json`:
+    "invalid choice: 'json'")."""
+    words, parsers = list(given), [ap]
+    while words and (sub := _subcommands(parsers[-1])) is not None and words[0] in sub.choices:
+        parsers.append(sub.choices[words.pop(0)])
+    sub = _subcommands(parsers[-1])
+    if sub is None or not words or leading_options_end(words) != len(words):
+        return None
+    return UsageError(parsers[-1], f"argument {sub.dest}: required after {' '.join(words)} (choose from "
+                                   f"{', '.join(map(repr, sub.choices))})")
 
 
 def hoist_leading_options(argv: Sequence[str]) -> list[str]:
@@ -375,9 +394,8 @@ def _run(given: Sequence[str]) -> int:
     args = hoist_leading_options(given)
     try:
         ap = parser()
-        if given and leading_options_end(given) == len(given):  # options, and no command for them
-            raise UsageError(ap, f"argument command: required after {' '.join(given)} (choose from "
-                                 f"{', '.join(map(repr, commands(ap)))})")
+        if (missing := missing_command(ap, given)) is not None:  # options, and no command for them
+            raise missing
         ns = ap.parse_args(args)
     except UsageError as exc:
         prog = exc.parser.prog

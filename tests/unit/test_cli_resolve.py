@@ -153,6 +153,17 @@ def test_no_arguments_at_all_is_a_usage_error_not_a_traceback() -> None:
     assert proc.stderr.startswith("usage: cgsvc-cli") and "required" in proc.stderr, proc.stderr
 
 
+def test_a_command_group_with_only_options_names_the_missing_subcommand() -> None:
+    """Regression: `audit -o json` answered "invalid choice: 'json'" (argparse took the option's
+    value for the subcommand), as `-o json` alone once did."""
+    for words, field, choices in ((["audit"], "audit_command", "'list', 'show', 'verify'"),
+                                  (["launches"], "launches_command", "'list', 'summary', 'show'"), ([], "command", "'resolve'")):
+        proc = cli(*words, "-o", "json")
+        error = as_json(proc)["error"]
+        assert proc.returncode == 2 and error["field_violations"][0]["field"] == field, error
+        assert f"required after -o json (choose from {choices}" in error["message"], error
+
+
 def test_policies_and_models_read_list_as_the_other_lists_do() -> None:
     """`plans list`, `launches list`, `replicas list` ...: `policies list` and `models list` were
     refused with "unrecognized arguments: list"."""
