@@ -71,6 +71,9 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+EMPTY_TOKEN_SHA256 = hashlib.sha256(b"").hexdigest()  # never a credential: refused in a token file
+
+
 class AuthError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -143,6 +146,9 @@ def load_token_file(path: str, text: str | None = None) -> tuple[dict[str, Princ
             if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdefABCDEF" for c in digest)):
                 raise bad(f"{where}.sha256", "the token's SHA-256 as 64 hex digits (`cgsvc token hash TOKEN` prints "
                                              "it), never the token itself")
+            if digest.lower() == EMPTY_TOKEN_SHA256:
+                raise bad(f"{where}.sha256", "the SHA-256 of an empty token, which admits nobody's secret: hash the "
+                                             "token itself (cgsvc token new makes one)")
             if digest.lower() in tokens:
                 raise bad(f"{where}.sha256", f"the same token as {tokens[digest.lower()].name!r}'s")
             tokens[digest.lower()] = principal
@@ -170,7 +176,7 @@ class Authenticator:
         auth = metadata.get("authorization", "")
         if auth:
             scheme, _, token = auth.partition(" ")
-            if scheme.lower() != "bearer" or not token:
+            if scheme.lower() != "bearer" or not token.strip():
                 raise AuthError("UNAUTHENTICATED", "authorization metadata must be 'Bearer <token>'")
             digest = hash_token(token.strip())
             for known, principal in self.tokens.items():

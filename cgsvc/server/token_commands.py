@@ -305,7 +305,10 @@ def _run(ns: argparse.Namespace) -> int:
         return new(ns)
     if ns.token_command == "revoke":
         return revoke(ns)
-    token = ns.token if ns.token is not None else sys.stdin.readline().strip()
+    token = (ns.token if ns.token is not None else sys.stdin.readline()).strip()
+    if not token:
+        return _refuse("table", "token", "empty: give the token as the argument or on standard input "
+                                         "(an empty token is never a credential)")
     print(hash_token(token))
     return 0
 

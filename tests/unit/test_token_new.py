@@ -144,3 +144,31 @@ def test_a_token_nobody_received_fails_and_says_how_to_take_its_entry_back(tmp_p
     assert load_token_file(str(tf))[0] == {}
     hashed = closed_stdout("token", "hash", stdin="cgsvc_abc\n")  # output nobody wanted: quiet, exit 0
     assert (hashed.returncode, hashed.stderr) == (0, "")
+
+
+def test_an_empty_token_is_never_a_credential(tmp_path: Path) -> None:
+    """`cgsvc token hash` with nothing on stdin printed the SHA-256 of the empty string; put in a
+    token file, it would have admitted `authorization: Bearer  ` (a blank token, which the
+    server stripped to nothing before hashing). Each step now refuses it."""
+    from cgsvc.server.auth import Authenticator, AuthError, TokenFileError
+
+    empty = hash_token("")
+    hashed = subprocess.run([sys.executable, "-m", "cgsvc.server.main", "token", "hash"], input="\n",
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert hashed.returncode == 2 and hashed.stdout == "", hashed.stdout
+    assert "token: empty" in hashed.stderr, hashed.stderr
+    tf = tmp_path / "tokens.toml"
+    tf.write_text(f'[[tokens]]\nprincipal = "nobody"\nroles = ["admin"]\nsha256 = "{empty}"\n')
+    try:
+        load_token_file(str(tf))
+        raise AssertionError("a token file holding the empty token's hash was admitted")
+    except TokenFileError as exc:
+        assert "tokens[0].sha256" in str(exc) and "empty token" in str(exc), exc
+    auth = Authenticator(require=True)
+    auth.tokens = {empty: auth.anonymous}  # as if it had been admitted: the blank token still is not
+    for header in ("Bearer  ", "Bearer \t"):
+        try:
+            auth.authenticate({"authorization": header}, None)
+            raise AssertionError(f"{header!r} authenticated")
+        except AuthError as exc:
+            assert "Bearer <token>" in str(exc), exc
