@@ -176,8 +176,9 @@ class Admission:
 
 def order_for(plan: PlanSource, ckpt: catalog.ModelFacts, model_path: str, workload: Workload, dispatcher: str,
               wait: bool, request_id: str = "", request_hash: str = "") -> LaunchOrder:
-    """The order that runs a plan on a checkpoint (FAILED_PRECONDITION when the checkpoint is of
-    another model family than the plan's)."""
+    """The order that runs a plan on a checkpoint: FAILED_PRECONDITION when the checkpoint is of
+    another model family than the plan's or of sizes its tp cannot split, INVALID_ARGUMENT when
+    it has no weights."""
     spec = json.loads(plan.spec_json)
     wanted = catalog.facts_for_spec(spec)
     if wanted is not None and wanted.text_architecture != ckpt.text_architecture:
@@ -191,6 +192,10 @@ def order_for(plan: PlanSource, ckpt: catalog.ModelFacts, model_path: str, workl
         raise ServiceError("FAILED_PRECONDITION", f"{why}: its ranks could not split it evenly ({model_path})",
                            [FieldViolation("model_path", f"{why}; a checkpoint whose sizes tp={tp} divides, or a "
                                                          "plan of another tp")])
+    if not any(Path(model_path).glob("*.safetensors")):  # a config alone resolves a plan, but runs nothing
+        raise ServiceError.invalid([FieldViolation("model_path", f"no *.safetensors weights in {model_path}: a "
+                                                                 "launch needs a checkpoint in hub layout (config.json "
+                                                                 "and its model*.safetensors)")])
     return LaunchOrder(plan_id=plan.plan_id, plan_json=plan.plan_json, spec_json=plan.spec_json,
                        plan_audit=plan.audit_record, tp=tp,
                        model_path=model_path, workload=workload, dispatcher=dispatcher, wait=wait,

@@ -325,6 +325,9 @@ def test_bad_launches_start_nothing_and_are_audited(srv: ServerProcess, ckpt: st
         # ranks would have loaded it and failed one by one (ValueError) after holding 4 devices
         ({"spec": KIMI, "model_path": str(reshaped(Path(ckpt), tmp_path / "odd-vocab", vocab_size=510))},
          "FAILED_PRECONDITION", "model_path"),
+        # a config.json and no weights: refused here, not by four ranks each failing to load
+        ({"spec": KIMI, "model_path": str(reshaped(Path(ckpt), tmp_path / "no-weights"))}, "INVALID_ARGUMENT",
+         "model_path"),
     ]
     with Client(srv.address) as c:
         for case, code, field in cases:
@@ -333,6 +336,8 @@ def test_bad_launches_start_nothing_and_are_audited(srv: ServerProcess, ckpt: st
             with pytest.raises(ServiceError) as e:
                 c.create_launch(case.get("model_path", ckpt), case.get("workload", SHORT), **kwargs)
             assert e.value.code == code, (case, e.value.message)
+            if "no-weights" in case.get("model_path", ""):
+                assert "no *.safetensors weights in" in e.value.violations[0].description, e.value
             if "odd-vocab" in case.get("model_path", ""):
                 assert "tp=4 (the plan's) does not divide the checkpoint's 510 vocabulary rows" in e.value.message
             if field:
