@@ -208,7 +208,8 @@ def _redact(url: str) -> str:
     return str(mask_secrets(url))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """`cgsvc`'s command line: serve (every ServerConfig setting a flag) and token."""
     ap = argparse.ArgumentParser(prog="cgsvc", description="The cgsvc plan, audit and launch service.")
     ap.add_argument("--version", action="version", version=f"cgsvc {__version__}", help="print the release and exit")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -223,7 +224,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             s.add_argument(flag, default=None, help=text)
     token_commands.register(sub)
-    ns = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = parser().parse_args(argv)
 
     if ns.command == "token":
         return token_commands.run(ns)

@@ -9,8 +9,6 @@ import ast
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import ROOT
 
 
@@ -23,28 +21,17 @@ def _parsers(ap: argparse.ArgumentParser, path: str) -> list[tuple[str, argparse
     return out
 
 
-def _commands() -> list[tuple[str, argparse.ArgumentParser]]:
+def _programs() -> dict[str, argparse.ArgumentParser]:
     from cgsvc_client import cli as client_cli
     from cgsvc_worker import cli as worker_cli
 
     from cgsvc.server import main as server_main
 
-    server = server_main.main.__globals__["argparse"].ArgumentParser  # noqa: F841 - the module builds its parser inline
-    captured: list[argparse.ArgumentParser] = []
-    original = argparse.ArgumentParser.parse_args
+    return {"cgsvc-cli": client_cli.parser(), "cgsvc-worker": worker_cli.parser(), "cgsvc": server_main.parser()}
 
-    def capture(self: argparse.ArgumentParser, *a: object, **k: object) -> argparse.Namespace:
-        captured.append(self)
-        raise SystemExit(0)
 
-    argparse.ArgumentParser.parse_args = capture  # type: ignore[assignment,method-assign]
-    try:
-        with pytest.raises(SystemExit):
-            server_main.main(["serve"])
-    finally:
-        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
-    return (_parsers(client_cli.parser(), "cgsvc-cli") + _parsers(worker_cli.parser(), "cgsvc-worker")
-            + _parsers(captured[0], "cgsvc"))
+def _commands() -> list[tuple[str, argparse.ArgumentParser]]:
+    return [one for name, ap in _programs().items() for one in _parsers(ap, name)]
 
 
 def test_every_option_of_every_command_has_a_help_line() -> None:
@@ -56,6 +43,54 @@ def test_every_option_of_every_command_has_a_help_line() -> None:
             if not (action.help or "").strip():
                 missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
     assert not missing, f"options without a help line: {missing}"
+
+
+def _documented_command_lines() -> list[tuple[str, str, str, list[str]]]:
+    """(file, line, program, argv) of every cgsvc, cgsvc-cli and cgsvc-worker command in a code
+    block of the README and docs/, as a reader would type it: continuation lines joined, a
+    trailing comment, pipe or redirection cut, and the docs' placeholders read as values (`$S`,
+    `...`, `show|cancel` is `show`, `[--server ADDR]` is `--server ADDR`)."""
+    import re
+    import shlex
+
+    out = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", doc.read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                m = re.match(r"^\s*(?:\S+\s*\|\s*)?(?:\.venv/bin/)?(cgsvc-cli|cgsvc-worker|cgsvc)\s+(.*)$", line)
+                if not m:
+                    continue
+                rest = re.split(r"\s#(?:\s|$)", m[2])[0]
+                rest = re.split(r" \| | > | < | <<< | 2>", rest)[0]
+                rest = re.sub(r"\$\(?\{?([A-Za-z_]+)\}?\)?", r"X\1", rest)
+                words = [word for word in shlex.split(rest) if word not in ("[", "]", "&")]
+                out.append((doc.name, line.strip(), m[1], [
+                    word.split("|")[0] if re.fullmatch(r"[a-z-]+(\|[a-z-]+)+", word) else
+                    "X" if word == "..." else word.strip("[]") for word in words]))
+    return out
+
+
+def test_every_documented_command_line_parses() -> None:
+    """A command copied from the README or docs/ is one the programs take: its command, options
+    and their values as the parsers read them (what it then does is the other tests' matter)."""
+    import contextlib
+    import io
+
+    from cgsvc_client.cli import hoist_leading_options
+
+    programs, lines, wrong = _programs(), _documented_command_lines(), []
+    assert len(lines) > 60, "the docs' command lines were not found"
+    for doc, line, program, argv in lines:
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+                programs[program].parse_args(hoist_leading_options(argv))
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                wrong.append(f"{doc}: {line}: {said.getvalue().strip().splitlines()[-1:]}")
+        except Exception as exc:  # noqa: BLE001 - the client's parser raises its usage errors
+            wrong.append(f"{doc}: {line}: {exc}")
+    assert not wrong, "\n".join(wrong)
 
 
 def test_nothing_points_outside_the_repository() -> None:
