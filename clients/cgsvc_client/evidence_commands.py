@@ -365,25 +365,42 @@ def cmd_experiment_run(ns: argparse.Namespace) -> int:
         print(f"{msg.name}: {plans[0]} (A) vs {plans[1]} (B), {ns.repeats} launches per arm, interleaved",
               file=sys.stderr, flush=True)
         if not ns.detach:
-            last = [""]
-            try:
-                for update in c.watch_experiment(msg.name, on_resume=resumed(msg.name)):
-                    msg = update
-                    _experiment_progress(update, last)
-            except KeyboardInterrupt:  # the experiment is the server's: stop waiting, say how to reach it
-                print(f"\nstopped waiting: {msg.name} goes on ({msg.state}); `cgsvc-cli experiments show "
-                      f"{msg.name}` reads it, `cgsvc-cli experiments cancel {msg.name}` stops it, keeping what it "
-                      "measured", file=sys.stderr)
-                if render.output_mode(ns) == "json":
-                    render.print_json({"experiment": codec.experiment_dict(msg)})
-                return INTERRUPTED
-            msg = c.get_experiment(msg.name)
+            return wait_for_experiment(c, msg, ns)
+    _print_experiment(msg, ns)
+    return 0
+
+
+def _print_experiment(msg: Any, ns: argparse.Namespace) -> None:
     d = codec.experiment_dict(msg)
     if render.output_mode(ns) == "json":
         render.print_json({"experiment": d})
     else:
         print(experiment_table(d, render.Style(sys.stdout.isatty())))
-    return 0 if ns.detach or msg.state == "SUCCEEDED" else 4
+
+
+def wait_for_experiment(c: Client, msg: Any, ns: argparse.Namespace) -> int:
+    """Follow an experiment to its end (progress on stderr), print it, and exit 0 when it
+    SUCCEEDED, 4 when it ended otherwise, 130 on Ctrl-C (the experiment goes on)."""
+    last = [""]
+    try:
+        for update in c.watch_experiment(msg.name, on_resume=resumed(msg.name)):
+            msg = update
+            _experiment_progress(update, last)
+    except KeyboardInterrupt:  # the experiment is the server's: stop waiting, say how to reach it
+        print(f"\nstopped waiting: {msg.name} goes on ({msg.state}); `cgsvc-cli experiments wait "
+              f"{msg.name}` waits again, `cgsvc-cli experiments cancel {msg.name}` stops it, keeping what it "
+              "measured", file=sys.stderr)
+        if render.output_mode(ns) == "json":
+            render.print_json({"experiment": codec.experiment_dict(msg)})
+        return INTERRUPTED
+    msg = c.get_experiment(msg.name)
+    _print_experiment(msg, ns)
+    return 0 if msg.state == "SUCCEEDED" else 4
+
+
+def cmd_experiments_wait(ns: argparse.Namespace) -> int:
+    with Client.from_args(ns) as c:
+        return wait_for_experiment(c, c.get_experiment(resource_name("experiments", ns.name)), ns)
 
 
 def cmd_experiments_cancel(ns: argparse.Namespace) -> int:
@@ -399,11 +416,7 @@ def cmd_experiments_cancel(ns: argparse.Namespace) -> int:
 
 def cmd_experiments_show(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
-        d = codec.experiment_dict(c.get_experiment(resource_name("experiments", ns.name)))
-    if render.output_mode(ns) == "json":
-        render.print_json({"experiment": d})
-    else:
-        print(experiment_table(d, render.Style(sys.stdout.isatty())))
+        _print_experiment(c.get_experiment(resource_name("experiments", ns.name)), ns)
     return 0
 
 
@@ -495,6 +508,10 @@ def register(sub: Any) -> None:
                                        "it ends CANCELLED, keeping what it measured")
     ec.add_argument("name", help="experiments/ID or ID")
     ec.set_defaults(func=cmd_experiments_cancel)
-    for parser in (el, es, ec):
+    ew = exs.add_parser("wait", help="follow an experiment until it ends (progress on stderr), then show it: exit 0 "
+                                     "when it SUCCEEDED, 4 when it ended otherwise; Ctrl-C stops the waiting only")
+    ew.add_argument("name", help="experiments/ID or ID")
+    ew.set_defaults(func=cmd_experiments_wait)
+    for parser in (el, es, ec, ew):
         add_output(parser)
         add_server(parser, required=True)

@@ -132,24 +132,40 @@ def cmd_launch(ns: argparse.Namespace) -> int:
                 print(report_table(launch))
             return 0
         if ns.wait:
-            bar = Progress()
-            try:
-                for event in c.watch_launch(launch.name, on_resume=resumed(launch.name)):
-                    bar.update(event.launch)
-                    if event.kind == "state":
-                        launch = event.launch
-            except KeyboardInterrupt:  # the launch is the server's: stop waiting, say how to reach it
-                print(f"\nstopped waiting: {launch.name} goes on ({launch.state}); `cgsvc-cli launches show "
-                      f"{launch.name}` reads it, `cgsvc-cli launches cancel {launch.name}` stops it", file=sys.stderr)
-                if render.output_mode(ns) == "json":
-                    render.print_json({"launch": launch_dict(launch)})
-                return INTERRUPTED
-            launch = c.get_launch(launch.name)
+            return wait_for_launch(c, launch, ns)
     if render.output_mode(ns) == "json":
         render.print_json({"launch": launch_dict(launch)})
     else:
         print(report_table(launch))
-    return 0 if not ns.wait or launch.state == "SUCCEEDED" else 4
+    return 0
+
+
+def wait_for_launch(c: Client, launch: Any, ns: argparse.Namespace) -> int:
+    """Follow a launch to its end (progress on stderr), print it, and exit as `launch --wait`
+    does: 0 when it SUCCEEDED, 4 when it ended otherwise, 130 on Ctrl-C (the launch goes on)."""
+    bar = Progress()
+    try:
+        for event in c.watch_launch(launch.name, on_resume=resumed(launch.name)):
+            bar.update(event.launch)
+            if event.kind == "state":
+                launch = event.launch
+    except KeyboardInterrupt:  # the launch is the server's: stop waiting, say how to reach it
+        print(f"\nstopped waiting: {launch.name} goes on ({launch.state}); `cgsvc-cli launches wait "
+              f"{launch.name}` waits again, `cgsvc-cli launches cancel {launch.name}` stops it", file=sys.stderr)
+        if render.output_mode(ns) == "json":
+            render.print_json({"launch": launch_dict(launch)})
+        return INTERRUPTED
+    launch = c.get_launch(launch.name)
+    if render.output_mode(ns) == "json":
+        render.print_json({"launch": launch_dict(launch)})
+    else:
+        print(report_table(launch))
+    return 0 if launch.state == "SUCCEEDED" else 4
+
+
+def launches_wait(ns: argparse.Namespace) -> int:
+    with Client.from_args(ns) as c:
+        return wait_for_launch(c, c.get_launch(resource_name("launches", ns.name)), ns)
 
 
 def launches_list(ns: argparse.Namespace) -> int:
@@ -387,6 +403,10 @@ def register(sub: Any) -> None:
     p3 = ls.add_parser("cancel", help="stop a launch's worker group")
     p3.add_argument("name", help="launches/ID or ID")
     p3.set_defaults(func=launches_cancel)
+    pw = ls.add_parser("wait", help="follow a launch until it ends (progress on stderr), then show it: exit 0 when "
+                                    "it SUCCEEDED, 4 when it ended otherwise; Ctrl-C stops the waiting, not the launch")
+    pw.add_argument("name", help="launches/ID or ID")
+    pw.set_defaults(func=launches_wait)
     p4 = ls.add_parser("logs", help="the ranks' (and the supervisor's) log tails, asked of the replica that keeps "
                                     "them when the server given says another does")
     p4.add_argument("name", help="launches/ID or ID")
@@ -400,6 +420,6 @@ def register(sub: Any) -> None:
         dest="replicas_command", required=True)
     p5 = rs.add_parser("list", help="list replicas: host, address, release, lease, active launches each supervises")
     p5.set_defaults(func=replicas_list)
-    for parser in (p, pm, p2, p3, p4, p5):
+    for parser in (p, pm, p2, p3, pw, p4, p5):
         add_output(parser)
         add_server(parser, required=True)

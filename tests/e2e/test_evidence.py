@@ -273,6 +273,9 @@ def test_a_cancelled_experiment_stops_its_launch_ends_cancelled_and_keeps_what_i
         assert asked.returncode == 0, asked.stdout + asked.stderr
         answered = json.loads(asked.stdout)["experiment"]
         assert (answered["name"], answered["cancel_requested_by"]) == (exp.name, "local"), answered
+        waited = cli(srv, "experiments", "wait", exp.name, "-o", "json")  # until it ends, as a script would
+        assert waited.returncode == 4, waited.stdout + waited.stderr  # it did not succeed
+        assert json.loads(waited.stdout)["experiment"]["state"] == "CANCELLED"
         done = wait_experiment(c, exp.name, lambda m: m.state != "RUNNING")
         assert done.state == "CANCELLED" and done.cancel_requested_by == "local", done.error
         assert done.error == "cancelled by local; the 1 sample measured before is kept", done.error

@@ -179,6 +179,10 @@ def test_cancel_stops_every_rank(srv: ServerProcess, ckpt: str) -> None:
                     ("workload", "progress"))
         done = c.get_launch(name).tokens_done
         assert 3 <= done < 400 and rows["progress"] == f"{done}/400 tokens", rows  # how far it got
+        waited = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "launches", "wait", name, "--server",
+                                 srv.address, "-o", "json"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert waited.returncode == 4, waited.stdout + waited.stderr  # ended, and not SUCCEEDED
+        assert json.loads(waited.stdout)["launch"]["state"] == "CANCELLED" and "CANCELLED" in waited.stderr
         assert rows["workload"] == "1 request x 12 in / 400 out, concurrency 1, seed 3", rows
         with pytest.raises(ServiceError) as e:
             c.cancel_launch(name)
@@ -259,7 +263,7 @@ def test_ctrl_c_during_launch_wait_stops_waiting_not_the_launch(srv: ServerProce
             out, err = waiting.communicate(timeout=30)
             assert waiting.returncode == 130, err
             assert "Traceback" not in err and f"stopped waiting: {name} goes on (RUNNING)" in err, err
-            assert f"cgsvc-cli launches cancel {name}" in err, err
+            assert f"cgsvc-cli launches cancel {name}" in err and f"cgsvc-cli launches wait {name}" in err, err
             assert json.loads(out)["launch"]["name"] == name
             assert c.get_launch(name).state == "RUNNING"
             assert c.cancel_launch(name).state == "CANCELLED"
@@ -387,8 +391,10 @@ def test_cli_launch_wait_and_launches_commands(srv: ServerProcess, ckpt: str) ->
         return subprocess.run([sys.executable, "-m", "cgsvc_client.cli", *args, "--server", srv.address],
                               capture_output=True, text=True, timeout=300, cwd=ROOT)
 
-    proc = cli("launch", "--spec", str(ROOT / "examples" / "kimi-k2.6-gb300-tp4.json"), "--model-path", ckpt,
-               "--input-len", "8", "--output-len", "4", "--requests", "2", "--wait", "-o", "json")
+    started = cli("launch", "--spec", str(ROOT / "examples" / "kimi-k2.6-gb300-tp4.json"), "--model-path", ckpt,
+                  "--input-len", "8", "--output-len", "4", "--requests", "2", "-o", "json")
+    assert started.returncode == 0, started.stderr  # answered at once; waited for apart, as a script does
+    proc = cli("launches", "wait", json.loads(started.stdout)["launch"]["name"].split("/")[1], "-o", "json")
     assert proc.returncode == 0, proc.stderr
     launch = json.loads(proc.stdout)["launch"]
     assert launch["state"] == "SUCCEEDED" and "SUCCEEDED" in proc.stderr  # the progress lines
