@@ -577,6 +577,18 @@ class _RawInsert:
             cur.executemany(self.sql, list(map(self._values, rows)))
 
 
+def _page_bound(filter_text: str, newest_first: bool) -> str:
+    """What a page token is bound to: its filter and its order."""
+    return filter_text + ("\norder_by desc" if newest_first else "")
+
+
+def page_token_after(sequence: int, filter_text: str, order_by: str) -> str:
+    """The page token that goes on after the item with this sequence, for a listing with this
+    filter and (valid, already checked) order_by: where a page is cut short (it would not fit in
+    one message), the next one starts."""
+    return _encode_token(sequence, _page_bound(filter_text, order_by.lower().split()[1:] == ["desc"]))
+
+
 def _encode_token(after: int, filter_text: str) -> str:
     raw = json.dumps({"after": after, "f": hashlib.sha256(filter_text.encode()).hexdigest()[:12]})
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
@@ -1151,7 +1163,7 @@ class AuditStore:
             raise PageTokenError("page_size", f"must not be negative (0 asks for the default, {DEFAULT_PAGE_SIZE}; at most "
                                               f"{MAX_PAGE_SIZE}), got {page_size}")
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-        bound = filter_text + ("\norder_by desc" if newest_first else "")
+        bound = _page_bound(filter_text, newest_first)
         last = _decode_token(page_token, bound)
         seq = table.c.sequence
         past = (seq < last if last else sa.true()) if newest_first else seq > last

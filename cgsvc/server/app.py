@@ -214,11 +214,11 @@ async def start(cfg: ServerConfig) -> Running:
     facts = ServerFacts(instance, HOST, store.dialect, tuple(d.name for d in dispatchers), settled.key_id,
                         tuple(f"/{name}/{m.name}" for name, svc in SERVICES.items() for m in svc.methods))
     servicers: dict[str, Any] = {
-        "cgsvc.v1.PlanService": PlanService(plans),
-        "cgsvc.v1.AuditService": AuditService(store, signing_key, settled.key_id),
+        "cgsvc.v1.PlanService": PlanService(plans, cfg.max_message_bytes),
+        "cgsvc.v1.AuditService": AuditService(store, signing_key, settled.key_id, cfg.max_message_bytes),
         "cgsvc.v1.DiagnosticsService": DiagnosticsService(facts),
-        "cgsvc.v1.LaunchService": LaunchService(launches, plans),
-        "cgsvc.v1.ExperimentService": ExperimentService(experiments),
+        "cgsvc.v1.LaunchService": LaunchService(launches, plans, cfg.max_message_bytes),
+        "cgsvc.v1.ExperimentService": ExperimentService(experiments, cfg.max_message_bytes),
     }
     descriptors = dict(SERVICES)
     server.add_generic_rpc_handlers([pipeline.service_handler(descriptors[name], servicers[name])

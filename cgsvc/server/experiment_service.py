@@ -9,13 +9,14 @@ from cgsvc import codec
 from cgsvc.domain.experiments import Experiments
 from cgsvc.launch.store import Workload
 from cgsvc.server.interceptors import RequestContext
-from cgsvc.server.services import caller, list_page, parse_name
+from cgsvc.server.services import MESSAGE_BYTES, caller, list_page, parse_name
 from cgsvc.v1 import experiment_pb2
 
 
 class ExperimentService:
-    def __init__(self, experiments: Experiments) -> None:
+    def __init__(self, experiments: Experiments, max_message_bytes: int = MESSAGE_BYTES) -> None:
         self.experiments = experiments
+        self.max_message_bytes = max_message_bytes
 
     async def CreateExperiment(self, request: experiment_pb2.CreateExperimentRequest,  # noqa: N802 - gRPC name
                                rc: RequestContext) -> experiment_pb2.Experiment:
@@ -32,9 +33,9 @@ class ExperimentService:
 
     async def ListExperiments(self, request: experiment_pb2.ListExperimentsRequest,  # noqa: N802
                               rc: RequestContext) -> experiment_pb2.ListExperimentsResponse:
-        rows, token = await list_page(self.experiments.store.list_rows, request)
-        return experiment_pb2.ListExperimentsResponse(experiments=[codec.experiment_proto(r) for r in rows],
-                                                      next_page_token=token)
+        items, token = await list_page(self.experiments.store.list_rows, request, codec.experiment_proto,
+                                       self.max_message_bytes)
+        return experiment_pb2.ListExperimentsResponse(experiments=items, next_page_token=token)
 
     async def CancelExperiment(self, request: experiment_pb2.CancelExperimentRequest,  # noqa: N802
                                rc: RequestContext) -> experiment_pb2.Experiment:

@@ -34,14 +34,15 @@ from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.launch.dispatch import HOST, RunHandle
 from cgsvc.launch.store import LaunchRow, Workload
 from cgsvc.server.interceptors import RequestContext
-from cgsvc.server.services import caller, list_page, parse_name
+from cgsvc.server.services import MESSAGE_BYTES, caller, list_page, parse_name
 from cgsvc.text import counted
 from cgsvc.v1 import launch_pb2
 
 
 class LaunchService:
-    def __init__(self, launches: Launches, plans: Plans) -> None:
+    def __init__(self, launches: Launches, plans: Plans, max_message_bytes: int = MESSAGE_BYTES) -> None:
         self.launches, self.plans = launches, plans
+        self.max_message_bytes = max_message_bytes
         self.store = launches.store
 
     async def _records(self, launch_id: str) -> list[str]:
@@ -164,8 +165,8 @@ class LaunchService:
 
     async def ListLaunches(self, request: launch_pb2.ListLaunchesRequest,  # noqa: N802
                            rc: RequestContext) -> launch_pb2.ListLaunchesResponse:
-        rows, token = await list_page(self.store.list_rows, request)
-        return launch_pb2.ListLaunchesResponse(launches=[codec.launch_proto(r) for r in rows], next_page_token=token)
+        items, token = await list_page(self.store.list_rows, request, codec.launch_proto, self.max_message_bytes)
+        return launch_pb2.ListLaunchesResponse(launches=items, next_page_token=token)
 
     async def CancelLaunch(self, request: launch_pb2.CancelLaunchRequest,  # noqa: N802
                            rc: RequestContext) -> launch_pb2.Launch:

@@ -16,11 +16,12 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from google.protobuf import timestamp_pb2
+from google.protobuf.message import Message
 
 from cgsvc import __version__, codec
 from cgsvc.audit import checkpoint, filters
 from cgsvc.audit.auditor import Auditor
-from cgsvc.audit.store import AuditStore, PageTokenError, TreeSizeError, utc_now
+from cgsvc.audit.store import AuditStore, PageTokenError, TreeSizeError, page_token_after, utc_now
 from cgsvc.domain.impact import policy_impact
 from cgsvc.domain.plans import RESOLVE_METHOD, Caller, Plans, Resolution
 from cgsvc.errors import ServiceError, clip
@@ -56,18 +57,34 @@ def record_sequence(name: str) -> int:
     return int(raw)
 
 
-async def list_page(lister: Callable[[str, int, str, str], tuple[list[Any], str]],
-                    request: Any) -> tuple[list[Any], str]:
-    """Run a store listing for a List request; bad filters, orders and page tokens name their field."""
+MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's own default for the largest message; the server passes its setting
+
+
+async def list_page(lister: Callable[[str, int, str, str], tuple[list[Any], str]], request: Any,
+                    to_proto: Callable[[Any], Message], max_bytes: int) -> tuple[list[Any], str]:
+    """Run a store listing for a List request, as messages: bad filters, orders and page tokens
+    name their field, and a page that would not fit in one message of `max_bytes` (the server's
+    max_message_bytes) is cut short, its token going on after the last item kept (AIP-158 lets a
+    page hold fewer than page_size). Items carry their plans and reports, so 1,000 of them could
+    not be sent, and `--all` asks for pages of 1,000."""
     try:
-        return await asyncio.to_thread(lister, request.filter, request.page_size, request.page_token,
-                                       request.order_by)
+        rows, token = await asyncio.to_thread(lister, request.filter, request.page_size, request.page_token,
+                                              request.order_by)
     except filters.FilterError as exc:
         raise invalid("filter", str(exc)) from None
     except filters.OrderError as exc:
         raise invalid("order_by", str(exc)) from None
     except PageTokenError as exc:
         raise invalid(exc.field, exc.message) from None
+    items: list[Message] = []
+    budget = max_bytes * 3 // 4  # room for the page token and the framing
+    for row in rows:
+        item = to_proto(row)
+        budget -= item.ByteSize() + 8  # a repeated field's tag and length
+        if budget < 0 and items:
+            return items, page_token_after(int(rows[len(items) - 1].sequence), request.filter, request.order_by)
+        items.append(item)
+    return items, token
 
 
 def rejection_auditor(auditor: Auditor) -> Callable[..., Any]:
@@ -89,8 +106,9 @@ def rejection_auditor(auditor: Auditor) -> Callable[..., Any]:
 
 
 class PlanService:
-    def __init__(self, plans: Plans) -> None:
+    def __init__(self, plans: Plans, max_message_bytes: int = MESSAGE_BYTES) -> None:
         self.plans = plans
+        self.max_message_bytes = max_message_bytes
         # A resolution's answer but for its per-request fields: the plan and the spec as recorded
         # (closed sets in their one spelling), encoded once. Keyed by the resolution itself,
         # which the resolution memo keeps alive; a resolution that is not memoised (a model.path
@@ -140,9 +158,9 @@ class PlanService:
 
     async def ListPlans(self, request: plan_service_pb2.ListPlansRequest,  # noqa: N802
                         rc: RequestContext) -> plan_service_pb2.ListPlansResponse:
-        rows, token = await list_page(self.plans.store.list_plans, request)
-        return plan_service_pb2.ListPlansResponse(plans=[codec.stored_plan_proto(r) for r in rows],
-                                                  next_page_token=token)
+        items, token = await list_page(self.plans.store.list_plans, request, codec.stored_plan_proto,
+                                       self.max_message_bytes)
+        return plan_service_pb2.ListPlansResponse(plans=items, next_page_token=token)
 
 
     async def ListPolicies(self, request: plan_service_pb2.ListPoliciesRequest,  # noqa: N802
@@ -165,8 +183,10 @@ class PlanService:
 
 
 class AuditService:
-    def __init__(self, store: AuditStore, signing_key: Ed25519PrivateKey, key_id: str) -> None:
+    def __init__(self, store: AuditStore, signing_key: Ed25519PrivateKey, key_id: str,
+                 max_message_bytes: int = MESSAGE_BYTES) -> None:
         self.store = store
+        self.max_message_bytes = max_message_bytes
         self.key = signing_key
         self.key_id = key_id
 
@@ -181,9 +201,8 @@ class AuditService:
 
     async def ListAuditRecords(self, request: audit_pb2.ListAuditRecordsRequest,  # noqa: N802
                                rc: RequestContext) -> audit_pb2.ListAuditRecordsResponse:
-        recs, token = await list_page(self.store.list_records, request)
-        return audit_pb2.ListAuditRecordsResponse(records=[codec.record_proto(r) for r in recs],
-                                                  next_page_token=token)
+        items, token = await list_page(self.store.list_records, request, codec.record_proto, self.max_message_bytes)
+        return audit_pb2.ListAuditRecordsResponse(records=items, next_page_token=token)
 
     async def VerifyAuditLog(self, request: audit_pb2.VerifyAuditLogRequest,  # noqa: N802
                              rc: RequestContext) -> audit_pb2.VerifyAuditLogResponse:

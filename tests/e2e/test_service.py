@@ -582,3 +582,31 @@ def test_audit_show_on_a_terminal_renders_the_recorded_plan_with_its_decision_tr
     recorded = json.loads(cli("audit", "show", plan.audit_record, "--server", server.address, "-o",
                               "json").stdout)["record"]
     assert json.loads(recorded["plan_json"])["plan_hash"] == plan.plan_hash  # JSON keeps the record whole
+
+
+def test_a_page_that_would_not_fit_in_one_message_is_cut_short_and_the_rest_follows(tmp_path: Path) -> None:
+    """Regression: `audit list --page-size 1000` failed with RESOURCE_EXHAUSTED ("Sent message
+    larger than max") once the log held a few hundred plans, each record carrying its plan twice
+    (its JSON and the hashed bytes); `--all` asks for pages of 1000. A page now holds what fits
+    in max_message_bytes and says where the rest begins (AIP-158 lets a page be shorter)."""
+    with ServerProcess(tmp_path / "srv", "--max-message-bytes", "65536") as srv, Client(srv.address) as c:
+        for i in range(1, 25):
+            c.resolve_proto({**KIMI, "parallelism": {"tp": 4}, "hardware": {"gpu": "GB300", "gpu_count": 4 + i}})
+        records, token, pages = [], "", 0
+        while True:
+            page = c.list_audit_records(page_size=1000, page_token=token)
+            assert page.ByteSize() <= 65536 and page.records, page.ByteSize()
+            records += page.records
+            pages, token = pages + 1, page.next_page_token
+            if not token:
+                break
+        assert pages > 1 and [r.sequence for r in records] == list(range(1, len(records) + 1)), pages
+        assert len(records) >= 24  # every record, once, in order, across short pages
+        newest = c.list_audit_records(page_size=1000, order_by="sequence desc")
+        assert newest.next_page_token and newest.records[0].sequence == len(records)
+        plans = c.list_plans(page_size=1000)
+        assert len(plans.plans) < 24 and plans.next_page_token  # its plans are cut short the same way
+        listed = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "audit", "list", "--all", "--server",
+                                 srv.address, "-o", "json"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        assert [int(r["sequence"]) for r in json.loads(listed.stdout)["records"]] == [r.sequence for r in records]
