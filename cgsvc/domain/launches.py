@@ -224,28 +224,34 @@ class Watched:
 LOG_CHUNK_BYTES = 1 << 20  # at most this much of one log in one answer to a follow
 
 
-def read_log(path: Path, tail_lines: int, after: int | None = None, ended: bool = True) -> tuple[str, int]:
-    """One log's text for GetLaunchLogs and the byte offset just past it. Without `after`: its
-    last `tail_lines` lines (0: all). With `after`: what follows that offset, at most
-    LOG_CHUNK_BYTES, cut after its last newline unless the launch has `ended` (a line still being
-    written waits for its end; a line longer than a chunk goes in pieces); an offset past the end
-    (the file was replaced) reads from the start."""
+def read_log(path: Path, tail_lines: int, after: int | None = None, ended: bool = True,
+             limit: int = LOG_CHUNK_BYTES) -> tuple[str, int, int]:
+    """One log's text for GetLaunchLogs, the byte offset just past it, and the log's size, in at
+    most `limit` bytes (an answer's share of one message). Without `after`: its last `tail_lines`
+    lines (those that fit), or with 0 the log from its start as far as `limit` goes. With
+    `after`: what follows that offset. Where more follows, or while the launch has not `ended`
+    (a line still being written waits for its end), the text stops after its last newline (a
+    line longer than `limit` goes in pieces); an offset past the end (the file was replaced)
+    reads from the start."""
     try:
         with open(path, "rb") as fh:
-            if after is None:
-                data = fh.read()
-                text = data.decode(errors="replace")
-                return ("\n".join(text.splitlines()[-tail_lines:]) if tail_lines > 0 else text), len(data)
-            start = after if after <= os.fstat(fh.fileno()).st_size else 0
+            size = os.fstat(fh.fileno()).st_size
+            if after is None and tail_lines > 0:
+                fh.seek(max(0, size - limit))
+                data = fh.read(limit)
+                lines = data.decode(errors="replace").splitlines()
+                whole = lines[1:] if size > limit else lines  # the first may be cut: it is not one of the last
+                return "\n".join(whole[-tail_lines:]), size, size
+            start = after if after is not None and after <= size else 0
             fh.seek(start)
-            data = fh.read(LOG_CHUNK_BYTES)
+            data = fh.read(limit)
     except OSError:
-        return "", after or 0
-    if not ended or len(data) == LOG_CHUNK_BYTES:
+        return "", after or 0, after or 0
+    if not ended or start + len(data) < size:
         cut = data.rfind(b"\n") + 1
-        if cut or len(data) < LOG_CHUNK_BYTES:
+        if cut or len(data) < limit:
             data = data[:cut]
-    return data.decode(errors="replace"), start + len(data)
+    return data.decode(errors="replace"), start + len(data), size
 
 
 class Launches:

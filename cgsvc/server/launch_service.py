@@ -19,6 +19,7 @@ from cgsvc import codec
 from cgsvc.contract import RunDir
 from cgsvc.domain.launches import (
     CREATE_METHOD,
+    LOG_CHUNK_BYTES,
     TERMINAL,
     Launches,
     PlanSource,
@@ -236,11 +237,13 @@ class LaunchService:
         if request.rank >= 0:
             names = [n for n in names if n == f"rank{request.rank}.log"]
         ended = row.state in TERMINAL  # read before the logs: an ended launch's logs are whole
+        # each log's share of one message (the rest is asked for again from end_offset)
+        share = min(LOG_CHUNK_BYTES, self.max_message_bytes * 3 // 4 // max(1, len(names)))
 
         def read() -> list[launch_pb2.RankLog]:
             out = []
             for n in names:
-                text, end = read_log(logs / n, request.tail_lines, request.after_offsets.get(n), ended)
-                out.append(launch_pb2.RankLog(name=n, text=text, end_offset=end))
+                text, end, size = read_log(logs / n, request.tail_lines, request.after_offsets.get(n), ended, share)
+                out.append(launch_pb2.RankLog(name=n, text=text, end_offset=end, size=size))
             return out
         return launch_pb2.LaunchLogs(logs=await asyncio.to_thread(read), state=row.state)

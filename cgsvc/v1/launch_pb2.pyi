@@ -258,14 +258,16 @@ class GetLaunchLogsRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., rank: _Optional[int] = ..., tail_lines: _Optional[int] = ..., after_offsets: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class RankLog(_message.Message):
-    __slots__ = ("name", "text", "end_offset")
+    __slots__ = ("name", "text", "end_offset", "size")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
     name: str
     text: str
     end_offset: int
-    def __init__(self, name: _Optional[str] = ..., text: _Optional[str] = ..., end_offset: _Optional[int] = ...) -> None: ...
+    size: int
+    def __init__(self, name: _Optional[str] = ..., text: _Optional[str] = ..., end_offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
 class LaunchLogs(_message.Message):
     __slots__ = ("logs", "state")

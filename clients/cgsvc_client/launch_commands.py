@@ -310,12 +310,23 @@ def launches_logs(ns: argparse.Namespace) -> int:
         return follow_logs(ns, name)
     with LogsReplica(ns) as replica:
         logs = replica.logs(name, ns.tail)
+        texts = {x.name: x.text for x in logs.logs}
+        ends = {x.name: x.end_offset for x in logs.logs}
+        short = {x.name: x.size for x in logs.logs if x.end_offset < x.size}
+        while short:  # an answer held only part of a log: ask on from where it stopped
+            more = replica.logs(name, 0, ends)
+            for x in more.logs:
+                if x.name in short:
+                    texts[x.name] += x.text
+                    if x.end_offset >= short[x.name] or x.end_offset == ends[x.name]:
+                        del short[x.name]  # whole, or as much as there was when first asked (no progress)
+                    ends[x.name] = x.end_offset
     if render.output_mode(ns) == "json":
-        render.print_json({"logs": [{"name": x.name, "text": x.text, "end_offset": x.end_offset} for x in logs.logs],
+        render.print_json({"logs": [{"name": n, "text": texts[n], "end_offset": ends[n]} for n in texts],
                            "state": logs.state})
     else:
-        for x in logs.logs:
-            print(f"==> {x.name} <==\n{x.text}")
+        for n, text in texts.items():
+            print(f"==> {n} <==\n{text}")
     return 0
 
 
@@ -327,9 +338,13 @@ def follow_logs(ns: argparse.Namespace, name: str) -> int:
     offsets: dict[str, int] = {}
     shown = ""  # the log whose lines were printed last: its header is not repeated
 
-    def emit(answer: Any) -> bool:
+    def emit(answer: Any) -> bool | None:
+        """Print an answer: True when the launch has ended and every log is whole, None when a
+        log was given only in part (ask on now), False otherwise (ask again after --interval)."""
         nonlocal shown
+        more = False
         for x in answer.logs:
+            more = more or (x.end_offset < x.size and x.end_offset != offsets.get(x.name))
             offsets[x.name] = x.end_offset
             if not x.text:
                 continue
@@ -341,13 +356,20 @@ def follow_logs(ns: argparse.Namespace, name: str) -> int:
                 print(f"==> {x.name} <==", flush=True)
                 shown = x.name
             print(x.text, end="" if x.text.endswith("\n") else "\n", flush=True)
+        if more:
+            return None
         if answer.state in TERMINAL:
             print(f"{name} ended {answer.state}", file=sys.stderr, flush=True)
             return True
         return False
 
+    def ask(tail: int) -> bool:
+        while (ended := emit(replica.logs(name, tail, offsets if not tail else None))) is None:
+            tail = 0  # an answer held a log only in part: read on from its end_offset at once
+        return ended
+
     with LogsReplica(ns) as replica:
-        return follow(ns, lambda: emit(replica.logs(name, ns.tail)), lambda: emit(replica.logs(name, 0, offsets)))
+        return follow(ns, lambda: ask(ns.tail), lambda: ask(0))
 
 
 def replicas_list(ns: argparse.Namespace) -> int:

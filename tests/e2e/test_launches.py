@@ -615,3 +615,39 @@ def test_launches_diff_says_what_differed_in_the_plan_in_what_ran_and_in_what_it
     assert itself["plan"]["changes"] == [] and itself["ran"] == []
     bad = cli("launches", "diff", a, "plans/x", "-o", "json", server=srv.address)
     assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field_violations"][0]["field"] == "b"
+
+
+def test_logs_larger_than_one_message_are_read_whole_in_pieces(tmp_path: Path, ckpt: str) -> None:
+    """Regression: `launches logs --tail 0` (and the first answer of `--follow --tail 0`) sent
+    every log whole in one message, RESOURCE_EXHAUSTED once they passed max_message_bytes (a
+    rank that logs a traceback loop, NCCL at debug level). An answer now holds what fits, says
+    each log's size, and the CLI asks on from end_offset until it has all of it."""
+    with ServerProcess(tmp_path / "srv", "--max-message-bytes", "65536") as srv, Client(srv.address) as c:
+        name = c.create_launch(ckpt, SHORT, spec=KIMI).metadata.name
+        assert wait_state(c, name, ("SUCCEEDED", "FAILED")).state == "SUCCEEDED"
+        logs = srv.data_dir / "launches" / name.split("/")[1] / "logs"
+        for rank in (0, 1):  # a noisy rank: 120 KB of lines more than a message holds
+            with open(logs / f"rank{rank}.log", "a") as fh:
+                fh.writelines(f"rank {rank}: noise line {i:05d} " + "x" * 40 + "\n" for i in range(2000))
+        whole = {p.name: p.read_text() for p in logs.glob("*.log")}
+        answer = c.launch_logs(name)  # one answer: within the message, and saying what it left out
+        assert answer.ByteSize() <= 65536
+        cut = {x.name: (x.end_offset, x.size) for x in answer.logs}
+        assert cut["rank0.log"][0] < cut["rank0.log"][1] == len(whole["rank0.log"].encode()), cut
+        assert cut["rank2.log"][0] == cut["rank2.log"][1]  # a small log comes whole
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "launches", "logs", name, *args,
+                                   "--server", srv.address, "-o", "json"], capture_output=True, text=True, timeout=60,
+                                  cwd=ROOT)
+
+        read = cli("--tail", "0")
+        assert read.returncode == 0, read.stderr
+        assert {x["name"]: x["text"] for x in json.loads(read.stdout)["logs"]} == whole
+        followed: dict[str, str] = {}
+        for line in cli("--tail", "0", "--follow").stdout.splitlines():
+            piece = json.loads(line)
+            followed[piece["log"]] = followed.get(piece["log"], "") + piece["text"]
+        assert followed == {k: v for k, v in whole.items() if v}
+        last = {x["name"]: x["text"] for x in json.loads(cli("--tail", "3").stdout)["logs"]}
+        assert last["rank1.log"] == "\n".join(whole["rank1.log"].splitlines()[-3:])
