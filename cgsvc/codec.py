@@ -254,14 +254,18 @@ def impact_proto(impact: dict[str, Any]) -> plan_service_pb2.PolicyImpact:
 def impact_dict(msg: plan_service_pb2.PolicyImpact) -> dict[str, Any]:
     """The message back in the JSON shape of docs/policies.md: counts as numbers, every list present."""
     d = json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-    for key in ("specs_examined", "records_examined", "unchanged"):
+    for key in ("specs_examined", "records_examined", "unchanged", "changed_total", "newly_refused_total",
+                "newly_accepted_total"):
         d[key] = int(d.get(key, 0))
-    for key in ("changed", "newly_refused", "newly_accepted", "recorded_under"):
+    for key in ("changed", "newly_refused", "newly_accepted", "recorded_under", "by_field"):
         for item in d.get(key, []):
             item["records"] = int(item.get("records", 0))
     for item in d.get("changed", []):
         for change in item.get("changes", []):
             change["baseline"], change["candidate"] = _ints(change.get("baseline")), _ints(change.get("candidate"))
+    for field in d.get("by_field", []):
+        field["specs"] = int(field.get("specs", 0))
+        field["baseline"], field["candidate"] = _ints(field.get("baseline")), _ints(field.get("candidate"))
     return d
 
 

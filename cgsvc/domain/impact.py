@@ -18,7 +18,7 @@ from cgsvc.catalog import ANYWHERE, ModelRoots
 from cgsvc.domain.launches import CREATE_METHOD
 from cgsvc.domain.plans import RESOLVE_METHOD
 from cgsvc.errors import FieldViolation, ServiceError
-from cgsvc.plan import Plan, compare
+from cgsvc.plan import Plan, canonical_json, compare
 from cgsvc.resolve import DEFAULT_POLICY, get_policy, policy_version, resolve
 from cgsvc.spec import parse_spec
 
@@ -104,4 +104,27 @@ def policy_impact(store: AuditStore, candidate: str, baseline: str = DEFAULT_POL
             flush(pending)
             pending = []
     flush(pending)
+    out["by_field"] = by_field(out["changed"])
+    for key in ("changed", "newly_refused", "newly_accepted"):
+        out[f"{key}_total"] = len(out[key])
     return out
+
+
+def by_field(changed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The changes of every changed spec summed by (field, baseline value, candidate value): specs,
+    records, each side's distinct rule trails and two examples; most records first."""
+    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for spec in changed:
+        for ch in spec["changes"]:
+            key = (ch["field"], canonical_json(ch["baseline"]), canonical_json(ch["candidate"]))
+            g = groups.setdefault(key, {"field": ch["field"], "baseline": ch["baseline"],
+                                        "candidate": ch["candidate"], "specs": 0, "records": 0,
+                                        "baseline_rules": {}, "candidate_rules": {}, "examples": []})
+            g["specs"] += 1
+            g["records"] += spec["records"]
+            g["baseline_rules"][" > ".join(ch["baseline_rules"] or ["-"])] = None
+            g["candidate_rules"][" > ".join(ch["candidate_rules"] or ["-"])] = None
+            if len(g["examples"]) < 2:
+                g["examples"].append({"model": spec["model"], "gpu": spec["gpu"], "record": spec["example_record"]})
+    return [{**g, "baseline_rules": list(g["baseline_rules"]), "candidate_rules": list(g["candidate_rules"])}
+            for g in sorted(groups.values(), key=lambda g: -g["records"])]

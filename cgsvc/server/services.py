@@ -179,7 +179,27 @@ class PlanService:
                                              self.plans.model_roots)
         except filters.FilterError as exc:
             raise invalid("filter", str(exc)) from None
-        return codec.impact_proto(impact)
+        return fit_impact(codec.impact_proto(impact), self.max_message_bytes * 3 // 4)
+
+
+def fit_impact(msg: plan_service_pb2.PolicyImpact, budget: int) -> plan_service_pb2.PolicyImpact:
+    """The impact with its lists of specs cut to what fits in `budget` bytes (the totals and the
+    changes by field stay whole): the refusals first, since each is one spec's story, then the
+    changed specs, each list in the order the history first held its specs."""
+    if msg.ByteSize() <= budget:
+        return msg
+    names = ("newly_refused", "newly_accepted", "changed")
+    kept: dict[str, list[Any]] = {name: list(getattr(msg, name)) for name in names}
+    for name in names:
+        msg.ClearField(name)
+    room = budget - msg.ByteSize()
+    for name in names:
+        for item in kept[name]:
+            room -= item.ByteSize() + 8  # a repeated field's tag and length
+            if room < 0:
+                return msg
+            getattr(msg, name).append(item)
+    return msg
 
 
 class AuditService:

@@ -204,7 +204,7 @@ class RecordedUnder(_message.Message):
     def __init__(self, policy: _Optional[str] = ..., version: _Optional[str] = ..., records: _Optional[int] = ...) -> None: ...
 
 class PolicyImpact(_message.Message):
-    __slots__ = ("baseline", "candidate", "specs_examined", "records_examined", "changed", "newly_refused", "newly_accepted", "unchanged", "recorded_under", "filter")
+    __slots__ = ("baseline", "candidate", "specs_examined", "records_examined", "changed", "newly_refused", "newly_accepted", "unchanged", "recorded_under", "filter", "by_field", "changed_total", "newly_refused_total", "newly_accepted_total")
     BASELINE_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     SPECS_EXAMINED_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +215,10 @@ class PolicyImpact(_message.Message):
     UNCHANGED_FIELD_NUMBER: _ClassVar[int]
     RECORDED_UNDER_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NEWLY_REFUSED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NEWLY_ACCEPTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     baseline: PolicyRef
     candidate: PolicyRef
     specs_examined: int
@@ -225,4 +229,38 @@ class PolicyImpact(_message.Message):
     unchanged: int
     recorded_under: _containers.RepeatedCompositeFieldContainer[RecordedUnder]
     filter: str
-    def __init__(self, baseline: _Optional[_Union[PolicyRef, _Mapping]] = ..., candidate: _Optional[_Union[PolicyRef, _Mapping]] = ..., specs_examined: _Optional[int] = ..., records_examined: _Optional[int] = ..., changed: _Optional[_Iterable[_Union[ChangedSpec, _Mapping]]] = ..., newly_refused: _Optional[_Iterable[_Union[RefusalChange, _Mapping]]] = ..., newly_accepted: _Optional[_Iterable[_Union[RefusalChange, _Mapping]]] = ..., unchanged: _Optional[int] = ..., recorded_under: _Optional[_Iterable[_Union[RecordedUnder, _Mapping]]] = ..., filter: _Optional[str] = ...) -> None: ...
+    by_field: _containers.RepeatedCompositeFieldContainer[FieldImpact]
+    changed_total: int
+    newly_refused_total: int
+    newly_accepted_total: int
+    def __init__(self, baseline: _Optional[_Union[PolicyRef, _Mapping]] = ..., candidate: _Optional[_Union[PolicyRef, _Mapping]] = ..., specs_examined: _Optional[int] = ..., records_examined: _Optional[int] = ..., changed: _Optional[_Iterable[_Union[ChangedSpec, _Mapping]]] = ..., newly_refused: _Optional[_Iterable[_Union[RefusalChange, _Mapping]]] = ..., newly_accepted: _Optional[_Iterable[_Union[RefusalChange, _Mapping]]] = ..., unchanged: _Optional[int] = ..., recorded_under: _Optional[_Iterable[_Union[RecordedUnder, _Mapping]]] = ..., filter: _Optional[str] = ..., by_field: _Optional[_Iterable[_Union[FieldImpact, _Mapping]]] = ..., changed_total: _Optional[int] = ..., newly_refused_total: _Optional[int] = ..., newly_accepted_total: _Optional[int] = ...) -> None: ...
+
+class FieldImpact(_message.Message):
+    __slots__ = ("field", "baseline", "candidate", "specs", "records", "baseline_rules", "candidate_rules", "examples")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
+    SPECS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_RULES_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_RULES_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    baseline: _struct_pb2.Value
+    candidate: _struct_pb2.Value
+    specs: int
+    records: int
+    baseline_rules: _containers.RepeatedScalarFieldContainer[str]
+    candidate_rules: _containers.RepeatedScalarFieldContainer[str]
+    examples: _containers.RepeatedCompositeFieldContainer[ImpactExample]
+    def __init__(self, field: _Optional[str] = ..., baseline: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., candidate: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., specs: _Optional[int] = ..., records: _Optional[int] = ..., baseline_rules: _Optional[_Iterable[str]] = ..., candidate_rules: _Optional[_Iterable[str]] = ..., examples: _Optional[_Iterable[_Union[ImpactExample, _Mapping]]] = ...) -> None: ...
+
+class ImpactExample(_message.Message):
+    __slots__ = ("model", "gpu", "record")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    gpu: str
+    record: str
+    def __init__(self, model: _Optional[str] = ..., gpu: _Optional[str] = ..., record: _Optional[str] = ...) -> None: ...

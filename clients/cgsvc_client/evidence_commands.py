@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import sys
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -253,29 +252,19 @@ def impact_table(impact: dict[str, Any], style: render.Style) -> str:
     lines = [style(f"{base['name']} {base['version']} -> {cand['name']} {cand['version']}", render.BOLD),
              f"{render.counted(impact['specs_examined'], 'distinct spec')} in "
              f"{render.counted(impact['records_examined'], 'record')}{scope}: "
-             f"{len(impact['changed'])} changed, {len(impact['newly_refused'])} newly refused, "
-             f"{len(impact['newly_accepted'])} newly accepted, {impact['unchanged']} unchanged"]
+             f"{impact['changed_total']} changed, {impact['newly_refused_total']} newly refused, "
+             f"{impact['newly_accepted_total']} newly accepted, {impact['unchanged']} unchanged"]
     under = ", ".join(f"{r['policy']} {r['version'] or '?'} ({r['records']})" for r in impact["recorded_under"])
     if under:
         lines.append(f"recorded under: {under}")
-    groups: dict[tuple[str, str, str], dict[str, Any]] = defaultdict(
-        lambda: {"specs": 0, "records": 0, "base": {}, "cand": {}, "examples": []})
-    for spec in impact["changed"]:
-        for ch in spec["changes"]:
-            g = groups[(ch["field"], _show(ch["baseline"]), _show(ch["candidate"]))]
-            g["specs"] += 1
-            g["records"] += spec["records"]
-            g["base"][" > ".join(ch.get("baseline_rules") or ["-"])] = None
-            g["cand"][" > ".join(ch.get("candidate_rules") or ["-"])] = None
-            if len(g["examples"]) < 2:
-                g["examples"].append(f"{spec['model']} on {spec['gpu']} ({spec['example_record']})")
-    if groups:
+    if impact["by_field"]:  # summed on the server over every changed spec
         lines += ["", style("changes, by field", render.BOLD),
                   render.table(["field", base["name"], cand["name"], "specs", "records",
                                 f"decided by ({base['name']})", f"decided by ({cand['name']})", "examples"],
-                               [(f, x, y, g["specs"], g["records"], " | ".join(g["base"]), " | ".join(g["cand"]),
-                                 "; ".join(g["examples"]))
-                                for (f, x, y), g in sorted(groups.items(), key=lambda kv: -kv[1]["records"])])]
+                               [(g["field"], _show(g["baseline"]), _show(g["candidate"]), g["specs"], g["records"],
+                                 " | ".join(g["baseline_rules"]), " | ".join(g["candidate_rules"]),
+                                 "; ".join(f"{e['model']} on {e['gpu']} ({e['record']})" for e in g["examples"]))
+                                for g in impact["by_field"]])]
     for key, title in (("newly_refused", f"refused under {cand['name']} only"),
                        ("newly_accepted", f"refused under {base['name']} only")):
         if impact[key]:
@@ -283,6 +272,12 @@ def impact_table(impact: dict[str, Any], style: render.Style) -> str:
                       render.table(["model", "gpu", "records", "refusal", "example"],
                                    [(r["model"], r["gpu"], r["records"],
                                      f"{r['code']}: {r['message'][:90]}", r["example_record"]) for r in impact[key]])]
+    short = [f"{len(impact[key])} of the {impact[f'{key}_total']} {words}" for key, words in
+             (("changed", "changed specs"), ("newly_refused", "newly refused"), ("newly_accepted", "newly accepted"))
+             if len(impact[key]) < impact[f"{key}_total"]]
+    if short:
+        lines += ["", f"(the answer lists {', '.join(short)}: as many as fit in one message; the counts and the "
+                      "changes by field cover them all, and --filter narrows the history for the rest)"]
     return "\n".join(lines)
 
 

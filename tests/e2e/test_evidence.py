@@ -152,6 +152,29 @@ def test_policy_impact_over_a_history(tmp_path: Path) -> None:
         assert c.verify_audit_log().ok
 
 
+def test_an_impact_too_large_for_one_message_lists_what_fits_and_counts_everything(tmp_path: Path) -> None:
+    """Regression: ComputePolicyImpact listed every changed spec, about 1 KB each, so a history of
+    a few thousand distinct specs failed with RESOURCE_EXHAUSTED, the one question the command is
+    for unanswered. The changes by field are now summed on the server over every changed spec,
+    each list holds what fits in one message, and totals count them all."""
+    with ServerProcess(tmp_path / "srv", "--max-message-bytes", "65536") as srv, Client(srv.address) as c:
+        for max_bs in range(1, 121):  # 120 distinct Kimi specs: each changes under sglang 0.5.17
+            c.resolve({**KIMI, "overrides": {"cuda_graph": {"decode": {"max_bs": max_bs}}}})
+        proc = cli(srv, "policy", "impact", "--candidate", "sglang-0.5.17", "-o", "json")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        impact = json.loads(proc.stdout)["impact"]
+        assert impact["specs_examined"] == 120 and impact["changed_total"] == 120, impact["changed_total"]
+        assert 0 < len(impact["changed"]) < 120  # what fits, in the order the history first held them
+        (prefill,) = [f for f in impact["by_field"] if f["field"] == "prefill.backend"]
+        assert (prefill["baseline"], prefill["candidate"], prefill["specs"], prefill["records"]) == \
+            ("disabled", "tc_piecewise", 120, 120), prefill
+        assert any("prefill.upgrade.multimodal_piecewise" in trail for trail in prefill["candidate_rules"])
+        assert len(prefill["examples"]) == 2 and prefill["examples"][0]["record"] == "auditRecords/1"
+        table = cli(srv, "policy", "impact", "--candidate", "sglang-0.5.17", "-o", "table").stdout
+        assert "120 distinct specs in 120 records: 120 changed" in table, table
+        assert f"the answer lists {len(impact['changed'])} of the 120 changed specs" in table, table
+
+
 def test_policy_impact_on_an_empty_history_says_so(srv: ServerProcess) -> None:
     impact = json.loads(cli(srv, "policy", "impact", "--candidate", "sglang-0.5.18", "-o", "json").stdout)["impact"]
     assert impact["specs_examined"] == 0 and impact["changed"] == [] and impact["unchanged"] == 0
