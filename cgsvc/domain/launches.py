@@ -224,6 +224,39 @@ class Watched:
 LOG_CHUNK_BYTES = 1 << 20  # at most this much of one log in one answer to a follow
 
 
+# The most a launch keeps of its worker report (what GetLaunch and WatchLaunch carry, within one
+# message of the default 4 MiB beside the rest of the launch). The run directory's report.json
+# keeps every byte.
+REPORT_BYTES = 1 << 20
+
+
+def stored_report(report: dict[str, Any]) -> dict[str, Any]:
+    """The worker report as a launch keeps it: whole while it is within REPORT_BYTES; past that,
+    the requests without their generated token ids, and then only the first requests that fit,
+    each step said in its notes. The aggregate, which the workers computed over every request,
+    stays whole."""
+    if len(json.dumps(report)) <= REPORT_BYTES:
+        return report
+    requests = [{k: v for k, v in r.items() if k != "output_tokens"} for r in report.get("requests") or []]
+    notes = [*report.get("notes", []), "each request's output_tokens (the token ids) are left out of the launch's "
+             "copy of this report to keep it within one message; the run directory's report.json has them"]
+    out = {**report, "requests": requests, "notes": notes}
+    room = REPORT_BYTES - 1024 - len(json.dumps({**out, "requests": []}))  # 1 KiB for the note and count below
+    kept = 0
+    for r in requests:
+        room -= len(json.dumps(r)) + 2
+        if room < 0:
+            break
+        kept += 1
+    if kept < len(requests):
+        omitted = len(requests) - kept
+        out |= {"requests": requests[:kept], "requests_omitted": omitted,
+                "notes": [*notes, f"{omitted} requests past the first {kept} are left out of the launch's copy of "
+                                  "this report as well (the aggregate covers every request; the run directory's "
+                                  "report.json has each)"]}
+    return out
+
+
 def read_log(path: Path, tail_lines: int, after: int | None = None, ended: bool = True,
              limit: int = LOG_CHUNK_BYTES) -> tuple[str, int, int]:
     """One log's text for GetLaunchLogs, the byte offset just past it, and the log's size, in at
@@ -584,7 +617,8 @@ class Launches:
                                          f"exited with code {code}")
         if report.ok and code in (0, -1):
             done = report.output_tokens or row.tokens_done
-            await self.transition(row, "SUCCEEDED", report_json=json.dumps(report.to_dict()), tokens_done=done)
+            await self.transition(row, "SUCCEEDED", report_json=json.dumps(stored_report(report.to_dict())),
+                                  tokens_done=done)
             return
         error = report.error or f"the worker supervisor exited with code {code}"
         for r in report.rank_errors:
@@ -595,7 +629,7 @@ class Launches:
             if last:
                 error += f"\nlast log lines:\n{last}"
         await self.transition(row, "FAILED", error.splitlines()[0], error=error,
-                              report_json=json.dumps(report.to_dict()))
+                              report_json=json.dumps(stored_report(report.to_dict())))
 
     # ------------------------------------------------------------------ read, cancel, watch, recover
     async def get(self, launch_id: str) -> LaunchRow:
