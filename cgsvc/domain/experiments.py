@@ -247,8 +247,9 @@ class Experiments:
                             means[arm][metric].append(round(sum(values) / len(values), 4))
                     substituted[arm] = list(dict.fromkeys(substituted[arm] + substitutions_of(report)))
                     ran[arm] = ran_as(report)
-                    row = await self._save(dataclasses.replace(
-                        row, result=result_of(row, samples, substituted, means, ran)))
+                    # the bootstrap takes seconds on large samples: off the event loop, which serves every call
+                    result = await asyncio.to_thread(result_of, row, samples, substituted, means, ran)
+                    row = await self._save(dataclasses.replace(row, result=result))
         except TakenOver:
             raise
         except ServiceError as err:  # a plan or checkpoint that went away, devices gone, ...
@@ -269,7 +270,8 @@ class Experiments:
         now = await asyncio.to_thread(self.store.get, row.experiment_id)
         if now is not None and now.owner != row.owner:  # not this replica's to end any more
             raise TakenOver(row.experiment_id)
-        result = result_of(row, samples)
+        # the result saved after the last launch was made from these same samples: not made again
+        result = row.result if row.result.get("arms") else await asyncio.to_thread(result_of, row, samples)
         message = f"{state}: {result['verdict']}" + (f"; {error}" if error else "")
         record = await self.audit(EXPERIMENT_STATE_METHOD, "cgsvc", "OK", message, experiment_id=row.experiment_id)
         await self._save(dataclasses.replace(row, state=state, error=error, result=result,
