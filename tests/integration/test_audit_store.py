@@ -324,7 +324,7 @@ def test_migration_7_folds_plans_into_records_and_trims_the_append_path(store: A
     assert plan is not None and plan.sequence == 1 and plan.row.prefill_backend == "breakable"
     assert plan.row.plan_json == first.record.plan_json and plan.row.model == "deepseek-ai/DeepSeek-V3"
     assert [p.row.plan_id for p in store.list_plans('decode_backend = "full"')[0]] == ["p1"]
-    assert store.list_plans('create_time < "2000-01-01"')[0] == []
+    assert store.list_plans('create_time < "2000-01-01T00:00:00Z"')[0] == []
     again = store.append(entry(1, plan_id="p9"), LISTING, request_id="r-1")
     assert again.replay_of is not None and again.replay_of.sequence == first.record.sequence
     assert store.get_plan("p9") is None
