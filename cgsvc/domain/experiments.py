@@ -68,6 +68,11 @@ def substitutions_of(report: dict[str, Any]) -> list[str]:
             for f in report.get("plan_fidelity") or [] if f.get("status") == "substituted"]
 
 
+# The samples an experiment's stored result keeps, per arm and metric: each is about 10 bytes on
+# the wire, and GetExperiment must fit in one message (4 MiB by default) with the rest.
+SAMPLES_KEPT = 20_000
+
+
 def stored(row: ExperimentRow, key: str) -> dict[str, dict[str, list[float]]]:
     """Per arm and metric, what the stored result holds under `key` ("samples" or "launch_means")."""
     return {arm: {m: list(row.result.get("arms", {}).get(arm, {}).get(key, {}).get(m, []))
@@ -83,7 +88,10 @@ def result_of(row: ExperimentRow, samples: dict[str, dict[str, list[float]]],
         kept = row.result.get("arms", {}).get(arm, {})
         out["arms"][arm]["plan"] = plan
         out["arms"][arm]["launches"] = [r["launch"] for r in row.runs if r["arm"] == arm and r["state"] == "SUCCEEDED"]
-        out["arms"][arm]["samples"] = samples[arm]
+        # every sample counts in the statistics; the stored result keeps the first SAMPLES_KEPT of each
+        out["arms"][arm]["samples"] = {m: v[:SAMPLES_KEPT] for m, v in samples[arm].items()}
+        if omitted := {m: len(v) - SAMPLES_KEPT for m, v in samples[arm].items() if len(v) > SAMPLES_KEPT}:
+            out["arms"][arm]["samples_omitted"] = omitted
         # What was planned is what ran, or this says why not (the same for every launch of the arm).
         out["arms"][arm]["substituted"] = (substituted or {}).get(arm) or kept.get("substituted", [])
         out["arms"][arm]["ran"] = (ran or {}).get(arm) or kept.get("ran", {})

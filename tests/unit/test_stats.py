@@ -87,3 +87,21 @@ def test_large_samples_take_the_cheaper_interval_each_size_allows(monkeypatch: p
     lo, hi = stats.difference(a, b)["ci"]
     assert abs(lo - (1 - 1.959964 * se)) < 1e-3 and abs(hi - (1 + 1.959964 * se)) < 1e-3, (lo, hi)
     assert "percentile to 50,000, the normal approximation past that" in stats.METHOD  # the stored method says so
+
+
+def test_an_experiment_keeps_its_first_samples_and_counts_every_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A result kept every sample: an experiment of 100 launches of 10,000 requests would store
+    millions, which no GetExperiment answer could carry. It keeps SAMPLES_KEPT of each, says how
+    many it left out, and its statistics still count every one."""
+    from cgsvc.domain import experiments
+    from cgsvc.launch.store import ExperimentRow
+
+    monkeypatch.setattr(experiments, "SAMPLES_KEPT", 10)
+    row = ExperimentRow("e1", "RUNNING", "alice", {"plans": ["plans/a", "plans/b"]})
+    samples = {arm: {"ttft_ms": [float(i) for i in range(25)], "tpot_ms": [1.0] * 8} for arm in ("A", "B")}
+    out = experiments.result_of(row, samples)
+    for arm in ("A", "B"):
+        assert out["arms"][arm]["samples"]["ttft_ms"] == [float(i) for i in range(10)]
+        assert out["arms"][arm]["samples"]["tpot_ms"] == [1.0] * 8
+        assert out["arms"][arm]["samples_omitted"] == {"ttft_ms": 15}
+        assert out["arms"][arm]["ttft_ms"]["n"] == 25 and out["arms"][arm]["ttft_ms"]["mean"] == 12.0
