@@ -35,7 +35,7 @@ from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.launch.dispatch import HOST, RunHandle
 from cgsvc.launch.store import LaunchRow, Workload
 from cgsvc.server.interceptors import RequestContext
-from cgsvc.server.services import MESSAGE_BYTES, caller, list_page, parse_name
+from cgsvc.server.services import MESSAGE_BYTES, caller, list_page, parse_name, room
 from cgsvc.text import counted
 from cgsvc.v1 import launch_pb2
 
@@ -238,7 +238,7 @@ class LaunchService:
             names = [n for n in names if n == f"rank{request.rank}.log"]
         ended = row.state in TERMINAL  # read before the logs: an ended launch's logs are whole
         # each log's share of one message (the rest is asked for again from end_offset)
-        share = min(LOG_CHUNK_BYTES, self.max_message_bytes * 3 // 4 // max(1, len(names)))
+        share = min(LOG_CHUNK_BYTES, room(self.max_message_bytes) // max(1, len(names)))
 
         def read() -> list[launch_pb2.RankLog]:
             out = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,21 @@ def record_sequence(name: str) -> int:
 MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's own default for the largest message; the server passes its setting
 
 
+def room(max_message_bytes: int) -> int:
+    """What of one message an answer's items may fill: the rest is for its other fields."""
+    return max_message_bytes * 3 // 4
+
+
+def how_many_fit(items: Sequence[Message], space: int) -> int:
+    """How many of `items`, from the first, fit in `space` bytes as a repeated field (at least one,
+    so that an answer always makes progress)."""
+    for i, item in enumerate(items):
+        space -= item.ByteSize() + 8  # the field's tag and the item's length
+        if space < 0:
+            return max(i, 1)
+    return len(items)
+
+
 async def list_page(lister: Callable[[str, int, str, str], tuple[list[Any], str]], request: Any,
                     to_proto: Callable[[Any], Message], max_bytes: int) -> tuple[list[Any], str]:
     """Run a store listing for a List request, as messages: bad filters, orders and page tokens
@@ -76,14 +91,9 @@ async def list_page(lister: Callable[[str, int, str, str], tuple[list[Any], str]
         raise invalid("order_by", str(exc)) from None
     except PageTokenError as exc:
         raise invalid(exc.field, exc.message) from None
-    items: list[Message] = []
-    budget = max_bytes * 3 // 4  # room for the page token and the framing
-    for row in rows:
-        item = to_proto(row)
-        budget -= item.ByteSize() + 8  # a repeated field's tag and length
-        if budget < 0 and items:
-            return items, page_token_after(int(rows[len(items) - 1].sequence), request.filter, request.order_by)
-        items.append(item)
+    items = [to_proto(row) for row in rows]
+    if (kept := how_many_fit(items, room(max_bytes))) < len(items):
+        return items[:kept], page_token_after(int(rows[kept - 1].sequence), request.filter, request.order_by)
     return items, token
 
 
@@ -179,7 +189,7 @@ class PlanService:
                                              self.plans.model_roots)
         except filters.FilterError as exc:
             raise invalid("filter", str(exc)) from None
-        return fit_impact(codec.impact_proto(impact), self.max_message_bytes * 3 // 4)
+        return fit_impact(codec.impact_proto(impact), room(self.max_message_bytes))
 
 
 def fit_impact(msg: plan_service_pb2.PolicyImpact, budget: int) -> plan_service_pb2.PolicyImpact:
@@ -192,13 +202,12 @@ def fit_impact(msg: plan_service_pb2.PolicyImpact, budget: int) -> plan_service_
     kept: dict[str, list[Any]] = {name: list(getattr(msg, name)) for name in names}
     for name in names:
         msg.ClearField(name)
-    room = budget - msg.ByteSize()
     for name in names:
-        for item in kept[name]:
-            room -= item.ByteSize() + 8  # a repeated field's tag and length
-            if room < 0:
-                return msg
-            getattr(msg, name).append(item)
+        space = budget - msg.ByteSize()
+        fit = how_many_fit(kept[name], space) if space > 0 else 0
+        getattr(msg, name).extend(kept[name][:fit])
+        if fit < len(kept[name]):
+            break
     return msg
 
 
