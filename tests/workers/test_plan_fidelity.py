@@ -96,6 +96,8 @@ def test_a_plan_with_every_field_set_is_honoured_or_explained(checkpoints: dict[
     assert "exceed chunked_prefill_size (8)" in fid["prefill.num_tokens"]["reason"]
     assert "plan fidelity (fields not honoured as planned)" in proc.stderr
     assert "decode.backend" in proc.stderr and "kv_cache_dtype" not in proc.stderr
+    # the values spelt as the report and `launches show` spell them: JSON, not Python's repr
+    assert '"full" -> "static_eager"' in proc.stderr and "None" not in proc.stderr, proc.stderr
 
 
 def test_capture_sizes_padding_and_eager_steps(checkpoints: dict[str, str]) -> None:

@@ -195,7 +195,9 @@ def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
 def fidelity_lines(report: dict[str, Any]) -> list[str]:
     """The plan fields a run did not honour, one line each, for a person reading stderr."""
     rows = [f for f in report.get("plan_fidelity", []) if f["status"] != "honoured"]
-    return [f"{f['field']:<27} {f['status']:<15} {f['requested']} -> {f['effective']}: {f['reason']}" for f in rows]
+    # values as the report and `launches show` spell them (JSON: null, "disabled"), not Python's None
+    return [f"{f['field']:<27} {f['status']:<15} {json.dumps(f['requested'])} -> {json.dumps(f['effective'])}: "
+            f"{f['reason']}" for f in rows]
 
 
 def failure(exc: BaseException, **extra: Any) -> tuple[WorkerReport, int]:
