@@ -770,6 +770,9 @@ class AuditStore:
             self.write_engine = sa.create_engine(url, pool_pre_ping=True)
             self.read_engine = self.write_engine
         self.dialect = self.write_engine.dialect.name
+        # the log's file, for a SQLite log in a file ("" otherwise: PostgreSQL, or in memory)
+        database = self.write_engine.url.database or ""
+        self.sqlite_path = database if self.dialect == "sqlite" and database != ":memory:" else ""
         self._mark = "?" if self.write_engine.dialect.paramstyle == "qmark" else "%s"
         self._insert = {t.name: _RawInsert(t, self._mark) for t in (audit_records, idempotency, merkle_nodes)}
         self._insert.update({t.name: _RawInsert(t, self._mark, skip_existing=True)

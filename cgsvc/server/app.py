@@ -148,7 +148,7 @@ async def start(cfg: ServerConfig) -> Running:
     if why := cannot_listen(cfg.address):  # before anything is made or opened
         raise ConfigError(f"address: cannot listen on {cfg.address}: {why}")
     try:
-        os.makedirs(cfg.data_dir, exist_ok=True)
+        os.makedirs(cfg.data_dir, mode=0o700, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"data_dir: cannot make {cfg.data_dir}: {exc.strerror or exc}") from None
     try:

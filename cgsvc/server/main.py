@@ -94,6 +94,9 @@ async def serve(cfg: ServerConfig, loop_line: str = "") -> int:
     except ValueError as exc:
         print(f"cgsvc: metrics_address: {exc}", file=sys.stderr)
         return 2
+    # What the server makes is its own: the audit log (SQLite, its WAL), the signing key, the
+    # launches' plans and logs; a record is not for every user of the machine to read.
+    os.umask(0o077)
     running = await app.start(cfg)
     running_loop = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
     metrics.SERVER_INFO.labels(__version__, running_loop).set(1)
@@ -132,6 +135,13 @@ async def serve(cfg: ServerConfig, loop_line: str = "") -> int:
     if (key_mode := os.stat(key_path).st_mode & 0o777) & 0o077:
         print(f"WARNING: signing key {key_path} is readable beyond its owner (mode {key_mode:04o}): whoever can read it "
               "can sign checkpoints of a rewritten log; chmod 600 it.", flush=True)
+    if (dir_mode := os.stat(cfg.data_dir).st_mode & 0o777) & 0o077:
+        print(f"WARNING: data_dir {cfg.data_dir} is open to other users (mode {dir_mode:04o}); the server makes its "
+              "files there 0600, but chmod 700 it: a file made by hand, or before, may be readable.", flush=True)
+    log_file = running.store.sqlite_path
+    if log_file and (log_mode := os.stat(log_file).st_mode & 0o777) & 0o077:
+        print(f"WARNING: audit log {log_file} is readable beyond its owner (mode {log_mode:04o}): anyone who can read "
+              "it reads every record without the auditor role; chmod 600 it (and its -wal and -shm files).", flush=True)
     if roots := running.extras["model_roots"].dirs:
         print(f"checkpoint paths: under {', '.join(roots)} (--model-roots)", flush=True)
     elif not loopback:

@@ -337,6 +337,29 @@ def test_a_setting_out_of_bounds_is_refused_by_name_before_anything_is_opened(tm
     assert not (tmp_path / "x" / "cgsvc.db").exists() and not (tmp_path / "x" / "instance").exists()
 
 
+def test_the_audit_log_and_launch_files_are_the_servers_own(tmp_path: Path) -> None:
+    """Regression: the SQLite log (and its WAL) were made 0644 in a 0755 data directory, so any
+    user of the machine could read every record without the auditor role the API asks for. The
+    server makes its files 0600 and a new data directory 0700, and says so of one it finds open."""
+    with ServerProcess(tmp_path / "open") as srv:  # the harness made it 0755, as mkdir does
+        resolve_n(srv, 1)
+        for name in ("cgsvc.db", "cgsvc.db-wal", "instance"):
+            assert (srv.data_dir / name).stat().st_mode & 0o777 == 0o600, name
+        assert any(line.startswith(f"WARNING: data_dir {srv.data_dir} is open to other users (mode 0755)")
+                   for line in srv.output), srv.output
+        assert not any("audit log" in line for line in srv.output), srv.output  # its own file: 0600
+    (tmp_path / "open" / "cgsvc.db").chmod(0o644)  # as a release before this one made it
+    with ServerProcess(tmp_path / "open") as srv:
+        assert any(line.startswith(f"WARNING: audit log {srv.data_dir / 'cgsvc.db'} is readable beyond its owner "
+                                   "(mode 0644)") for line in srv.output), srv.output
+    (tmp_path / "closed").mkdir(mode=0o700)
+    with ServerProcess(tmp_path / "closed") as srv:
+        assert not any("data_dir" in line for line in srv.output), srv.output
+    made = tmp_path / "made"  # a later --data-dir wins over the harness's: the server makes this one, 0700
+    with ServerProcess(tmp_path / "harness", "--data-dir", str(made)) as srv:
+        assert made.stat().st_mode & 0o777 == 0o700 and not any("data_dir" in line for line in srv.output)
+
+
 def test_a_given_signing_key_signs_and_a_bad_one_is_refused_by_name(tmp_path: Path) -> None:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec, ed25519
