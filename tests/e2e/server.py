@@ -33,7 +33,7 @@ class ServerProcess:
         self.log_path = data_dir / "server.log"
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # as a careful operator makes one
         address = f"127.0.0.1:{self.port}" if self.port else "127.0.0.1:0"
         self._stderr: IO[Any] = open(self.log_path, "a")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(

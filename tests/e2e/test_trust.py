@@ -341,7 +341,9 @@ def test_the_audit_log_and_launch_files_are_the_servers_own(tmp_path: Path) -> N
     """Regression: the SQLite log (and its WAL) were made 0644 in a 0755 data directory, so any
     user of the machine could read every record without the auditor role the API asks for. The
     server makes its files 0600 and a new data directory 0700, and says so of one it finds open."""
-    with ServerProcess(tmp_path / "open") as srv:  # the harness made it 0755, as mkdir does
+    (tmp_path / "open").mkdir()
+    (tmp_path / "open").chmod(0o755)  # as mkdir makes one under the usual umask
+    with ServerProcess(tmp_path / "open") as srv:
         resolve_n(srv, 1)
         for name in ("cgsvc.db", "cgsvc.db-wal", "instance"):
             assert (srv.data_dir / name).stat().st_mode & 0o777 == 0o600, name
