@@ -43,7 +43,7 @@ def cli_json(*args: str) -> Any:
 def start_server() -> tuple[subprocess.Popen[str], str]:
     """Start the server on a free port; return it and the address it printed."""
     shutil.rmtree(DATA, ignore_errors=True)
-    DATA.mkdir(parents=True)
+    DATA.mkdir(mode=0o700, parents=True)  # the server's files are its own
     log = open(DATA / "server.log", "w")  # noqa: SIM115 - handed to the server process
     proc = subprocess.Popen([sys.executable, "-m", "cgsvc.server.main", "serve", "--address", "127.0.0.1:0",
                              "--data-dir", str(DATA)], stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
