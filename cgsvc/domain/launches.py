@@ -274,7 +274,10 @@ def read_log(path: Path, tail_lines: int, after: int | None = None, ended: bool 
                 data = fh.read(limit)
                 lines = data.decode(errors="replace").splitlines()
                 whole = lines[1:] if size > limit else lines  # the first may be cut: it is not one of the last
-                return "\n".join(whole[-tail_lines:]), size, size
+                whole = whole[-tail_lines:]
+                while whole and len("\n".join(whole).encode()) > limit:  # bad bytes read as U+FFFD, 3 bytes
+                    whole = whole[1:]
+                return "\n".join(whole), size, size
             start = after if after is not None and after <= size else 0
             fh.seek(start)
             data = fh.read(limit)
@@ -284,7 +287,23 @@ def read_log(path: Path, tail_lines: int, after: int | None = None, ended: bool 
         cut = data.rfind(b"\n") + 1
         if cut or len(data) < limit:
             data = data[:cut]
+    data = _within(data, limit)
     return data.decode(errors="replace"), start + len(data), size
+
+
+def _within(data: bytes, limit: int) -> bytes:
+    """The longest start of `data` whose text is at most `limit` bytes: a log's bad bytes read as
+    U+FFFD, three bytes each, so a share of raw bytes can decode to more than the share."""
+    def text_size(n: int) -> int:
+        return len(data[:n].decode(errors="replace").encode())
+
+    if text_size(len(data)) <= limit:
+        return data
+    lo, hi = 0, len(data)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if text_size(mid) <= limit else (lo, mid - 1)
+    return data[:lo]
 
 
 class Launches:

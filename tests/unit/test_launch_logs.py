@@ -53,3 +53,18 @@ def test_a_log_longer_than_an_answer_holds_is_given_in_part_and_says_its_size(tm
     # more lines asked for than the share holds: those that fit, the cut first one left out
     assert read_log(log, 5, ended=True, limit=20) == ("line 08\nline 09", 80, 80)
     assert read_log(log, 0, ended=True) == (log.read_text(), 80, 80)  # a small log: whole
+
+
+def test_a_log_of_bad_bytes_stays_within_its_share_as_text(tmp_path: Path) -> None:
+    """Each undecodable byte reads as U+FFFD (three bytes), so a share of raw bytes decoded to up
+    to three times the share: a group of binary logs could pass the message size."""
+    log = tmp_path / "rank0.log"
+    log.write_bytes(b"\xff" * 90 + b"\n" + b"ok\n")
+    pieces, offset = [], 0
+    while offset < log.stat().st_size:
+        text, offset, _ = read_log(log, 0, after=offset, ended=True, limit=60)
+        assert len(text.encode()) <= 60 and text, (text, offset)
+        pieces.append(text)
+    assert "".join(pieces) == log.read_bytes().decode(errors="replace")  # read on, the log is all there
+    tail, _, _ = read_log(log, 2, ended=True, limit=200)
+    assert len(tail.encode()) <= 200 and tail == "ok"  # the bad line is too long to be one of the last in reach
