@@ -15,6 +15,7 @@ machine (thermal, other load) over both arms instead of onto one.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import json
@@ -112,6 +113,7 @@ class Experiments:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.current: dict[str, str] = {}  # experiment id -> the launch id this replica started last for it
         self.taken_over = 0  # experiments claimed from replicas whose lease lapsed (a metric)
+        self.ended: collections.Counter[str] = collections.Counter()  # by state, ended here (a metric)
 
     async def audit(self, method: str, principal: str, code: str, message: str, caller: Caller | None = None,
                     experiment_id: str = "") -> str:
@@ -284,6 +286,7 @@ class Experiments:
         record = await self.audit(EXPERIMENT_STATE_METHOD, "cgsvc", "OK", message, experiment_id=row.experiment_id)
         await self._save(dataclasses.replace(row, state=state, error=error, result=result,
                                              audit_records=(*row.audit_records, record)))
+        self.ended[state] += 1
         log.info("experiment ended", experiment_id=row.experiment_id, state=state, verdict=result["verdict"])
 
     # ------------------------------------------------------------------ cancel
@@ -369,6 +372,10 @@ class Experiments:
         await self._cancel_launches([name.removeprefix("launches/") for name in unfinished],
                                     f"experiments/{row.experiment_id}, which ran it, ended FAILED: {why}")
         return [f"ended experiments/{row.experiment_id} ({note})"]
+
+    def running(self) -> int:
+        """The experiments this replica runs now."""
+        return sum(1 for task in list(self.tasks.values()) if not task.done())  # asked from the metrics thread
 
     async def close(self) -> None:
         for task in self.tasks.values():

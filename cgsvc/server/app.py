@@ -129,7 +129,7 @@ class Running:
                         calls=pipeline.inflight)
         await self.extras["experiments"].close()
         if metrics.LAUNCHES.launches is self.extras["launches"]:  # a scrape from now on reads no closed store
-            metrics.LAUNCHES.launches = None
+            metrics.LAUNCHES.launches = metrics.LAUNCHES.experiments = None
         await self.extras["launches"].close()
         await self.writer.aclose()
         self.store.close()
@@ -210,7 +210,7 @@ async def start(cfg: ServerConfig) -> Running:
     launches = Launches(LaunchStore(store), auditor, Path(cfg.data_dir).resolve() / "launches", dispatchers,
                         instance=instance, shared=store.dialect != "sqlite", lease_seconds=cfg.lease_seconds)
     experiments = Experiments(ExperimentStore(store), launches, plans)
-    metrics.LAUNCHES.launches = launches
+    metrics.LAUNCHES.launches, metrics.LAUNCHES.experiments = launches, experiments
     facts = ServerFacts(instance, HOST, store.dialect, tuple(d.name for d in dispatchers), settled.key_id,
                         tuple(f"/{name}/{m.name}" for name, svc in SERVICES.items() for m in svc.methods))
     servicers: dict[str, Any] = {

@@ -11,7 +11,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 
+from cgsvc.domain.experiments import Experiments
 from cgsvc.domain.launches import ACTIVE, TERMINAL, Launches
+from cgsvc.launch.store import EXPERIMENT_STATES
 
 REGISTRY = CollectorRegistry()
 GCCollector(registry=REGISTRY)  # python_gc_*: collections and objects collected, per generation
@@ -53,11 +55,19 @@ class LaunchCollector:
 
     def __init__(self) -> None:
         self.launches: Launches | None = None
+        self.experiments: Experiments | None = None
 
     def collect(self) -> Iterator[Metric]:
-        launches = self.launches
-        if launches is None:
+        launches, experiments = self.launches, self.experiments
+        if launches is None or experiments is None:
             return
+        running = GaugeMetricFamily("cgsvc_experiments_running", "Experiments this replica runs now")
+        running.add_metric([], experiments.running())
+        finished = CounterMetricFamily("cgsvc_experiments_ended", "Experiments that ended on this replica, by how "
+                                       "(since it started)", labels=["state"])
+        for state in EXPERIMENT_STATES[1:]:
+            finished.add_metric([state], experiments.ended[state])
+        yield from (running, finished)
         mine, devices = launches.occupancy()
         active = GaugeMetricFamily("cgsvc_launches_active", "Launches this replica supervises now, by state",
                                    labels=["dispatcher", "state"])

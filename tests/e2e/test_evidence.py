@@ -299,6 +299,11 @@ def test_a_cancelled_experiment_stops_its_launch_ends_cancelled_and_keeps_what_i
         waited = cli(srv, "experiments", "wait", exp.name, "-o", "json")  # until it ends, as a script would
         assert waited.returncode == 4, waited.stdout + waited.stderr  # it did not succeed
         assert json.loads(waited.stdout)["experiment"]["state"] == "CANCELLED"
+        series = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in srv.metrics_text().splitlines()
+                  if line.startswith("cgsvc_experiments_")}
+        assert series['cgsvc_experiments_ended_total{state="CANCELLED"}'] == 1, series
+        assert series['cgsvc_experiments_ended_total{state="SUCCEEDED"}'] == 0, series
+        assert series["cgsvc_experiments_running"] == 0, series
         done = wait_experiment(c, exp.name, lambda m: m.state != "RUNNING")
         assert done.state == "CANCELLED" and done.cancel_requested_by == "local", done.error
         assert done.error == "cancelled by local; the 1 sample measured before is kept", done.error
