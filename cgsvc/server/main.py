@@ -35,11 +35,19 @@ from cgsvc.server.token_commands import EXPIRY_WARNING_DAYS, token_warnings
 
 
 def configure_logging(level: str) -> None:
-    logging.basicConfig(stream=sys.stderr, level=getattr(logging, level.upper(), logging.INFO), format="%(message)s")
+    """JSON on stderr, one object a line: the server's own records (structlog) and the libraries'
+    (asyncio, gRPC, SQLAlchemy through the standard logging module) alike, each naming its logger."""
+    number = getattr(logging, level.upper(), logging.INFO)
+    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        processor=structlog.processors.JSONRenderer(),
+        foreign_pre_chain=[structlog.stdlib.add_log_level, structlog.stdlib.add_logger_name, stamp]))
+    logging.basicConfig(handlers=[handler], level=number, force=True)
     structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
-                    structlog.processors.TimeStamper(fmt="iso", utc=True), structlog.processors.JSONRenderer()],
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
+        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level, stamp,
+                    structlog.processors.JSONRenderer()],
+        wrapper_class=structlog.make_filtering_bound_logger(number),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr), cache_logger_on_first_use=True)
 
 

@@ -254,6 +254,20 @@ def test_token_check_lists_who_a_file_admits_or_names_the_bad_entry(tmp_path: Pa
     assert json.loads(listed.stdout)["warnings"] == []
 
 
+def test_every_log_line_is_json_at_every_level(tmp_path: Path) -> None:
+    """Regression: at --log-level debug the libraries' own loggers (asyncio's "Using selector",
+    gRPC's "Loaded running loop") wrote plain text among the JSON lines, which a log shipper
+    parsing one object a line drops or chokes on. Every line is now one JSON object, naming its
+    logger."""
+    with ServerProcess(tmp_path / "srv", "--log-level", "debug", "--event-loop", "asyncio") as srv, \
+            Client(srv.address) as c:
+        c.resolve_proto(KIMI)
+    lines = [line for line in srv.log_path.read_text().splitlines() if line.strip()]
+    parsed = [json.loads(line) for line in lines]  # raises on the first line that is not JSON
+    assert any(p.get("logger") == "asyncio" for p in parsed), lines[:5]  # a library's line, as JSON
+    assert all(isinstance(p, dict) and "level" in p and "event" in p for p in parsed), lines[:5]
+
+
 def test_a_tls_mismatch_says_which_side_to_fix_without_grpc_noise(tmp_path: Path) -> None:
     """Plaintext to a TLS server reads 'Socket closed', TLS to a plaintext one a handshake error:
     the CLI says which flag to change, and gRPC's own log lines stay out of the way."""
