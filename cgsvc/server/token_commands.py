@@ -104,9 +104,8 @@ def new(ns: argparse.Namespace) -> int:
             return _refuse(ns.output, "expires", f"{ns.expires} has passed: the token would be refused from the start")
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     roles = list(dict.fromkeys(ns.role))
-    entry = "\n".join(["[[tokens]]", f"principal = {json.dumps(name, ensure_ascii=False)}",
-                       f"roles = {json.dumps(roles)}", f'sha256 = "{hash_token(secret)}"',
-                       *([f"expires = {expires.isoformat()}"] if expires else [])]) + "\n"
+    entry = entry_text("tokens", {"principal": name, "roles": roles, "sha256": hash_token(secret),
+                                  **({"expires": expires} if expires else {})})
     if ns.append:
         try:
             append_entry(ns.append, entry)
@@ -136,6 +135,13 @@ def new(ns: argparse.Namespace) -> int:
     else:
         print(f"the token is printed once, above; the token file holds only its hash:\n\n{entry}", file=sys.stderr)
     return 0
+
+
+def entry_text(table: str, entry: dict[str, Any]) -> str:
+    """One token-file entry as a TOML table of `table` ("tokens" or "certificates"): strings and
+    lists as JSON writes them (valid TOML), a date-time unquoted, as TOML has it."""
+    return "\n".join([f"[[{table}]]", *(f"{key} = {value.isoformat() if isinstance(value, dt.datetime) else json.dumps(value, ensure_ascii=False)}"
+                                        for key, value in entry.items())]) + "\n"
 
 
 def append_entry(path: str, entry: str) -> None:
@@ -221,21 +227,25 @@ def revoke(ns: argparse.Namespace) -> int:
         def matches(entry: dict[str, Any]) -> bool:
             return entry.get("principal") == ns.principal
 
-    kept, removed = [], []
-    for piece in _entries(text):
-        parsed = tomllib.loads(piece)
-        entries = parsed.get("tokens", [])
-        if HEADER.match(piece) and len(entries) == 1 and matches(entries[0]):
-            removed.append(entries[0])
-        else:
-            kept.append(piece)
-    remaining, _ = load_token_file(ns.file, "".join(kept))
-    if len(remaining) != len(tokens) - len(removed):  # entries written in another form than [[tokens]]
-        return _refuse(ns.output, "file", f"{ns.file} lists tokens other than as [[tokens]] tables: edit it by hand")
+    data = tomllib.loads(text)
+    removed = [e for e in data.get("tokens", []) if matches(e)]
     if not removed:
         which = {"principal": f"principal {ns.principal!r}", "sha256": f"sha256 {ns.sha256}",
                  "token": "that token"}[chosen[0]]
         return _refuse(ns.output, chosen[0], f"no token of {which} in {ns.file}; nothing was changed")
+    pieces = _entries(text)
+    as_tables = [p for p in pieces if HEADER.match(p) and len(tomllib.loads(p).get("tokens", [])) == 1]
+    rewritten = len(as_tables) != len(data.get("tokens", []))  # some listed in another form (an inline array)
+    if rewritten and not ns.rewrite:
+        return _refuse(ns.output, "file", f"{ns.file} lists tokens other than as [[tokens]] tables (an inline array): "
+                                          "give --rewrite to write it anew as [[tokens]] and [[certificates]] tables "
+                                          "(its comments and layout are not kept), or edit it by hand")
+    if rewritten:  # every entry anew, as tables, the revoked ones left out
+        kept = ["\n".join([*(entry_text("tokens", e) for e in data.get("tokens", []) if not matches(e)),
+                           *(entry_text("certificates", e) for e in data.get("certificates", []))])]
+    else:  # the revoked tables cut out, the rest of the file as it was
+        kept = [p for p in pieces if not (p in as_tables and matches(tomllib.loads(p)["tokens"][0]))]
+    remaining, _ = load_token_file(ns.file, "".join(kept))
     try:
         write_file(ns.file, "".join(kept))
     except TokenFileError as exc:
@@ -247,10 +257,13 @@ def revoke(ns: argparse.Namespace) -> int:
     if ns.output == "json":
         import cgsvc_client.render as render
 
-        render.print_json({"revoked": gone, "token_file": ns.file, "tokens_left": len(remaining)})
+        render.print_json({"revoked": gone, "token_file": ns.file, "tokens_left": len(remaining),
+                           "rewritten": rewritten})
     else:
         for g in gone:
             print(f"revoked a token of principal {g['principal']!r} (sha256 {g['sha256'][:16]}...)")
+        if rewritten:
+            print(f"{ns.file} was written anew as [[tokens]] and [[certificates]] tables (its comments were not kept)")
         print(f"{ns.file}: {counted(len(remaining), 'token')} left; a server refuses the revoked ones after `kill -HUP` or at "
               "its next --credentials-poll-seconds check")
     return 0
@@ -276,6 +289,8 @@ def register(sub: Any) -> None:
     r.add_argument("--sha256", metavar="HEX", help="the token with this SHA-256 (8 or more leading hex digits "
                                                    "that name one entry)")
     r.add_argument("--token", metavar="-", help="- : the token itself, read from stdin (a leaked token you hold)")
+    r.add_argument("--rewrite", action="store_true", help="for a file that lists tokens in another TOML form (an "
+                   "inline array): write it anew as tables (its comments and layout are not kept)")
     c = tsub.add_parser("check", help="check a token file as `serve` would, and list who it admits")
     c.add_argument("file", help="the token file (TOML: [[tokens]] and [[certificates]])")
     h = tsub.add_parser("hash", help="print the SHA-256 of a token for the token file")

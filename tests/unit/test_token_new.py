@@ -172,3 +172,25 @@ def test_an_empty_token_is_never_a_credential(tmp_path: Path) -> None:
             raise AssertionError(f"{header!r} authenticated")
         except AuthError as exc:
             assert "Bearer <token>" in str(exc), exc
+
+
+def test_revoke_from_a_file_in_another_toml_form_rewrites_it_when_asked(tmp_path: Path) -> None:
+    """A token file written as an inline array (`tokens = [{...}, ...]`), which `serve` admits,
+    could not be revoked from: "edit it by hand". `--rewrite` writes it anew as tables, the
+    revoked entry left out; without it the refusal says so, and the file is untouched."""
+    tf = tmp_path / "tokens.toml"
+    a, b = hash_token("cgsvc_a"), hash_token("cgsvc_b")
+    tf.write_text(f'# the fleet\'s tokens\ntokens = [\n  {{principal = "a", roles = ["resolver"], sha256 = "{a}"}},\n'
+                  f'  {{principal = "b", roles = ["auditor"], sha256 = "{b}", expires = 2099-01-01T00:00:00Z}},\n]\n'
+                  '[[certificates]]\ncommon_name = "orchestrator"\nroles = ["launcher"]\n')
+    before = tf.read_text()
+    refused = revoke("--file", str(tf), "--principal", "a")
+    assert refused.returncode == 2 and tf.read_text() == before, refused.stdout
+    assert "--rewrite" in as_json(refused)["error"]["field_violations"][0]["description"]
+    done = revoke("--file", str(tf), "--principal", "a", "--rewrite")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert as_json(done)["revoked"][0]["principal"] == "a" and as_json(done)["rewritten"] is True
+    tokens, certificates = load_token_file(str(tf))
+    assert [(p.name, p.roles) for p in tokens.values()] == [("b", ("auditor",))] and tokens[b].expiry()
+    assert list(certificates) == ["orchestrator"]
+    assert tf.read_text().startswith("[[tokens]]\n")  # tables now: the next revoke needs no --rewrite
