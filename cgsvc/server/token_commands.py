@@ -21,6 +21,7 @@ import stat
 import sys
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +109,15 @@ def new(ns: argparse.Namespace) -> int:
                                   **({"expires": expires} if expires else {})})
     if ns.append:
         try:
-            append_entry(ns.append, entry)
-        except TokenFileError as exc:
+            old = Path(ns.append).read_text(encoding="utf-8") if Path(ns.append).exists() else ""
+            if old.strip() and in_another_form(old):
+                if not ns.rewrite:
+                    return _refuse(ns.output, "append", f"{ns.append} lists tokens other than as [[tokens]] tables (an "
+                                                        f"inline array), to which a table cannot be added: {REWRITE}")
+                write_file(ns.append, as_tables(old) + "\n" + entry)
+            else:
+                append_entry(ns.append, entry)
+        except (TokenFileError, tomllib.TOMLDecodeError) as exc:
             return _refuse(ns.output, "append", f"{exc}; nothing was written")
         except OSError as exc:
             return _refuse(ns.output, "append", f"{ns.append}: {exc.strerror or exc}; nothing was written")
@@ -142,6 +150,26 @@ def entry_text(table: str, entry: dict[str, Any]) -> str:
     lists as JSON writes them (valid TOML), a date-time unquoted, as TOML has it."""
     return "\n".join([f"[[{table}]]", *(f"{key} = {value.isoformat() if isinstance(value, dt.datetime) else json.dumps(value, ensure_ascii=False)}"
                                         for key, value in entry.items())]) + "\n"
+
+
+def in_another_form(text: str) -> bool:
+    """Whether a token file lists tokens other than as [[tokens]] tables (an inline array), so that
+    its entries cannot be cut out or added to one table at a time."""
+    listed = tomllib.loads(text).get("tokens", [])
+    return sum(1 for p in _entries(text) if HEADER.match(p) and len(tomllib.loads(p).get("tokens", [])) == 1) \
+        != (len(listed) if isinstance(listed, list) else 0)
+
+
+def as_tables(text: str, leave_out: Callable[[dict[str, Any]], bool] = lambda entry: False) -> str:
+    """A token file's entries written anew as [[tokens]] and [[certificates]] tables, those that
+    `leave_out` picks left out (its comments and layout are not kept)."""
+    data = tomllib.loads(text)
+    return "\n".join([*(entry_text("tokens", e) for e in data.get("tokens", []) if not leave_out(e)),
+                      *(entry_text("certificates", e) for e in data.get("certificates", []))])
+
+
+REWRITE = ("give --rewrite to write it anew as [[tokens]] and [[certificates]] tables (its comments and layout are "
+           "not kept), or edit it by hand")
 
 
 def append_entry(path: str, entry: str) -> None:
@@ -233,18 +261,15 @@ def revoke(ns: argparse.Namespace) -> int:
         which = {"principal": f"principal {ns.principal!r}", "sha256": f"sha256 {ns.sha256}",
                  "token": "that token"}[chosen[0]]
         return _refuse(ns.output, chosen[0], f"no token of {which} in {ns.file}; nothing was changed")
-    pieces = _entries(text)
-    as_tables = [p for p in pieces if HEADER.match(p) and len(tomllib.loads(p).get("tokens", [])) == 1]
-    rewritten = len(as_tables) != len(data.get("tokens", []))  # some listed in another form (an inline array)
+    rewritten = in_another_form(text)
     if rewritten and not ns.rewrite:
         return _refuse(ns.output, "file", f"{ns.file} lists tokens other than as [[tokens]] tables (an inline array): "
-                                          "give --rewrite to write it anew as [[tokens]] and [[certificates]] tables "
-                                          "(its comments and layout are not kept), or edit it by hand")
+                                          + REWRITE)
     if rewritten:  # every entry anew, as tables, the revoked ones left out
-        kept = ["\n".join([*(entry_text("tokens", e) for e in data.get("tokens", []) if not matches(e)),
-                           *(entry_text("certificates", e) for e in data.get("certificates", []))])]
+        kept = [as_tables(text, matches)]
     else:  # the revoked tables cut out, the rest of the file as it was
-        kept = [p for p in pieces if not (p in as_tables and matches(tomllib.loads(p)["tokens"][0]))]
+        kept = [p for p in _entries(text) if not (HEADER.match(p) and len(tomllib.loads(p).get("tokens", [])) == 1
+                                                  and matches(tomllib.loads(p)["tokens"][0]))]
     remaining, _ = load_token_file(ns.file, "".join(kept))
     try:
         write_file(ns.file, "".join(kept))
@@ -282,6 +307,8 @@ def register(sub: Any) -> None:
     n.add_argument("--expires-in-days", type=float, metavar="DAYS", help="refused from this many days from now")
     n.add_argument("--append", metavar="FILE", help="add the entry to this token file (made, mode 0600, when "
                    "absent), only if the whole file then passes `cgsvc token check`")
+    n.add_argument("--rewrite", action="store_true", help="with --append, for a file that lists tokens in another "
+                   "TOML form (an inline array): write it anew as tables (its comments and layout are not kept)")
     r = tsub.add_parser("revoke", help="remove tokens from a token file: a principal's, one by its hash, or one "
                                         "read from stdin")
     r.add_argument("--file", required=True, help="the token file")

@@ -194,3 +194,21 @@ def test_revoke_from_a_file_in_another_toml_form_rewrites_it_when_asked(tmp_path
     assert [(p.name, p.roles) for p in tokens.values()] == [("b", ("auditor",))] and tokens[b].expiry()
     assert list(certificates) == ["orchestrator"]
     assert tf.read_text().startswith("[[tokens]]\n")  # tables now: the next revoke needs no --rewrite
+
+
+def test_new_appends_to_a_file_in_another_toml_form_when_asked_to_rewrite_it(tmp_path: Path) -> None:
+    """Appending a [[tokens]] table to a file that lists tokens as an inline array failed with
+    tomllib's "Cannot mutate immutable namespace". The refusal now names --rewrite, which writes
+    the file anew as tables with the new entry."""
+    tf = tmp_path / "tokens.toml"
+    old = hash_token("cgsvc_old")
+    tf.write_text(f'tokens = [{{principal = "old", roles = ["resolver"], sha256 = "{old}"}}]\n')
+    before = tf.read_text()
+    refused = token("--principal", "new", "--role", "auditor", "--append", str(tf), "-o", "json")
+    assert refused.returncode == 2 and tf.read_text() == before, refused.stdout
+    assert "--rewrite" in as_json(refused)["error"]["field_violations"][0]["description"]
+    made = token("--principal", "new", "--role", "auditor", "--append", str(tf), "--rewrite", "-o", "json")
+    assert made.returncode == 0, made.stdout + made.stderr
+    tokens, _ = load_token_file(str(tf))
+    assert sorted(p.name for p in tokens.values()) == ["new", "old"]
+    assert hash_token(as_json(made)["token"]["token"]) in tokens and tokens[old].name == "old"
