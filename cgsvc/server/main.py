@@ -72,6 +72,12 @@ def event_loop(choice: str) -> tuple[Runner, str]:
     return asyncio.run, "event loop: asyncio (--event-loop asyncio)"
 
 
+def open_to_others(path: str | os.PathLike[str]) -> int:
+    """The file's mode where users other than its owner may use it (0 where they may not)."""
+    mode = os.stat(path).st_mode & 0o777
+    return mode if mode & 0o077 else 0
+
+
 def start_metrics(address: str) -> str:
     if not address:
         return ""
@@ -140,14 +146,14 @@ async def serve(cfg: ServerConfig, loop_line: str = "") -> int:
               f"old key {settled.rotation.previous_key_id} vouching for it ({settled.rotation.record}); every witness "
               "will refuse it until its keeper re-pins it (audit witness --key-id on a new directory).", flush=True)
     key_path = running.extras["signing_key_path"]
-    if (key_mode := os.stat(key_path).st_mode & 0o777) & 0o077:
+    if key_mode := open_to_others(key_path):
         print(f"WARNING: signing key {key_path} is readable beyond its owner (mode {key_mode:04o}): whoever can read it "
               "can sign checkpoints of a rewritten log; chmod 600 it.", flush=True)
-    if (dir_mode := os.stat(cfg.data_dir).st_mode & 0o777) & 0o077:
+    if dir_mode := open_to_others(cfg.data_dir):
         print(f"WARNING: data_dir {cfg.data_dir} is open to other users (mode {dir_mode:04o}); the server makes its "
               "files there 0600, but chmod 700 it: a file made by hand, or before, may be readable.", flush=True)
     log_file = running.store.sqlite_path
-    if log_file and (log_mode := os.stat(log_file).st_mode & 0o777) & 0o077:
+    if log_file and (log_mode := open_to_others(log_file)):
         print(f"WARNING: audit log {log_file} is readable beyond its owner (mode {log_mode:04o}): anyone who can read "
               "it reads every record without the auditor role; chmod 600 it (and its -wal and -shm files).", flush=True)
     if roots := running.extras["model_roots"].dirs:

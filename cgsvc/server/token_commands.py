@@ -109,15 +109,20 @@ def new(ns: argparse.Namespace) -> int:
                                   **({"expires": expires} if expires else {})})
     if ns.append:
         try:
-            old = Path(ns.append).read_text(encoding="utf-8") if Path(ns.append).exists() else ""
-            if old.strip() and in_another_form(old):
+            target = Path(ns.append).resolve()
+            old = target.read_text(encoding="utf-8") if target.exists() else ""
+            try:
+                data: dict[str, Any] | None = tomllib.loads(old)
+            except tomllib.TOMLDecodeError:  # write_file refuses it, naming the file, as `serve` would
+                data = None
+            if data is not None and in_another_form(data, token_tables(old)):
                 if not ns.rewrite:
                     return _refuse(ns.output, "append", f"{ns.append} lists tokens other than as [[tokens]] tables (an "
                                                         f"inline array), to which a table cannot be added: {REWRITE}")
-                write_file(ns.append, as_tables(old) + "\n" + entry)
+                write_file(ns.append, as_tables(data) + "\n" + entry)
             else:
-                append_entry(ns.append, entry)
-        except (TokenFileError, tomllib.TOMLDecodeError) as exc:
+                append_entry(ns.append, entry, old)
+        except TokenFileError as exc:
             return _refuse(ns.output, "append", f"{exc}; nothing was written")
         except OSError as exc:
             return _refuse(ns.output, "append", f"{ns.append}: {exc.strerror or exc}; nothing was written")
@@ -152,18 +157,27 @@ def entry_text(table: str, entry: dict[str, Any]) -> str:
                                         for key, value in entry.items())]) + "\n"
 
 
-def in_another_form(text: str) -> bool:
-    """Whether a token file lists tokens other than as [[tokens]] tables (an inline array), so that
-    its entries cannot be cut out or added to one table at a time."""
-    listed = tomllib.loads(text).get("tokens", [])
-    return sum(1 for p in _entries(text) if HEADER.match(p) and len(tomllib.loads(p).get("tokens", [])) == 1) \
-        != (len(listed) if isinstance(listed, list) else 0)
+def token_tables(text: str) -> list[tuple[str, dict[str, Any] | None]]:
+    """The file cut as _entries cuts it, each piece with the one token its [[tokens]] table holds
+    (None for any other piece: the preamble, a [[certificates]] table)."""
+    out: list[tuple[str, dict[str, Any] | None]] = []
+    for piece in _entries(text):
+        listed = tomllib.loads(piece).get("tokens", []) if HEADER.match(piece) else []
+        out.append((piece, listed[0] if len(listed) == 1 else None))
+    return out
 
 
-def as_tables(text: str, leave_out: Callable[[dict[str, Any]], bool] = lambda entry: False) -> str:
-    """A token file's entries written anew as [[tokens]] and [[certificates]] tables, those that
-    `leave_out` picks left out (its comments and layout are not kept)."""
-    data = tomllib.loads(text)
+def in_another_form(data: dict[str, Any], tables: list[tuple[str, dict[str, Any] | None]]) -> bool:
+    """Whether a token file (`data` parsed, `tables` as token_tables cuts it) lists tokens other
+    than as [[tokens]] tables (an inline array), so that its entries cannot be cut out or added
+    to one table at a time."""
+    listed = data.get("tokens", [])
+    return sum(1 for _, token in tables if token is not None) != (len(listed) if isinstance(listed, list) else 0)
+
+
+def as_tables(data: dict[str, Any], leave_out: Callable[[dict[str, Any]], bool] = lambda entry: False) -> str:
+    """A token file's entries (`data` parsed) written anew as [[tokens]] and [[certificates]]
+    tables, those that `leave_out` picks left out (its comments and layout are not kept)."""
     return "\n".join([*(entry_text("tokens", e) for e in data.get("tokens", []) if not leave_out(e)),
                       *(entry_text("certificates", e) for e in data.get("certificates", []))])
 
@@ -172,10 +186,9 @@ REWRITE = ("give --rewrite to write it anew as [[tokens]] and [[certificates]] t
            "not kept), or edit it by hand")
 
 
-def append_entry(path: str, entry: str) -> None:
-    """Add `entry` to the token file at `path` (write_file: made when absent, checked whole)."""
-    target = Path(path).resolve()
-    old = target.read_text(encoding="utf-8") if target.exists() else ""
+def append_entry(path: str, entry: str, old: str) -> None:
+    """Add `entry` to the token file at `path`, which holds `old` (write_file: made when absent,
+    checked whole)."""
     blank_line = "\n" if old.endswith("\n") else "\n\n"  # between the entries
     write_file(path, old + blank_line + entry if old.strip() else entry)
 
@@ -261,15 +274,15 @@ def revoke(ns: argparse.Namespace) -> int:
         which = {"principal": f"principal {ns.principal!r}", "sha256": f"sha256 {ns.sha256}",
                  "token": "that token"}[chosen[0]]
         return _refuse(ns.output, chosen[0], f"no token of {which} in {ns.file}; nothing was changed")
-    rewritten = in_another_form(text)
+    tables = token_tables(text)
+    rewritten = in_another_form(data, tables)
     if rewritten and not ns.rewrite:
         return _refuse(ns.output, "file", f"{ns.file} lists tokens other than as [[tokens]] tables (an inline array): "
                                           + REWRITE)
     if rewritten:  # every entry anew, as tables, the revoked ones left out
-        kept = [as_tables(text, matches)]
+        kept = [as_tables(data, matches)]
     else:  # the revoked tables cut out, the rest of the file as it was
-        kept = [p for p in _entries(text) if not (HEADER.match(p) and len(tomllib.loads(p).get("tokens", [])) == 1
-                                                  and matches(tomllib.loads(p)["tokens"][0]))]
+        kept = [piece for piece, token in tables if token is None or not matches(token)]
     remaining, _ = load_token_file(ns.file, "".join(kept))
     try:
         write_file(ns.file, "".join(kept))

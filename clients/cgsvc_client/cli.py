@@ -323,12 +323,6 @@ def _subcommands(ap: argparse.ArgumentParser) -> argparse._SubParsersAction | No
                  if isinstance(a, argparse._SubParsersAction)), None)  # noqa: SLF001
 
 
-def commands(ap: argparse.ArgumentParser) -> list[str]:
-    """The top-level commands, in the order --help lists them."""
-    sub = _subcommands(ap)
-    return list(sub.choices) if sub is not None else []
-
-
 def missing_command(ap: argparse.ArgumentParser, given: Sequence[str]) -> UsageError | None:
     """The usage error of a command line that names a command group (or none) and then only
     options: argparse would read the option's value as the missing command (`audit -o json`:

@@ -309,9 +309,8 @@ def experiment_table(d: dict[str, Any], style: render.Style) -> str:
     runs = d.get("runs", [])
     rows = [("experiment", f"{d['name']} ({d['state']})"),
             ("arms", f"A {d['plans'][0]}   B {d['plans'][1]}"),
-            ("workload", f"{render.counted(wl.get('requests', 0), 'request')} x {wl.get('input_len', 0)} in / {wl.get('output_len', 0)} "
-                         f"out, concurrency {wl.get('concurrency', 0)}, seed {wl.get('seed', 0)}; "
-                         f"{d['repeats']} launches per arm on {d['dispatcher']} ({d['model_path']})"),
+            ("workload", f"{render.workload_text(wl)}; {d['repeats']} launches per arm on {d['dispatcher']} "
+                         f"({d['model_path']})"),
             ("runs", ", ".join(f"{r['arm']}{r['repeat']} {r['launch']} {r['state']}" for r in runs) or "-")]
     if d.get("cancel_requested_by") and d["state"] == "RUNNING":
         rows.append(("cancel", f"asked by {d['cancel_requested_by']}: it ends once its current launch has stopped"))

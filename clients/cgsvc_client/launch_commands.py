@@ -133,11 +133,16 @@ def cmd_launch(ns: argparse.Namespace) -> int:
             return 0
         if ns.wait:
             return wait_for_launch(c, launch, ns)
+    print_launch(launch, ns)
+    return 0
+
+
+def print_launch(launch: Any, ns: argparse.Namespace) -> None:
+    """A launch as `-o json` or the table asks."""
     if render.output_mode(ns) == "json":
         render.print_json({"launch": launch_dict(launch)})
     else:
         print(report_table(launch))
-    return 0
 
 
 def wait_for_launch(c: Client, launch: Any, ns: argparse.Namespace) -> int:
@@ -156,10 +161,7 @@ def wait_for_launch(c: Client, launch: Any, ns: argparse.Namespace) -> int:
             render.print_json({"launch": launch_dict(launch)})
         return INTERRUPTED
     launch = c.get_launch(launch.name)
-    if render.output_mode(ns) == "json":
-        render.print_json({"launch": launch_dict(launch)})
-    else:
-        print(report_table(launch))
+    print_launch(launch, ns)
     return 0 if launch.state == "SUCCEEDED" else 4
 
 
@@ -232,10 +234,7 @@ def launches_summary(ns: argparse.Namespace) -> int:
 def launches_show(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
         launch = c.get_launch(resource_name("launches", ns.name))
-    if render.output_mode(ns) == "json":
-        render.print_json({"launch": launch_dict(launch)})
-    else:
-        print(report_table(launch))
+    print_launch(launch, ns)
     return 0
 
 

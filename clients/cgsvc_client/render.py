@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cgsvc.plan import Decision, Plan
@@ -35,9 +35,12 @@ class Style:
 
 
 def workload_text(w: Any) -> str:
-    """A launch's workload on one line: "2 requests x 8 in / 4 out, concurrency 1, seed 0"."""
-    return (f"{counted(w.requests, 'request')} x {w.input_len} in / {w.output_len} out, concurrency "
-            f"{w.concurrency}, seed {w.seed}")
+    """A workload on one line: "2 requests x 8 in / 4 out, concurrency 1, seed 0"; `w` a
+    LaunchWorkload message, or the dict an experiment's JSON holds (an absent field is 0)."""
+    v = w if isinstance(w, Mapping) else {k: getattr(w, k) for k in ("requests", "input_len", "output_len",
+                                                                        "concurrency", "seed")}
+    return (f"{counted(v.get('requests', 0), 'request')} x {v.get('input_len', 0)} in / {v.get('output_len', 0)} "
+            f"out, concurrency {v.get('concurrency', 0)}, seed {v.get('seed', 0)}")
 
 
 def _sizes(values: Sequence[int]) -> str:
