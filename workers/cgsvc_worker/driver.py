@@ -46,12 +46,17 @@ def _r(x: float | None) -> float | None:
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
+    """Mean and p50 / p90 / p99, interpolated linearly between the two nearest ranks (numpy's
+    default, which serving benchmarks report): the p50 of two waves lies between them."""
     if not values:
         return {}
     v = sorted(values)
 
     def pct(p: float) -> float:
-        return round(v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))], 3)
+        at = p / 100 * (len(v) - 1)
+        lo = int(at)
+        hi = min(lo + 1, len(v) - 1)
+        return round(v[lo] + (v[hi] - v[lo]) * (at - lo), 3)
 
     return {"mean": round(statistics.mean(v), 3), "p50": pct(50), "p90": pct(90), "p99": pct(99)}
 
