@@ -230,7 +230,7 @@ def add_workload(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=4, help="requests per launch (default 4)")
     p.add_argument("--concurrency", type=int, default=1, help="requests in flight, 0 for all (default 1)")
     p.add_argument("--seed", type=int, default=0,
-                   help="seed of the synthetic prompts and of sampling (the same for every launch)")
+                   help="seed of the synthetic prompts (the same for every launch; decoding is greedy)")
     p.add_argument("--dispatcher", help="local (default) or ray")
 
 
