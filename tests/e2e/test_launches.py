@@ -464,7 +464,8 @@ def test_logs_follow_streams_each_log_whole_until_the_launch_ends(srv: ServerPro
         assert followed == {k: v for k, v in whole.items() if v}
         assert {"rank0.log", "rank1.log", "rank2.log", "rank3.log"} <= set(followed)
         assert "rank 0: captured in" in followed["rank0.log"]
-        assert "60 of 60 tokens generated, 1 of 1 requests done (TTFT median so far" in followed["rank0.log"]
+        assert "60 of 60 tokens generated, 1 of 1 requests done, " in followed["rank0.log"]
+        assert "prompt tokens prefilled (TTFT median so far" in followed["rank0.log"]
         for rank in (1, 2, 3):  # every rank's log says it finished, not only rank 0's
             assert f"rank {rank}: 60 of 60 tokens generated, 1 of 1 requests done" in followed[f"rank{rank}.log"]
         assert len(pieces) > len(followed), "some log was followed as it grew, not only read at the end"

@@ -93,6 +93,30 @@ def test_bench_command(checkpoints: dict[str, str], tmp_path: Path) -> None:
     assert all(len(x["output_tokens"]) == 4 and x["prompt_tokens"] == 32 for x in r["requests"])
 
 
+def test_a_long_prefill_says_how_far_it_has_got(checkpoints: dict[str, str], tmp_path: Path) -> None:
+    """A prompt prefilled in many chunks is one engine step after another with no token out:
+    the log said nothing between "running" and the first token (minutes, for a 100k-token
+    prompt on a CPU), so a launch looked hung at 0 tokens. Rank 0 now says the prompt tokens
+    prefilled so far, at most every --log-every seconds (0: every step)."""
+    path = Path(plan_file(tmp_path, decode="disabled"))
+    plan = json.loads(path.read_text())
+    plan["plan"]["chunked_prefill_size"] = 8
+    path.write_text(json.dumps(plan))
+    proc = worker("bench", "--model-path", checkpoints["tiny"], "--input-len", "20", "--output-len", "2",
+                  "--requests", "2", "--concurrency", "1", "--plan", str(path),
+                  "--log-every", "0", "--output", str(tmp_path / "bench.json"))
+    assert proc.returncode == 0, proc.stderr
+    said = [line.split("rank 0: ", 1)[1] for line in proc.stderr.splitlines() if "rank 0: " in line]
+    # 2 requests of 20 prompt tokens in chunks of 8: 8, 16, 20 for the first, then 28, 36, 40
+    for done in (8, 16, 20, 28, 36, 40):
+        assert any(f"{done} of 40 prompt tokens prefilled" in line for line in said), said
+    assert said[-1].startswith("4 of 4 tokens generated, 2 of 2 requests done, 40 of 40 prompt tokens prefilled")
+    with_default = worker("bench", "--model-path", checkpoints["tiny"], "--input-len", "20", "--output-len", "2",
+                          "--requests", "1", "--plan", str(path))
+    assert with_default.returncode == 0 and "prompt tokens prefilled" in with_default.stderr  # the last line
+    assert "8 of 20 prompt tokens prefilled" not in with_default.stderr  # not every step: every 5 s
+
+
 def test_a_group_nobody_follows_is_stopped_with_a_report_saying_why(checkpoints: dict[str, str],
                                                                     tmp_path: Path) -> None:
     """--unfollowed-after: a group (one rank here, supervised all the same) whose --follow-file
@@ -120,6 +144,7 @@ def test_unfollowed_after_without_a_follow_file_is_refused(checkpoints: dict[str
     (("bench", "--requests", "0"), "--requests must be at least 1, got 0"),  # was an "ok" report of no requests
     (("bench", "--concurrency", "-1"), "--concurrency must be 0 (all) or more, got -1"),  # was torch.cat's error
     (("bench", "--tp", "0"), "--tp must be at least 1, got 0"),
+    (("bench", "--log-every", "-1"), "--log-every must be 0 (every step) or more, got -1"),
     # was a ValueError report from each rank after it loaded, three JSON objects on standard output
     (("bench", "--tp", "3"), "--tp 3 does not divide the checkpoint's 8 attention heads or 512 vocabulary rows or "
                              "8 routed experts"),

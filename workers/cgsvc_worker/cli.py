@@ -120,6 +120,9 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--no-compile", action="store_true", help="do not torch.compile tc_piecewise prefill")
         p.add_argument("--events", help="append JSON-lines state and progress events to this file")
         p.add_argument("--log-dir", help="write each rank's output to DIR/rank{N}.log")
+        p.add_argument("--log-every", type=float, default=5.0,
+                       help="seconds between rank 0's progress lines (tokens generated, prompt tokens prefilled); "
+                            "0: every step (default 5)")
         p.add_argument("--launch-id", help="a tag on the command line by which a supervisor finds this group")
         p.add_argument("--follow-file", default="",
                        help="a file the server that follows this group touches about once a second")
@@ -162,6 +165,7 @@ def out_of_bounds(ns: argparse.Namespace) -> str:
     if ns.command in ("generate", "bench"):
         checks += [("--tp", ns.tp, at_least_1), ("--concurrency", ns.concurrency, (0, "0 (all) or more")),
                    ("--temperature", ns.temperature, (0, "0 (greedy) or more")),
+                   ("--log-every", ns.log_every, (0, "0 (every step) or more")),
                    ("--max-new-tokens" if ns.command == "generate" else "--output-len", ns.max_new_tokens, at_least_1)]
     if ns.command == "bench":
         checks += [("--input-len", ns.input_len, at_least_1), ("--requests", ns.requests, at_least_1)]

@@ -20,6 +20,22 @@ from cgsvc_worker.engine import Engine
 
 
 @dataclass
+class Progress:
+    """How far a workload has got: tokens generated, requests finished, prompt tokens prefilled."""
+
+    tokens_done: int = 0
+    tokens_total: int = 0
+    requests_done: int = 0
+    requests_total: int = 0
+    prompt_done: int = 0
+    prompt_total: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.tokens_done == self.tokens_total
+
+
+@dataclass
 class Request:
     rid: int
     prompt: list[int]
@@ -76,17 +92,23 @@ class Sampler:
 
 
 def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int, concurrency: int, sampler: Sampler,
-        progress: Callable[[int, int], None] | None = None,
+        progress: Callable[[Progress], None] | None = None,
         finished_request: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Serve every prompt; returns the report's workload part. Raises on engine errors.
-    `progress(tokens done, tokens in all)` after each step; `finished_request(metrics)` as each
-    request ends (its entry of the report's `requests`)."""
+    `progress(Progress)` after each step, a prefill chunk included; `finished_request(metrics)`
+    as each request ends (its entry of the report's `requests`)."""
     pending = [Request(i, p, max_new_tokens) for i, p in enumerate(prompts)]
     pending.reverse()
     active: list[Request] = []
     finished: list[Request] = []
-    total = len(prompts) * max_new_tokens
-    produced = 0
+    now_at = Progress(tokens_total=len(prompts) * max_new_tokens, requests_total=len(prompts),
+                      prompt_total=sum(len(p) for p in prompts))
+
+    def prefilled(tokens: int) -> None:
+        now_at.prompt_done += tokens
+        if progress is not None:
+            progress(now_at)
+
     t_start = time.perf_counter()
     while pending or active:
         admitted: list[Request] = []
@@ -95,13 +117,13 @@ def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int, concurren
             r.arrival = time.perf_counter()
             admitted.append(r)
         if admitted:
-            logits = engine.prefill([r.rid for r in admitted], [r.prompt for r in admitted])
+            logits = engine.prefill([r.rid for r in admitted], [r.prompt for r in admitted], prefilled)
             now = time.perf_counter()
             for r, tok in zip(admitted, sampler(logits), strict=True):
                 r.output.append(tok)
                 r.token_times.append(now)
                 r.prefill_chunks = engine.prefill_chunks[r.rid]
-            produced += len(admitted)
+            now_at.tokens_done += len(admitted)
             active += admitted
         else:
             logits = engine.decode([r.rid for r in active], [r.output[-1] for r in active])
@@ -109,15 +131,16 @@ def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int, concurren
             for r, tok in zip(active, sampler(logits), strict=True):
                 r.output.append(tok)
                 r.token_times.append(now)
-            produced += len(active)
+            now_at.tokens_done += len(active)
         for r in [r for r in active if r.done]:
             active.remove(r)
             engine.release(r.rid)
             finished.append(r)
+            now_at.requests_done += 1
             if finished_request is not None:
                 finished_request(r.metrics())
         if progress is not None:
-            progress(produced, total)
+            progress(now_at)
     wall = time.perf_counter() - t_start
     finished.sort(key=lambda r: r.rid)
     reqs = [r.metrics() for r in finished]

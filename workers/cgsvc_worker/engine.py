@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -352,9 +353,11 @@ class Engine:
 
     # ------------------------------------------------------------------ prefill
     @torch.inference_mode()
-    def prefill(self, seq_ids: list[int], prompts: list[list[int]]) -> torch.Tensor:
+    def prefill(self, seq_ids: list[int], prompts: list[list[int]],
+                on_step: Callable[[int], None] | None = None) -> torch.Tensor:
         """Append the prompts to their sequences, in steps of at most chunk_tokens tokens
-        (earlier sequences first); logits of each prompt's last token, [B, V]."""
+        (earlier sequences first); logits of each prompt's last token, [B, V]. `on_step(n)`
+        after each step, n its prompt tokens (a long prompt is many steps)."""
         remaining = {s: list(p) for s, p in zip(seq_ids, prompts, strict=True)}
         order = list(seq_ids)
         last: dict[int, torch.Tensor] = {}
@@ -371,6 +374,8 @@ class Engine:
                 budget -= len(take)
                 self.prefill_chunks[s] += 1
             logits = self._prefill_step(step_ids, step_tokens)
+            if on_step is not None:
+                on_step(sum(len(t) for t in step_tokens))
             for i, s in enumerate(step_ids):
                 if not remaining[s]:
                     last[s] = logits[i]

@@ -162,21 +162,24 @@ def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
     emit(ns, group.rank, StateEvent("running"))
     say(group.rank, f"captured in {capture_s:.1f} s; running {len(prompts)} requests, up to {ns.max_new_tokens} "
                     "new tokens each")
-    last = [0.0, time.perf_counter()]  # the last progress event, the last progress line
+    last = [0.0, time.perf_counter(), -1]  # the last progress event, the last progress line, its tokens
     ended: list[dict[str, Any]] = []  # the requests finished so far, as the report lists them
 
-    def progress(done: int, total: int) -> None:
+    def progress(at: driver.Progress) -> None:
         now = time.perf_counter()
-        if now - last[0] > 0.25 or done == total:
-            last[0] = now
-            emit(ns, group.rank, ProgressEvent(done, total))
-        # rank 0 says how far it has got; every rank says when it has finished, so that a log that
-        # ends at "running" is one whose rank stopped there
-        if (group.rank == 0 and now - last[1] > 5) or done == total:
+        if (now - last[0] > 0.25 and at.tokens_done != last[2]) or at.finished:
+            last[0], last[2] = now, at.tokens_done
+            emit(ns, group.rank, ProgressEvent(at.tokens_done, at.tokens_total))
+        # rank 0 says how far it has got (prompt tokens too: a long prompt is many steps before its
+        # first token); every rank says when it has finished, so that a log that ends at "running"
+        # is one whose rank stopped there
+        if (group.rank == 0 and now - last[1] >= ns.log_every) or at.finished:
             last[1] = now
             ttfts = [m["ttft_ms"] for m in ended if m.get("ttft_ms") is not None]
             median = f" (TTFT median so far {statistics.median(ttfts):.1f} ms)" if ttfts else ""
-            say(group.rank, f"{done} of {total} tokens generated, {len(ended)} of {len(prompts)} requests done{median}")
+            say(group.rank, f"{at.tokens_done} of {at.tokens_total} tokens generated, {at.requests_done} of "
+                            f"{at.requests_total} requests done, {at.prompt_done} of {at.prompt_total} prompt tokens "
+                            f"prefilled{median}")
 
     sampler = driver.Sampler(ns.temperature, ns.seed)
     concurrency = ns.concurrency or len(prompts)
