@@ -101,6 +101,7 @@ def result_of(row: ExperimentRow, samples: dict[str, dict[str, list[float]]],
         out["verdict"] = (f"A and B ran alike here: their plans differ only in {', '.join(out['ran_alike'])}, which "
                           "these workers substituted away or did not apply, so a difference below is the machine's, "
                           "not the plans'; " + out["verdict"])
+        out["verdict_brief"] = "ran alike; " + out["verdict_brief"]
     return out
 
 

@@ -414,6 +414,12 @@ def cmd_experiments_show(ns: argparse.Namespace) -> int:
     return 0
 
 
+def brief_verdict(experiment: dict[str, Any]) -> str:
+    """Each metric's call in a few words (an experiment stored before there was one: the
+    verdict's first 80 characters); `experiments show` has the whole verdict."""
+    return str((experiment.get("result") or {}).get("verdict_brief") or experiment.get("verdict", "")[:80])
+
+
 def cmd_experiments_list(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
         if streamed(ns, c.list_experiments, "experiments", codec.experiment_dict):
@@ -425,7 +431,7 @@ def cmd_experiments_list(ns: argparse.Namespace) -> int:
         return 0
     print(render.page(["name", "state", "A", "B", "launches", "created", "verdict"],
                       [(d["name"], d["state"], d["plans"][0], d["plans"][1], len(d.get("runs", [])),
-                        d.get("create_time", ""), d.get("verdict", "")[:80]) for d in items], token, "experiments",
+                        d.get("create_time", ""), brief_verdict(d)) for d in items], token, "experiments",
                       list_filter(ns)))
     return 0
 

@@ -105,3 +105,27 @@ def test_an_experiment_keeps_its_first_samples_and_counts_every_one(monkeypatch:
         assert out["arms"][arm]["samples"]["tpot_ms"] == [1.0] * 8
         assert out["arms"][arm]["samples_omitted"] == {"ttft_ms": 15}
         assert out["arms"][arm]["ttft_ms"]["n"] == 25 and out["arms"][arm]["ttft_ms"]["mean"] == 12.0
+
+def test_the_brief_verdict_is_the_verdicts_call_in_a_few_words() -> None:
+    """`experiments list` showed the first 80 characters of the verdict: the first metric's
+    "cannot tell, the interval spans zero (95 % CI ...)", never the second's. The brief one
+    names each metric's call."""
+    r = random.Random(7)
+    a = [100 + r.gauss(0, 5) for _ in range(20)]
+    b = [300 + r.gauss(0, 20) for _ in range(20)]
+    out = stats.analyse({"A": {"ttft_ms": a, "tpot_ms": a}, "B": {"ttft_ms": b, "tpot_ms": a}})
+    rel = out["difference"]["ttft_ms"]["relative"] * 100
+    assert out["verdict_brief"] == (f"TTFT B slower {out['difference']['ttft_ms']['mean']:.2f} ms ({rel:+.0f} %); "
+                                    "TPOT cannot tell")
+    faster = stats.analyse({"A": {"ttft_ms": b, "tpot_ms": []}, "B": {"ttft_ms": a, "tpot_ms": [1.0]}})
+    assert faster["verdict_brief"].startswith("TTFT B faster ") and faster["verdict_brief"].endswith("; TPOT no samples")
+    assert stats.brief_part("TPOT", stats.difference([10.0] * 4, [10.0] * 4)) == "TPOT no difference"
+    assert stats.brief_part("TPOT", stats.difference([1.0], [2.0])) == "TPOT too few samples"
+    r2 = random.Random(11)
+    a3 = [[100 + r2.gauss(0, 0.5) for _ in range(10)] for _ in range(3)]
+    b3 = [[m + r2.gauss(0, 0.5) for _ in range(10)] for m in (100, 100, 130)]
+    means = {arm: {"ttft_ms": [sum(x) / len(x) for x in runs], "tpot_ms": []} for arm, runs in (("A", a3), ("B", b3))}
+    odd = stats.analyse({"A": {"ttft_ms": sum(a3, []), "tpot_ms": []}, "B": {"ttft_ms": sum(b3, []), "tpot_ms": []}},
+                        means)
+    assert odd["verdict_brief"].startswith("TTFT cannot tell (launches disagree); ")
+    assert len(out["verdict_brief"]) < 80
