@@ -197,7 +197,7 @@ def report_summary(report_json: str) -> launch_pb2.LaunchReport:
     subs = [f"{f.field}: {json.dumps(f.requested)} -> {json.dumps(f.effective)} ({f.reason})"
             for f in report.plan_fidelity if f.status == "substituted"]
     return launch_pb2.LaunchReport(
-        ttft_ms_p50=report.ttft_ms.p50, ttft_ms_p99=report.ttft_ms.p99, tpot_ms_p50=report.tpot_ms.p50,
+        ttft_ms_p50=report.ttft_ms.p50 or 0.0, ttft_ms_p99=report.ttft_ms.p99 or 0.0, tpot_ms_p50=report.tpot_ms.p50,
         tpot_ms_p99=report.tpot_ms.p99, throughput_tok_s=report.throughput_tok_s,
         output_tokens=report.output_tokens,
         prefill_requested=modes["prefill"].requested, prefill_effective=modes["prefill"].effective,

@@ -248,10 +248,12 @@ class FidelityEntry:
 
 @dataclass(frozen=True)
 class Percentiles:
-    mean: float = 0.0
-    p50: float = 0.0
-    p90: float = 0.0
-    p99: float = 0.0
+    """None where nothing was measured (TPOT of requests that ended at their first token)."""
+
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
 
 
 @dataclass(frozen=True)
@@ -359,7 +361,9 @@ def _phase(section: dict[str, Any], key: str, where: str) -> PhaseReport:
 def _percentiles(agg: dict[str, Any], key: str) -> Percentiles:
     p = _object(_get(agg, key, dict, "report.aggregate"), f"report.aggregate.{key}")
     w = f"report.aggregate.{key}"
-    return Percentiles(*(float(_get(p, k, (int, float), w, 0.0)) for k in ("mean", "p50", "p90", "p99")))
+    # a key left out (all of them: the worker's percentiles of no samples) was not measured
+    values = (_get(p, k, (int, float), w, None) for k in ("mean", "p50", "p90", "p99"))
+    return Percentiles(*(None if v is None else float(v) for v in values))
 
 
 def read_report(path: str | Path) -> WorkerReport:

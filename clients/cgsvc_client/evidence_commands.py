@@ -135,13 +135,19 @@ def cmd_plans_diff(ns: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- launches diff
 
 # What each launch measured, as its report gives it: (label, getter).
-MEASURED: tuple[tuple[str, Callable[[Any], float]], ...] = (
+MEASURED: tuple[tuple[str, Callable[[Any], float | None]], ...] = (
     ("TTFT p50 ms", lambda r: r.ttft_ms_p50), ("TTFT p99 ms", lambda r: r.ttft_ms_p99),
-    ("TPOT p50 ms", lambda r: r.tpot_ms_p50), ("TPOT p99 ms", lambda r: r.tpot_ms_p99),
+    ("TPOT p50 ms", lambda r: r.tpot_ms_p50 if r.HasField("tpot_ms_p50") else None),
+    ("TPOT p99 ms", lambda r: r.tpot_ms_p99 if r.HasField("tpot_ms_p99") else None),
     ("throughput tokens/s", lambda r: r.throughput_tok_s), ("capture s", lambda r: r.capture_seconds),
     ("capture bytes", lambda r: r.capture_bytes), ("KV bytes/token", lambda r: r.kv_bytes_per_token))
 SINGLE_RUNS = ("one launch a side: single runs, no interval; `cgsvc-cli experiment run A B` "
                "measures a difference with confidence intervals")
+
+
+def _number(value: float | None, spec: str, unit: str = "") -> str:
+    """A measure as the diff's table shows it; "-" where a side measured none."""
+    return "-" if value is None else f"{value:{spec}}{unit}"
 
 
 def _ran(launch: Any) -> dict[str, str]:
@@ -192,9 +198,11 @@ def cmd_launches_diff(ns: argparse.Namespace) -> int:
                                                        "effective": f.effective} for f in x.report.plan_fidelity]})
                             for x in launches))
         for label, get in MEASURED:
-            va, vb = (round(float(get(x.report)), 3) for x in launches)
-            measured.append({"metric": label, "a": va, "b": vb, "b_minus_a": round(vb - va, 3),
-                             "b_over_a": round(vb / va, 3) if va else None})
+            va, vb = (None if (v := get(x.report)) is None else round(float(v), 3) for x in launches)
+            row: dict[str, Any] = {"metric": label, "a": va, "b": vb, "b_minus_a": None, "b_over_a": None}
+            if va is not None and vb is not None:  # a side with no TPOT (no second token) has nothing to compare
+                row |= {"b_minus_a": round(vb - va, 3), "b_over_a": round(vb / va, 3) if va else None}
+            measured.append(row)
     else:
         note = "; ".join(f"{x.name} {'ended' if x.state in LAUNCH_ENDED else 'is'} {x.state}: nothing it measured "
                          "to compare" for x in launches if x.state != "SUCCEEDED")
@@ -233,8 +241,8 @@ def launches_diff_table(d: dict[str, Any], cmp: Any, plans: list[Plan]) -> str:
                      "plans'")
     if d["measured"]:
         lines += ["\nmeasured", render.table(["metric", "a", "b", "b - a", "b / a"],
-                                             [(m["metric"], f"{m['a']:g}", f"{m['b']:g}", f"{m['b_minus_a']:+g}",
-                                               "-" if m["b_over_a"] is None else f"{m['b_over_a']:.2f}x")
+                                             [(m["metric"], _number(m["a"], "g"), _number(m["b"], "g"),
+                                               _number(m["b_minus_a"], "+g"), _number(m["b_over_a"], ".2f", "x"))
                                               for m in d["measured"]])]
     lines.append(f"({d['note']})")
     return "\n".join(lines)

@@ -549,6 +549,33 @@ def test_launches_summary_gives_each_group_its_count_and_median_latencies(srv: S
     assert "SUCCEEDED" in table and "TTFT p50 ms" in table and "2 launches in 1 group;" in table
 
 
+def test_a_launch_that_generated_no_second_token_reports_no_tpot(srv: ServerProcess, ckpt: str) -> None:
+    """--output-len 1 times no token after the first: `launches show` said "TPOT ms p50 0.0 p99
+    0.0", `launches summary` took that 0 into its median and `launches diff` compared it. TPOT is
+    now absent from such a report, and every view says so or leaves it out."""
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 1))
+    with Client(srv.address) as c:
+        one = c.create_launch(ckpt, {**SHORT, "output_len": 1}, spec=KIMI).metadata.name
+        first_only = wait_state(c, one, ("SUCCEEDED",), timeout=180)
+        two = c.create_launch(ckpt, SHORT, spec=KIMI).metadata.name
+        timed = wait_state(c, two, ("SUCCEEDED",), timeout=180)
+    assert not first_only.report.HasField("tpot_ms_p50") and first_only.report.ttft_ms_p50 > 0
+    assert timed.report.HasField("tpot_ms_p50") and timed.report.tpot_ms_p50 > 0
+    shown = cli("launches", "show", one, "-o", "table", server=srv.address).stdout
+    assert "TPOT ms         - (no request generated a second token)" in shown, shown
+    summary = json.loads(cli("launches", "summary", "--by", "state", "--since", since, "-o", "json",
+                             server=srv.address).stdout)["summary"]
+    (group,) = summary["groups"]
+    assert (group["state"], group["launches"]) == ("SUCCEEDED", 2)
+    assert group["tpot_ms_p50_median"] == pytest.approx(timed.report.tpot_ms_p50)  # not the median of it and 0
+    diff = json.loads(cli("launches", "diff", one, two, "-o", "json", server=srv.address).stdout)["diff"]
+    tpot = {m["metric"]: m for m in diff["measured"]}["TPOT p50 ms"]
+    assert tpot["a"] is None and tpot["b"] == round(timed.report.tpot_ms_p50, 3) and tpot["b_minus_a"] is None
+    table = cli("launches", "diff", one, two, "-o", "table", server=srv.address).stdout
+    (row,) = [line.split()[3:] for line in table.splitlines() if line.startswith("TPOT p50 ms")]
+    assert row == ["-", f"{tpot['b']:g}", "-", "-"], table
+
+
 def test_launch_flags_without_a_spec_resolve_the_checkpoint_and_never_ride_beside_a_plan(srv: ServerProcess,
                                                                                          ckpt: str) -> None:
     """`launch --model-path DIR --gpu cpu --tp 1`: the flags make the spec, its model the checkpoint

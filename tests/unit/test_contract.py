@@ -124,3 +124,17 @@ def test_arms_whose_plans_differ_only_where_the_workers_substituted_ran_alike() 
     assert ran_alike(a, differs) == []  # what ran differs: the measurement is the plans'
     assert ran_alike(a, a) == []  # an A/A run (the same plan twice) measures the machine on purpose
     assert ran_alike(a, {}) == []  # an arm with no report yet says nothing
+
+
+def test_a_launch_whose_requests_had_no_second_token_has_no_tpot() -> None:
+    """--output-len 1: every request ends at its first token, so there is no time per output
+    token; the summary said "TPOT ms p50 0.0 p99 0.0" and `launches summary` took the 0 into
+    its median. Now TPOT is absent (proto3 optional), and a measured one is present."""
+    from cgsvc.codec import report_summary
+
+    none = {**OK_REPORT, "aggregate": {**OK_REPORT["aggregate"], "tpot_ms": {}}}
+    summary = report_summary(json.dumps(none))
+    assert not summary.HasField("tpot_ms_p50") and not summary.HasField("tpot_ms_p99")
+    assert summary.ttft_ms_p50 == 2
+    measured = report_summary(json.dumps(OK_REPORT))
+    assert measured.HasField("tpot_ms_p50") and (measured.tpot_ms_p50, measured.tpot_ms_p99) == (6, 8)
