@@ -39,8 +39,9 @@ def workload_text(w: Any) -> str:
     LaunchWorkload message, or the dict an experiment's JSON holds (an absent field is 0)."""
     v = w if isinstance(w, Mapping) else {k: getattr(w, k) for k in ("requests", "input_len", "output_len",
                                                                         "concurrency", "seed")}
+    concurrency = v.get("concurrency", 0) or "all"  # 0: every request in flight at once
     return (f"{counted(v.get('requests', 0), 'request')} x {v.get('input_len', 0)} in / {v.get('output_len', 0)} "
-            f"out, concurrency {v.get('concurrency', 0)}, seed {v.get('seed', 0)}")
+            f"out, concurrency {concurrency}, seed {v.get('seed', 0)}")
 
 
 def _sizes(values: Sequence[int]) -> str:
