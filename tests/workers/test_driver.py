@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cgsvc_worker import driver, tp
 from cgsvc_worker.driver import percentiles
+from cgsvc_worker.engine import Engine, EngineOptions, PlanView
+from cgsvc_worker.kv_cache import KVCacheExhausted
 
 
 def test_p50_of_an_even_count_is_the_midpoint_not_the_upper_half() -> None:
@@ -25,3 +28,37 @@ def test_percentiles_match_numpys_linear_interpolation(values: list[float]) -> N
 
 def test_no_values_no_percentiles() -> None:
     assert percentiles([]) == {}
+
+
+def _engine(path: str, pages: int = 0) -> Engine:
+    """An engine on the tiny checkpoint with pages of 4 tokens: `pages` in its KV cache (the
+    scratch page among them), or the default budget."""
+    if not pages:
+        return Engine(path, tp.single(), PlanView(), EngineOptions(page_size=4))
+    probe = Engine(path, tp.single(), PlanView(), EngineOptions(page_size=4))
+    per_page = probe.cache.bytes_per_token * 4
+    return Engine(path, tp.single(), PlanView(), EngineOptions(page_size=4, kv_cache_bytes=pages * per_page))
+
+
+def test_requests_that_do_not_all_fit_in_the_kv_cache_wait_their_turn(checkpoints: dict[str, str]) -> None:
+    """Concurrency 0 (all at once) with a cache that holds two requests at a time: the whole
+    workload failed "KV cache exhausted" part way. As a serving engine's scheduler does, a
+    request now enters the engine once its prompt and its new tokens have room, and waits (its
+    TTFT counting the wait) until then; the tokens are those of a cache that holds them all."""
+    prompts = [[3 + i, 4, 5, 6, 7, 8] for i in range(4)]  # 6 + 4 new tokens: 3 pages of 4 each
+    small = driver.run(_engine(checkpoints["tiny"], pages=7), prompts, 4, len(prompts), driver.Sampler())
+    roomy = driver.run(_engine(checkpoints["tiny"]), prompts, 4, len(prompts), driver.Sampler())
+    assert [r["output_tokens"] for r in small["requests"]] == [r["output_tokens"] for r in roomy["requests"]]
+    assert small["aggregate"]["waited_for_kv"] == 2 and roomy["aggregate"]["waited_for_kv"] == 0
+    waited = {r["id"] for r in small["requests"] if r["ttft_ms"] > max(x["ttft_ms"] for x in small["requests"][:2])}
+    assert waited == {2, 3}  # in order: the first two ran first
+
+
+def test_a_request_the_kv_cache_cannot_hold_alone_fails_before_any_step(checkpoints: dict[str, str]) -> None:
+    engine = _engine(checkpoints["tiny"], pages=3)  # 2 usable pages: 8 tokens
+    with pytest.raises(KVCacheExhausted) as err:
+        driver.run(engine, [[5, 6, 7]] + [[5, 6, 7, 8, 9, 10]], 4, 2, driver.Sampler())
+    assert str(err.value) == ("KV cache exhausted: request 1 needs 10 tokens (its 6 prompt tokens and 4 new), 3 pages "
+                              "of 4; the cache holds 2 pages (8 tokens) on this rank; shorten the workload or give "
+                              "the cache more memory")
+    assert engine.stats["prefill"].eager == {}  # nothing ran

@@ -117,6 +117,21 @@ def test_a_long_prefill_says_how_far_it_has_got(checkpoints: dict[str, str], tmp
     assert "8 of 20 prompt tokens prefilled" not in with_default.stderr  # not every step: every 5 s
 
 
+def test_a_workload_larger_than_the_kv_cache_queues_and_says_so(checkpoints: dict[str, str], tmp_path: Path) -> None:
+    """Four requests at once, a cache with room for two (7 pages of 4 tokens, 1536 bytes a token
+    here): the run failed "KV cache exhausted"; now two wait, and the report says so."""
+    out = tmp_path / "bench.json"
+    proc = worker("bench", "--model-path", checkpoints["tiny"], "--input-len", "6", "--output-len", "4",
+                  "--requests", "4", "--concurrency", "0", "--page-size", "4", "--kv-cache-mb", "0.042",
+                  "--output", str(out))
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    assert r["kv_cache"]["pages"] == 7 and r["aggregate"]["waited_for_kv"] == 2
+    assert all(len(x["output_tokens"]) == 4 for x in r["requests"])
+    note = "2 of 4 requests waited for room in the KV cache (6 pages of 4 tokens on each rank) before their prefill"
+    assert any(n.startswith(note) for n in r["notes"]) and note in proc.stderr, r["notes"]
+
+
 def test_a_group_nobody_follows_is_stopped_with_a_report_saying_why(checkpoints: dict[str, str],
                                                                     tmp_path: Path) -> None:
     """--unfollowed-after: a group (one rank here, supervised all the same) whose --follow-file

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from cgsvc_worker.engine import Engine
+from cgsvc_worker.kv_cache import KVCacheExhausted
 
 
 @dataclass
@@ -44,6 +46,7 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     output: list[int] = field(default_factory=list)
     prefill_chunks: int = 0
+    waited: bool = False  # it waited for room in the KV cache before entering the engine
 
     @property
     def done(self) -> bool:
@@ -109,13 +112,36 @@ def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int, concurren
         if progress is not None:
             progress(now_at)
 
+    # KV admission, as a serving engine's scheduler does it: a request enters the engine once the
+    # cache has room for its prompt and all its new tokens beside those of the requests running,
+    # and waits in order until then (its TTFT counts the wait), so no step runs out of pages.
+    page, usable = engine.cache.page_size, engine.cache.num_pages - 1  # page 0 is the scratch page
+
+    def pages_of(r: Request) -> int:
+        return -(-(len(r.prompt) + r.max_new_tokens) // page)
+
+    for r in reversed(pending):
+        if pages_of(r) > usable:
+            raise KVCacheExhausted(
+                f"KV cache exhausted: request {r.rid} needs {len(r.prompt) + r.max_new_tokens} tokens (its "
+                f"{len(r.prompt)} prompt tokens and {r.max_new_tokens} new), {pages_of(r)} pages of {page}; the cache "
+                f"holds {usable} pages ({usable * page} tokens) on this rank; shorten the workload or give the cache "
+                "more memory")
+    waiting: deque[Request] = deque()
+    held, waited = 0, 0
     t_start = time.perf_counter()
-    while pending or active:
-        admitted: list[Request] = []
-        while pending and len(active) + len(admitted) < concurrency:
+    while pending or waiting or active:
+        while pending and len(active) + len(waiting) < concurrency:
             r = pending.pop()
             r.arrival = time.perf_counter()
-            admitted.append(r)
+            waiting.append(r)
+        admitted: list[Request] = []
+        while waiting and held + pages_of(waiting[0]) <= usable:
+            admitted.append(waiting.popleft())
+            held += pages_of(admitted[-1])
+        waited += sum(1 for r in waiting if not r.waited)
+        for r in waiting:
+            r.waited = True
         if admitted:
             logits = engine.prefill([r.rid for r in admitted], [r.prompt for r in admitted], prefilled)
             now = time.perf_counter()
@@ -135,6 +161,7 @@ def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int, concurren
         for r in [r for r in active if r.done]:
             active.remove(r)
             engine.release(r.rid)
+            held -= pages_of(r)
             finished.append(r)
             now_at.requests_done += 1
             if finished_request is not None:
@@ -148,7 +175,7 @@ def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int, concurren
         "requests": reqs,
         "aggregate": {
             "requests": len(reqs), "wall_s": round(wall, 4),
-            "output_tokens": sum(r["tokens"] for r in reqs),
+            "output_tokens": sum(r["tokens"] for r in reqs), "waited_for_kv": waited,
             "throughput_tok_s": round(sum(r["tokens"] for r in reqs) / wall, 3) if wall else 0.0,
             "ttft_ms": percentiles([r["ttft_ms"] for r in reqs if r["ttft_ms"] is not None]),
             "tpot_ms": percentiles([r["tpot_ms"] for r in reqs if r["tpot_ms"] is not None]),

@@ -185,6 +185,12 @@ def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
     concurrency = ns.concurrency or len(prompts)
     workload = driver.run(engine, prompts, ns.max_new_tokens, concurrency, sampler, progress, ended.append)
     described = engine.describe()
+    if waited := workload["aggregate"]["waited_for_kv"]:
+        cache = engine.cache
+        note = (f"{waited} of {len(prompts)} requests waited for room in the KV cache ({cache.num_pages - 1} pages of "
+                f"{cache.page_size} tokens on each rank) before their prefill; their TTFT counts the wait")
+        described["notes"] = [*described.get("notes", []), note]
+        say(group.rank, note)
     report = {"status": "ok", "command": ns.command, **described, **workload, "placement": where,
               "workload": {"requests": len(prompts), "concurrency": concurrency, "max_new_tokens": ns.max_new_tokens,
                            "input_lens": sorted({len(p) for p in prompts}), "temperature": ns.temperature,
