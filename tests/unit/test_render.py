@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from cgsvc.v1 import launch_pb2
 from cgsvc_client.render import workload_text
+
+from cgsvc.v1 import launch_pb2
 
 
 def test_a_workload_reads_as_a_person_would_say_it() -> None:
