@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,6 +16,29 @@ from pathlib import Path
 from typing import IO, Any
 
 from tests.conftest import ROOT
+
+
+class PortTaken(RuntimeError):
+    """The port picked for a first start was taken before the server bound it."""
+
+
+def quiet_port() -> int:
+    """A loopback port free now and below the ephemeral range, which no connect() or bind(0)
+    hands out: a server restarted on it finds it free again."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="utf-8") as fh:
+            low = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    while True:
+        port = random.randrange(max(1025, low // 2), low)
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
 
 
 class ServerProcess:
@@ -33,8 +58,22 @@ class ServerProcess:
         self.log_path = data_dir / "server.log"
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
+        """Start it; a restart comes back on the port of the first start. That port is picked below
+        the kernel's ephemeral range: a port 0 gave was one of it, and while the server was down a
+        connection or a bind(0) elsewhere (a worker group's gloo store) could take it, so that the
+        restart failed "Address already in use"."""
+        if self.port:
+            return self._start(self.port, timeout)
+        for _ in range(20):
+            try:
+                return self._start(quiet_port(), timeout)
+            except PortTaken:  # another test took it between the check and the bind
+                continue
+        raise RuntimeError("no free loopback port below the ephemeral range after 20 tries")
+
+    def _start(self, port: int, timeout: float) -> ServerProcess:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # as a careful operator makes one
-        address = f"127.0.0.1:{self.port}" if self.port else "127.0.0.1:0"
+        address = f"127.0.0.1:{port}"
         self._stderr: IO[Any] = open(self.log_path, "a")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
             [*self.prefix, sys.executable, "-m", "cgsvc.server.main", "serve", "--address", address,
@@ -45,7 +84,10 @@ class ServerProcess:
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:
-                raise RuntimeError(f"server exited ({self.proc.wait()}): {self.log_path.read_text()[-2000:]}")
+                code, log = self.proc.wait(), self.log_path.read_text()[-2000:]
+                if not self.port and f"cannot listen on {address}: Address already in use" in log:
+                    raise PortTaken(address)
+                raise RuntimeError(f"server exited ({code}): {log}")
             self.output.append(line)
             m = re.search(r"listening on (\S+):(\d+)", line)
             if m:
