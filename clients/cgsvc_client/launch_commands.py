@@ -99,7 +99,18 @@ def report_table(launch: Any) -> str:
         rows.append(("plan fidelity", f"{honoured} of {len(r.plan_fidelity)} plan fields honoured as planned"))
         rows += [(f.status.replace("_", " "), f"{f.field}: {f.requested} -> {f.effective} ({f.reason})")
                  for f in r.plan_fidelity if f.status != "honoured"]
+    rows += [("note", note) for note in worker_notes(launch.report_json)]
     return render.fields(rows)
+
+
+def worker_notes(report_json: str) -> list[str]:
+    """What the workers noted beside the plan (what of the checkpoint they left out, requests
+    that waited for KV room, ...): the report's `notes`."""
+    try:
+        notes = json.loads(report_json).get("notes") if report_json else None
+    except (ValueError, AttributeError):
+        return []
+    return [str(n) for n in notes] if isinstance(notes, list) else []
 
 
 def cmd_launch(ns: argparse.Namespace) -> int:

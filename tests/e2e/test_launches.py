@@ -563,6 +563,8 @@ def test_a_launch_that_generated_no_second_token_reports_no_tpot(srv: ServerProc
     assert timed.report.HasField("tpot_ms_p50") and timed.report.tpot_ms_p50 > 0
     shown = cli("launches", "show", one, "-o", "table", server=srv.address).stdout
     assert "TPOT ms         - (no request generated a second token)" in shown, shown
+    # what the workers noted beside the plan is shown too (it was only in -o json's report)
+    assert "note            multimodal checkpoint: the vision tower is out of scope" in shown, shown
     summary = json.loads(cli("launches", "summary", "--by", "state", "--since", since, "-o", "json",
                              server=srv.address).stdout)["summary"]
     (group,) = summary["groups"]
