@@ -68,6 +68,7 @@ def test_report_says_what_ran(checkpoints: dict[str, str], tmp_path: Path) -> No
     assert r["attention"]["prefill"]["effective"] == "torch_native" and r["attention"]["prefill"]["reason"]
     assert r["kv_cache"]["values_per_token_per_layer"] == 64 + 32
     assert any("vision" in n for n in r["notes"])
+    assert any("vision_tower (1 tensor)" in n for n in r["notes"]), r["notes"]  # it read "(1 tensors)"
     for key in ("ttft_ms", "tpot_ms"):
         assert set(r["aggregate"][key]) == {"mean", "p50", "p90", "p99"}
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from cgsvc.text import counted
 from cgsvc_worker.config import CheckpointError
 from cgsvc_worker.model import DeepseekV3Model, MLAAttention, MoE
 
@@ -107,8 +108,9 @@ def load(model: DeepseekV3Model, path: str) -> LoadReport:
                 other[head] = other.get(head, 0) + 1
         report.skipped_prefixes = other
         if other:
+            left = ", ".join(f"{k} ({counted(v, 'tensor')})" for k, v in other.items())
             report.notes.append(f"multimodal wrapper: loaded the language model under {ckpt.prefix!r}; "
-                                f"not loaded (out of scope): {', '.join(f'{k} ({v} tensors)' for k, v in other.items())}")
+                                f"not loaded (out of scope): {left}")
 
     def put(p: torch.Tensor, t: torch.Tensor) -> None:
         with torch.no_grad():
