@@ -14,7 +14,8 @@ interrupted run still leaves what it measured). Sections, in order of what matte
     decode_graphs       decode CUDA-graph replay against eager: tokens identical, tokens/s at
                         batch 1, 8, 32, on a dense and an MoE checkpoint
     check_graphs        `cgsvc-worker check-graphs` on CUDA (capture and replay per planned size)
-    generate_cli        `cgsvc-worker generate` end to end with a plan that sets every field
+    generate_cli        `cgsvc-worker generate` end to end with a plan that sets every field, in the
+                        dtype a launch gets (--dtype auto: bfloat16 on a GPU)
     prefill_modes       prefill TTFT per graph mode (disabled, breakable, tc_piecewise) against eager
     fp8_kv              the fp8_e4m3 latent cache through FlashInfer's fp8 MLA kernel against torch_native
 
@@ -315,11 +316,12 @@ def generate_cli() -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run([sys.executable, "-m", "cgsvc_worker.cli", "generate", "--model-path", checkpoint("moe"),
                            "--plan", str(out / "plan.json"), "--prompts", str(out / "prompts.json"),
-                           "--max-new-tokens", "16", "--dtype", "bfloat16", "--output", str(out / "report.json"),
+                           "--max-new-tokens", "16", "--output", str(out / "report.json"),  # --dtype auto, as a launch
                            "--follow-file", str(out / "followed"), "--unfollowed-after", "600"],
                           capture_output=True, text=True, env=env, timeout=300)
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
     return {"exit_code": proc.returncode, "stderr_tail": proc.stderr[-1500:], "rank": "forked from the fork server",
+            "dtype": report.get("dtype"), "notes": report.get("notes"),  # auto: bfloat16 on a GPU
             "table": report.get("plan_fidelity") or [{"error": report.get("error", "no report")}],
             "steps": report.get("steps"), "modes": report.get("modes"),
             "ttft_ms": report.get("aggregate", {}).get("ttft_ms"), "tpot_ms": report.get("aggregate", {}).get("tpot_ms"),

@@ -86,8 +86,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-path", required=True, help="checkpoint directory (config.json + *.safetensors, hub names)")
     p.add_argument("--plan", help="plan JSON from `cgsvc-cli resolve -o json` ({'plan': ..., 'spec': ...}, or the "
                                   "plan alone); without one every phase runs eagerly on torch_native")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                   help="model and activation dtype (default float32)")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="model and activation dtype; auto (default): float32 on a CPU, on a GPU the checkpoint's "
+                        "bfloat16 / float16, else bfloat16 (the GPU MLA kernels take 16-bit queries)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: CUDA when available, else CPU")
     p.add_argument("--kv-cache-mb", type=float, default=256.0, help="KV cache budget per rank, MiB (default 256)")

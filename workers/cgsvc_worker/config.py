@@ -74,6 +74,7 @@ class ModelConfig:
     # V2 uses softmax scores with "greedy" or "group_limited_greedy" top-k.
     scoring_func: str = "sigmoid"
     topk_method: str = "noaux_tc"
+    torch_dtype: str = ""  # what the checkpoint says its weights are ("" where it does not say)
 
     @property
     def qk_head_dim(self) -> int:
@@ -157,6 +158,9 @@ def load_model_config(path: str) -> ModelConfig:
             max_position_embeddings=max_pos, tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
             rope=_rope(text, rope_dim, max_pos), multimodal_wrapper=wrapper,
             scoring_func=str(text.get("scoring_func") or ("softmax" if v2 else "sigmoid")),
-            topk_method=str(text.get("topk_method") or ("greedy" if v2 else "noaux_tc")))
+            topk_method=str(text.get("topk_method") or ("greedy" if v2 else "noaux_tc")),
+            # transformers v5 writes "dtype", earlier releases "torch_dtype"; a wrapper may keep it outside
+            torch_dtype=str(text.get("dtype") or text.get("torch_dtype") or config.get("dtype")
+                            or config.get("torch_dtype") or "").removeprefix("torch."))
     except KeyError as exc:
         raise CheckpointError(f"{cfg_path}: missing {exc.args[0]!r}, which an MLA model needs") from None

@@ -53,13 +53,28 @@ from cgsvc_worker.tp import TPGroup
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def resolve_dtype(requested: str, device: torch.device, checkpoint: str) -> tuple[str, str]:
+    """The dtype a rank runs the model in, and (for `auto`) why. `auto` is float32 on a CPU, the
+    numerics the reference is checked in; on a GPU it is the checkpoint's 16-bit dtype, else
+    bfloat16, since the GPU MLA kernels (FlashInfer, trtllm-gen) take only 16-bit queries, as
+    serving engines' own `--dtype auto` does for float32 checkpoints."""
+    if requested != "auto":
+        return requested, ""
+    if device.type != "cuda":
+        return "float32", f"auto: float32 on {device.type} (the reference numerics)"
+    if checkpoint in ("bfloat16", "float16"):
+        return checkpoint, f"auto: {checkpoint}, the checkpoint's torch_dtype"
+    said = f"is {checkpoint}" if checkpoint else "names no torch_dtype"
+    return "bfloat16", f"auto: bfloat16 on {device.type} (the checkpoint {said}; the GPU MLA kernels take 16-bit queries)"
+
+
 class PlanMismatch(ValueError):
     """A plan that cannot be run with the loaded checkpoint."""
 
 
 @dataclass
 class EngineOptions:
-    dtype: str = "float32"
+    dtype: str = "auto"  # float32, bfloat16, float16, or auto (resolve_dtype)
     kv_cache_bytes: int = 256 * 1024 * 1024
     page_size: int = 16
     allow_compile: bool = True
@@ -187,7 +202,10 @@ class Engine:
         self.notes = check_plan_matches(plan, self.cfg)
         if self.cfg.multimodal_wrapper:
             self.notes.append("multimodal checkpoint: the vision tower is out of scope; the text model runs")
-        self.dtype = DTYPES[options.dtype]
+        dtype, why = resolve_dtype(options.dtype, tp.device, self.cfg.torch_dtype)
+        if why:
+            self.notes.append(f"dtype {why}")
+        self.dtype = DTYPES[dtype]
         with torch.device(tp.device):
             self.model = DeepseekV3Model(self.cfg, tp, self.dtype)
         self.load_report = loader.load(self.model, model_path)
@@ -502,7 +520,7 @@ class Engine:
                       "heads": cfg.num_heads, "kv_lora_rank": cfg.kv_lora_rank, "rope_dim": cfg.qk_rope_head_dim,
                       "routed_experts": cfg.n_routed_experts,
                       "parameters_this_rank": sum(p.numel() for p in self.model.parameters())},
-            "tp": self.tp.size, "device": str(self.tp.device), "dtype": self.options.dtype,
+            "tp": self.tp.size, "device": str(self.tp.device), "dtype": str(self.dtype).removeprefix("torch."),
             "plan": {"policy_version": self.plan.policy_version, "plan_hash": self.plan.plan_hash},
             "plan_fidelity": plan_fidelity(self),
             "modes": {"prefill": self.prefill_mode.to_dict(), "decode": self.decode_mode.to_dict()},
