@@ -51,6 +51,8 @@ if [ -z "${CUDA_HOME:-}" ] && command -v nvcc > /dev/null; then
   CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
   export CUDA_HOME
 fi
-PYTHONPATH="$SITE/gpu${PYTHONPATH:+:$PYTHONPATH}" timeout $(( left + 30 )) "$PY" bench/gpu_check.py \
+# (service_launch starts a server and a client with the control plane's packages: CGSVC_CONTROL_SITE)
+CGSVC_CONTROL_SITE="$SITE/control" PYTHONPATH="$SITE/gpu${PYTHONPATH:+:$PYTHONPATH}" timeout $(( left + 30 )) \
+  "$PY" bench/gpu_check.py \
   --out "$OUT/gpu-check" --budget "$left" > "$OUT/gpu_check.log" 2>&1
 summary "gpu_check: rc=$? (budget ${left}s; $OUT/gpu-check/gpu_check.md)"

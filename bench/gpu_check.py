@@ -17,6 +17,8 @@ interrupted run still leaves what it measured). Sections, in order of what matte
     generate_cli        `cgsvc-worker generate` end to end with a plan that sets every field, in the
                         dtype a launch gets (--dtype auto: bfloat16 on a GPU)
     prefill_modes       prefill TTFT per graph mode (disabled, breakable, tc_piecewise) against eager
+    service_launch      a launch through `cgsvc serve` and `cgsvc-cli launch --wait`, as a user makes
+                        one, for this machine's GPU (or cpu): what its report says ran (also on a CPU)
     fp8_kv              the fp8_e4m3 latent cache through FlashInfer's fp8 MLA kernel against torch_native
 
 Without a GPU it runs what a CPU can (check-graphs by compile) and lists what needs a GPU.
@@ -328,6 +330,59 @@ def generate_cli() -> dict[str, Any]:
             "prefill_chunks": [r.get("prefill_chunks") for r in report.get("requests", [])]}
 
 
+# The catalog's GPU names, as torch names the device ("NVIDIA H200", "NVIDIA H100 80GB HBM3").
+CATALOG_GPUS = ("GB300", "GB200", "B300", "B200", "H200", "H100", "A100", "L40S")
+
+
+def service_launch() -> dict[str, Any]:
+    """A launch as a user makes one: `cgsvc serve` (SQLite, the local dispatcher), then
+    `cgsvc-cli launch --spec ... --wait` of a plan for this machine (its GPU, or cpu), and what the
+    report says ran: dtype (a launch passes none: --dtype auto), graph modes, attention, fidelity.
+    The server and the client run as their own processes with the control plane's packages
+    (CGSVC_CONTROL_SITE: where bench/device_run.sh installed them on the GPU machine)."""
+    paths = [os.environ.get("CGSVC_CONTROL_SITE", ""), str(ROOT), str(ROOT / "workers"), str(ROOT / "clients"),
+             os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    data = CKPT / "service"
+    data.mkdir(mode=0o700, exist_ok=True)
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    gpu = next((g for g in CATALOG_GPUS if g in name), "H100") if torch.cuda.is_available() else "cpu"
+    ckpt = checkpoint("moe")
+    spec = {"model": {"path": ckpt}, "hardware": {"gpu": gpu, "gpu_count": 1}, "parallelism": {"tp": 1}}
+    (data / "spec.json").write_text(json.dumps(spec))
+    with open(data / "server.log", "w") as log:
+        server = subprocess.Popen([sys.executable, "-m", "cgsvc.server.main", "serve", "--address", "127.0.0.1:0",
+                                   "--data-dir", str(data / "srv")], stdout=subprocess.PIPE, stderr=log, text=True,
+                                  env=env)
+    try:
+        address = ""
+        assert server.stdout is not None
+        for line in server.stdout:
+            if "listening on " in line:
+                address = line.split("listening on ")[1].split()[0]
+                break
+        if not address:
+            raise RuntimeError(f"the server did not start: {(data / 'server.log').read_text()[-1500:]}")
+        proc = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "launch", "--spec", str(data / "spec.json"),
+                               "--model-path", ckpt, "--input-len", "64", "--output-len", "16", "--requests", "4",
+                               "--concurrency", "2", "--wait", "--server", address, "-o", "json"],
+                              capture_output=True, text=True, env=env, timeout=300)
+        launch = json.loads(proc.stdout).get("launch", {}) if proc.stdout.strip().startswith("{") else {}
+        if not launch:
+            raise RuntimeError(f"launch answered rc {proc.returncode}: {(proc.stdout + proc.stderr)[-1500:]}")
+    finally:
+        server.terminate()
+        server.wait(30)
+    report = launch.get("report", {})
+    worker = report.get("worker", {})
+    return {"gpu": f"{name} -> spec gpu {gpu}", "launch": launch.get("name"), "state": launch.get("state"),
+            "error": launch.get("error", ""), "exit_code": proc.returncode, "dtype": worker.get("dtype"),
+            "notes": worker.get("notes"), "modes": worker.get("modes"), "attention": worker.get("attention"),
+            "ttft_ms_p50": report.get("ttft_ms_p50"), "tpot_ms_p50": report.get("tpot_ms_p50"),
+            "table": [{k: f.get(k, "") for k in ("field", "requested", "effective", "status", "reason")}
+                      for f in report.get("plan_fidelity", [])] or [{"error": launch.get("error", "no report")}]}
+
+
 def check_graphs_cpu() -> dict[str, Any]:
     from cgsvc_worker.check_graphs import check_graphs
 
@@ -402,6 +457,7 @@ def main() -> int:
     run.section("prefill_modes", prefill_modes, needs=90)
     run.section("fp8_kv", fp8_kv, needs=60)
     run.section("generate_cli", generate_cli, needs=60)
+    run.section("service_launch", service_launch, gpu=False, needs=60)
     if not torch.cuda.is_available():
         run.section("check_graphs_cpu", check_graphs_cpu, gpu=False)
     failed = [s["name"] for s in run.result["sections"] if s["status"] == "failed"]

@@ -27,6 +27,11 @@ def test_gpu_check_on_a_cpu_lists_what_needs_a_gpu(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     status = {s["name"]: s["status"] for s in result["sections"]}
     assert status["versions"] == "ok" and status["check_graphs_cpu"] == "ok"
+    # a launch through the service runs on a CPU too: what it reports is what a GPU run is read for
+    launch = next(s for s in result["sections"] if s["name"] == "service_launch")
+    assert status["service_launch"] == "ok", launch
+    assert launch["data"]["state"] == "SUCCEEDED" and launch["data"]["dtype"] == "float32", launch["data"]
+    assert "dtype auto: float32 on cpu (the reference numerics)" in launch["data"]["notes"]
     assert {n: status[n] for n in GPU_SECTIONS} == {n: "needs a GPU" for n in GPU_SECTIONS}
     cpu = next(s for s in result["sections"] if s["name"] == "check_graphs_cpu")
     assert all(row["capturable"] for row in cpu["data"]["table"])
