@@ -323,7 +323,7 @@ def generate_cli() -> dict[str, Any]:
                           capture_output=True, text=True, env=env, timeout=300)
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
     return {"exit_code": proc.returncode, "stderr_tail": proc.stderr[-1500:], "rank": "forked from the fork server",
-            "dtype": report.get("dtype"), "notes": report.get("notes"),  # auto: bfloat16 on a GPU
+            "dtype": report.get("dtype"), "dtype_reason": report.get("dtype_reason"),  # auto: bfloat16 on a GPU
             "table": report.get("plan_fidelity") or [{"error": report.get("error", "no report")}],
             "steps": report.get("steps"), "modes": report.get("modes"),
             "ttft_ms": report.get("aggregate", {}).get("ttft_ms"), "tpot_ms": report.get("aggregate", {}).get("tpot_ms"),
@@ -377,6 +377,7 @@ def service_launch() -> dict[str, Any]:
     worker = report.get("worker", {})
     return {"gpu": f"{name} -> spec gpu {gpu}", "launch": launch.get("name"), "state": launch.get("state"),
             "error": launch.get("error", ""), "exit_code": proc.returncode, "dtype": worker.get("dtype"),
+            "dtype_reason": worker.get("dtype_reason"),
             "notes": worker.get("notes"), "modes": worker.get("modes"), "attention": worker.get("attention"),
             "ttft_ms_p50": report.get("ttft_ms_p50"), "tpot_ms_p50": report.get("tpot_ms_p50"),
             "table": [{k: f.get(k, "") for k in ("field", "requested", "effective", "status", "reason")}

@@ -31,7 +31,7 @@ def test_gpu_check_on_a_cpu_lists_what_needs_a_gpu(tmp_path: Path) -> None:
     launch = next(s for s in result["sections"] if s["name"] == "service_launch")
     assert status["service_launch"] == "ok", launch
     assert launch["data"]["state"] == "SUCCEEDED" and launch["data"]["dtype"] == "float32", launch["data"]
-    assert "dtype auto: float32 on cpu (the reference numerics)" in launch["data"]["notes"]
+    assert launch["data"]["dtype_reason"] == "auto: float32 on cpu (the reference numerics)"
     assert {n: status[n] for n in GPU_SECTIONS} == {n: "needs a GPU" for n in GPU_SECTIONS}
     cpu = next(s for s in result["sections"] if s["name"] == "check_graphs_cpu")
     assert all(row["capturable"] for row in cpu["data"]["table"])

@@ -202,9 +202,7 @@ class Engine:
         self.notes = check_plan_matches(plan, self.cfg)
         if self.cfg.multimodal_wrapper:
             self.notes.append("multimodal checkpoint: the vision tower is out of scope; the text model runs")
-        dtype, why = resolve_dtype(options.dtype, tp.device, self.cfg.torch_dtype)
-        if why:
-            self.notes.append(f"dtype {why}")
+        dtype, self.dtype_reason = resolve_dtype(options.dtype, tp.device, self.cfg.torch_dtype)
         self.dtype = DTYPES[dtype]
         with torch.device(tp.device):
             self.model = DeepseekV3Model(self.cfg, tp, self.dtype)
@@ -521,6 +519,7 @@ class Engine:
                       "routed_experts": cfg.n_routed_experts,
                       "parameters_this_rank": sum(p.numel() for p in self.model.parameters())},
             "tp": self.tp.size, "device": str(self.tp.device), "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype_reason": self.dtype_reason,
             "plan": {"policy_version": self.plan.policy_version, "plan_hash": self.plan.plan_hash},
             "plan_fidelity": plan_fidelity(self),
             "modes": {"prefill": self.prefill_mode.to_dict(), "decode": self.decode_mode.to_dict()},
