@@ -402,6 +402,7 @@ def streamed(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], fiel
 def add_server(p: argparse.ArgumentParser, required: bool = False) -> None:
     default = os.environ.get("CGSVC_SERVER") or None
     p.add_argument("--server", required=required and default is None, default=default,
+                   type=a_server(p.prog.split(" ", 1)[-1]) if required else str,
                    help="HOST:PORT of a cgsvc server (or set CGSVC_SERVER; --server '' ignores it)"
                         + ("" if required else "; without one, answered here, offline"))
     p.add_argument("--token", help="bearer token (or set CGSVC_TOKEN); sent beyond loopback only over TLS (--tls-ca)")
@@ -409,6 +410,18 @@ def add_server(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument("--tls-cert", help="client certificate (PEM) for mutual TLS")
     p.add_argument("--tls-key", help="client key (PEM) for mutual TLS")
     p.add_argument("--timeout", type=seconds, default=10.0, help="deadline per call, seconds (more than 0)")
+
+
+def a_server(command: str) -> Callable[[str], str]:
+    """--server's reading for a command that needs a server: '' (which answers offline where a
+    command can) is refused by name rather than dialled."""
+    def read(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"`{command}` needs a server: HOST:PORT (an empty --server answers "
+                                             "offline only where a command can: resolve, models, policies, "
+                                             "plans diff of spec files)")
+        return text
+    return read
 
 
 def seconds(text: str) -> float:

@@ -274,6 +274,24 @@ def test_a_usage_error_under_o_json_is_a_json_error_naming_the_argument() -> Non
     assert "usage: cgsvc-cli resolve" in plain.stderr and "invalid int value: 'four'" in plain.stderr
 
 
+@pytest.mark.parametrize("command", [("plans", "list"), ("audit", "verify"), ("policy", "impact", "--candidate", "x"),
+                                     ("launches", "list"), ("version",)])
+def test_an_empty_server_where_a_command_needs_one_is_a_usage_error(command: tuple[str, ...]) -> None:
+    """`--server ''` answers offline where a command can (resolve, rules); a command that needs a
+    server dialled '' and printed gRPC's own "the target uri is not valid: dns:///" lines and an
+    UNKNOWN error (exit 1)."""
+    proc = cli(*command, "--server", "", "-o", "json")
+    if command == ("version",):  # the client's own release needs no server: answered here
+        assert proc.returncode == 0 and "dns:///" not in proc.stderr, proc
+        return
+    assert proc.returncode == 2 and "dns:///" not in proc.stderr, (proc.stdout, proc.stderr)
+    (violation,) = as_json(proc)["error"]["field_violations"]
+    assert violation["field"] == "server", violation
+    assert violation["description"].startswith(f"`{' '.join(command[:2])}` needs a server"), violation
+    plain = cli(*command, "--server", "")
+    assert plain.returncode == 2 and "needs a server: HOST:PORT" in plain.stderr and "dns:///" not in plain.stderr
+
+
 @pytest.mark.parametrize(("args", "code"), [
     (("rules", "-o", "table"), 0), (("resolve", "--spec", str(KIMI_SPEC), "-o", "json"), 0),
     (("rules", "-o", "table", "--writes", "decode.bs"), 0),

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from cgsvc.text import counted
 from cgsvc_worker.config import CheckpointError
 from cgsvc_worker.model import DeepseekV3Model, MLAAttention, MoE
 
@@ -108,7 +107,7 @@ def load(model: DeepseekV3Model, path: str) -> LoadReport:
                 other[head] = other.get(head, 0) + 1
         report.skipped_prefixes = other
         if other:
-            left = ", ".join(f"{k} ({counted(v, 'tensor')})" for k, v in other.items())
+            left = ", ".join(f"{k} ({v} tensor{'' if v == 1 else 's'})" for k, v in other.items())
             report.notes.append(f"multimodal wrapper: loaded the language model under {ckpt.prefix!r}; "
                                 f"not loaded (out of scope): {left}")
 
