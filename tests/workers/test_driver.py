@@ -63,3 +63,24 @@ def test_a_request_the_kv_cache_cannot_hold_alone_fails_before_any_step(checkpoi
                               "of 4; the cache holds 2 pages (8 tokens) on this rank; shorten the workload or give "
                               "the cache more memory")
     assert engine.stats["prefill"].eager == {}  # nothing ran
+
+
+def test_the_kv_budget_is_256_mib_on_a_cpu_and_half_the_free_memory_on_a_gpu() -> None:
+    """A launch passes no --kv-cache-mb: every rank had 256 MiB of KV cache, on an H200 too (a
+    few thousand tokens of a 61-layer model). auto keeps 256 MiB on a CPU and takes half of what
+    the GPU has free once the weights are loaded, leaving the rest to activations and graphs."""
+    import torch
+    from cgsvc_worker.engine import kv_budget
+
+    assert kv_budget(None, torch.device("cpu")) == (256 << 20, "auto: 256 MiB on cpu")
+    free = 100 << 30
+    assert kv_budget(None, torch.device("cuda", 0), lambda: free) == (
+        50 << 30, "auto: half of the 100.0 GiB free on cuda:0 once the weights were loaded (the rest for "
+                  "activations and captured graphs)")
+    assert kv_budget(64 << 20, torch.device("cuda", 0), lambda: free) == (64 << 20, "--kv-cache-mb 64")
+
+
+def test_the_report_says_what_the_kv_budget_was_and_why(checkpoints: dict[str, str]) -> None:
+    kv = _engine(checkpoints["tiny"]).describe()["kv_cache"]
+    assert (kv["budget_bytes"], kv["budget_reason"]) == (256 << 20, "auto: 256 MiB on cpu")
+    assert kv["pages"] == (256 << 20) // (kv["bytes_per_token"] * kv["page_size"])

@@ -165,7 +165,7 @@ def test_unfollowed_after_without_a_follow_file_is_refused(checkpoints: dict[str
     (("bench", "--tp", "3"), "--tp 3 does not divide the checkpoint's 8 attention heads or 512 vocabulary rows or "
                              "8 routed experts"),
     (("generate", "--prompts", "p.json", "--max-new-tokens", "0"), "--max-new-tokens must be at least 1, got 0"),
-    (("check-graphs", "--kv-cache-mb", "0"), "--kv-cache-mb must be more than 0, got 0"),
+    (("check-graphs", "--kv-cache-mb", "0"), "--kv-cache-mb must be auto or more than 0, got 0"),
 ])
 def test_a_flag_out_of_bounds_is_refused_by_name_before_any_rank_starts(checkpoints: dict[str, str],
                                                                         args: tuple[str, ...], said: str) -> None:

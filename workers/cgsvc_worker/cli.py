@@ -91,7 +91,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                         "bfloat16 / float16, else bfloat16 (the GPU MLA kernels take 16-bit queries)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: CUDA when available, else CPU")
-    p.add_argument("--kv-cache-mb", type=float, default=256.0, help="KV cache budget per rank, MiB (default 256)")
+    p.add_argument("--kv-cache-mb", type=_mib, default=None, metavar="MIB|auto",
+                   help="KV cache budget per rank, MiB; auto (default): 256 on a CPU, on a GPU half of the memory "
+                        "free once the weights are loaded")
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV cache page (default 16)")
     p.add_argument("--context-length", type=int, default=0, help="context limit; 0: the model's max_position_embeddings")
     p.add_argument("--cpu-decode", choices=CPU_DECODE, default="eager",
@@ -101,6 +103,16 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graph-context", type=int, default=4096,
                    help="context positions a captured torch_native decode graph attends over (GPU; default 4096)")
     p.add_argument("--debug", action="store_true", help="include tracebacks in failure reports")
+
+
+def _mib(text: str) -> float | None:
+    """--kv-cache-mb's value: a number of MiB, or auto (None)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of MiB or auto, got {text!r}") from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -173,8 +185,8 @@ def out_of_bounds(ns: argparse.Namespace) -> str:
     for flag, value, (least, valid) in checks:
         if not value >= least:
             return f"{flag} must be {valid}, got {value:g}"
-    if not ns.kv_cache_mb > 0:
-        return f"--kv-cache-mb must be more than 0, got {ns.kv_cache_mb:g}"
+    if ns.kv_cache_mb is not None and not ns.kv_cache_mb > 0:
+        return f"--kv-cache-mb must be auto or more than 0, got {ns.kv_cache_mb:g}"
     return ""
 
 

@@ -53,6 +53,25 @@ from cgsvc_worker.tp import TPGroup
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+CPU_KV_BYTES = 256 << 20
+GPU_KV_SHARE = 0.5
+
+
+def kv_budget(requested: int | None, device: torch.device,
+              free_bytes: Callable[[], int] | None = None) -> tuple[int, str]:
+    """The KV cache's bytes on this rank, and why. None (auto): 256 MiB on a CPU; on a GPU half
+    of the memory free once the weights are loaded (`free_bytes`, torch.cuda.mem_get_info by
+    default), the other half left to activations and captured graphs; serving engines size
+    their pool from the device's memory the same way (sglang's --mem-fraction-static)."""
+    if requested:
+        return requested, f"--kv-cache-mb {requested / (1 << 20):g}"
+    if device.type != "cuda":
+        return CPU_KV_BYTES, f"auto: {CPU_KV_BYTES >> 20} MiB on {device.type}"
+    free = free_bytes() if free_bytes is not None else torch.cuda.mem_get_info(device)[0]
+    return int(free * GPU_KV_SHARE), (f"auto: half of the {free / (1 << 30):.1f} GiB free on {device} once the "
+                                      "weights were loaded (the rest for activations and captured graphs)")
+
+
 def resolve_dtype(requested: str, device: torch.device, checkpoint: str) -> tuple[str, str]:
     """The dtype a rank runs the model in, and (for `auto`) why. `auto` is float32 on a CPU, the
     numerics the reference is checked in; on a GPU it is the checkpoint's 16-bit dtype, else
@@ -75,7 +94,7 @@ class PlanMismatch(ValueError):
 @dataclass
 class EngineOptions:
     dtype: str = "auto"  # float32, bfloat16, float16, or auto (resolve_dtype)
-    kv_cache_bytes: int = 256 * 1024 * 1024
+    kv_cache_bytes: int | None = None  # None: auto (kv_budget)
     page_size: int = 16
     allow_compile: bool = True
     max_context: int = 0  # 0: the model's max_position_embeddings
@@ -211,7 +230,8 @@ class Engine:
         self.load_seconds = time.perf_counter() - t0
         self.max_context = options.max_context or self.cfg.max_position_embeddings
         self.substitutions: dict[str, tuple[Any, str]] = {}  # plan field -> (effective, why)
-        self.cache = LatentKVCache.from_budget(options.kv_cache_bytes, self.cfg.num_layers, self.cfg.latent_dim,
+        self.kv_budget, self.kv_budget_reason = kv_budget(options.kv_cache_bytes, tp.device)
+        self.cache = LatentKVCache.from_budget(self.kv_budget, self.cfg.num_layers, self.cfg.latent_dim,
                                                self._page_size(), self._kv_format(), tp.device,
                                                split=self.cfg.kv_lora_rank)
         if self.cache.format.fp8:
@@ -540,6 +560,7 @@ class Engine:
                                  if self.cache.format.fp8 else []),
                 "saturated_values": int(self.cache.saturated.item()),
                 "page_size": self.cache.page_size, "pages": self.cache.num_pages,
+                "budget_bytes": self.kv_budget, "budget_reason": self.kv_budget_reason,
                 "decompressed_bytes_per_token": hf_cache,
                 "ratio_vs_decompressed": round(hf_cache / self.cache.bytes_per_token, 2),
             },

@@ -92,7 +92,8 @@ def load_prompts(ns: argparse.Namespace, vocab: int, context: int) -> list[list[
 def engine_options(ns: argparse.Namespace, allow_compile: bool = True) -> Any:
     from cgsvc_worker.engine import EngineOptions
 
-    return EngineOptions(dtype=ns.dtype, kv_cache_bytes=int(ns.kv_cache_mb * 1024 * 1024), page_size=ns.page_size,
+    kv_bytes = None if ns.kv_cache_mb is None else int(ns.kv_cache_mb * 1024 * 1024)  # None: auto
+    return EngineOptions(dtype=ns.dtype, kv_cache_bytes=kv_bytes, page_size=ns.page_size,
                          allow_compile=allow_compile and not getattr(ns, "no_compile", False),
                          max_context=ns.context_length, cpu_decode=ns.cpu_decode, graph_context=ns.graph_context)
 
