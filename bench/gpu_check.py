@@ -337,7 +337,8 @@ CATALOG_GPUS = ("GB300", "GB200", "B300", "B200", "H200", "H100", "A100", "L40S"
 def service_launch() -> dict[str, Any]:
     """A launch as a user makes one: `cgsvc serve` (SQLite, the local dispatcher), then
     `cgsvc-cli launch --spec ... --wait` of a plan for this machine (its GPU, or cpu), and what the
-    report says ran: dtype (a launch passes none: --dtype auto), graph modes, attention, fidelity.
+    report says ran: dtype and KV budget (a launch passes neither: auto), graph modes, attention,
+    fidelity.
     The server and the client run as their own processes with the control plane's packages
     (CGSVC_CONTROL_SITE: where bench/device_run.sh installed them on the GPU machine)."""
     paths = [os.environ.get("CGSVC_CONTROL_SITE", ""), str(ROOT), str(ROOT / "workers"), str(ROOT / "clients"),
@@ -378,6 +379,7 @@ def service_launch() -> dict[str, Any]:
     return {"gpu": f"{name} -> spec gpu {gpu}", "launch": launch.get("name"), "state": launch.get("state"),
             "error": launch.get("error", ""), "exit_code": proc.returncode, "dtype": worker.get("dtype"),
             "dtype_reason": worker.get("dtype_reason"),
+            "kv_cache": {k: worker.get("kv_cache", {}).get(k) for k in ("budget_bytes", "budget_reason", "pages")},
             "notes": worker.get("notes"), "modes": worker.get("modes"), "attention": worker.get("attention"),
             "ttft_ms_p50": report.get("ttft_ms_p50"), "tpot_ms_p50": report.get("tpot_ms_p50"),
             "table": [{k: f.get(k, "") for k in ("field", "requested", "effective", "status", "reason")}
