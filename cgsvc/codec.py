@@ -216,7 +216,8 @@ def launch_proto(row: LaunchRow, records: list[str] | None = None, plan_audit_re
         name=f"launches/{row.launch_id}", plan=f"plans/{row.plan_id}", state=row.state,
         workload=launch_pb2.LaunchWorkload(**asdict(row.workload)), model_path=row.model_path, tp=row.tp,
         dispatcher=row.dispatcher, create_time=timestamp(row.create_time), update_time=timestamp(row.update_time),
-        tokens_done=row.tokens_done, tokens_total=row.tokens_total, error=row.error,
+        tokens_done=row.tokens_done, tokens_total=row.tokens_total, prompt_tokens_done=row.prompt_tokens_done,
+        prompt_tokens_total=row.prompt_tokens_total, error=row.error,
         report=report_summary(row.report_json), report_json=row.report_json, audit_records=records or [],
         principal=row.principal, plan_audit_record=plan_audit_record, devices=list(row.devices),
         placement=row.placement, request_id=row.request_id, owner=f"replicas/{row.owner}" if row.owner else "")

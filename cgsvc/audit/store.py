@@ -226,6 +226,11 @@ for _column in LAUNCH_COLUMNS_9:
 LAUNCH_COLUMNS_11 = (sa.Column("cancel_reason", sa.Text, nullable=False, server_default=""),)
 for _column in LAUNCH_COLUMNS_11:
     launches.append_column(_column)
+# Migration 16: prompt tokens prefilled, beside the tokens generated.
+LAUNCH_COLUMNS_16 = tuple(sa.Column(name, sa.BigInteger, nullable=False, server_default=sa.text("0"))
+                          for name in ("prompt_tokens_done", "prompt_tokens_total"))
+for _progress in LAUNCH_COLUMNS_16:
+    launches.append_column(_progress)
 # One launch per (principal, request_id): a retried CreateLaunch finds the launch it started.
 launch_requests = sa.Table(
     "launch_requests", metadata,
@@ -315,6 +320,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      tuple((replica_leases, c) for c in REPLICA_COLUMNS_14)),
     (15, "who asked for an experiment to be cancelled (experiments.cancel_requested_by)", (),
      tuple((experiments, c) for c in EXPERIMENT_COLUMNS_15)),
+    (16, "prompt tokens prefilled, beside the tokens generated (launches.prompt_tokens_done, _total)", (),
+     tuple((launches, c) for c in LAUNCH_COLUMNS_16)),
 )
 
 # GPUs and catalog models are matched as a spec names them: in any case, a model by an alias too.
@@ -816,9 +823,11 @@ class AuditStore:
                 for table, column in columns:
                     have = {c["name"] for c in sa.inspect(conn).get_columns(table.name)}
                     if column.name not in have:  # a table created by an earlier version
-                        default = getattr(column.server_default, "arg", "")
-                        conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {column.name} TEXT NOT NULL "
-                                             f"DEFAULT '{default}'")
+                        # the column's own type (an integer column read back text '0' from a TEXT one)
+                        arg = getattr(column.server_default, "arg", "")
+                        default = arg.text if isinstance(arg, sa.TextClause) else f"'{arg}'"
+                        conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {column.name} "
+                                             f"{column.type.compile(dialect=conn.dialect)} NOT NULL DEFAULT {default}")
                 if version == 1:
                     conn.execute(chain_head.insert().values(id=1, sequence=0, record_hash=GENESIS, frontier="{}"))
                 if version == 4:

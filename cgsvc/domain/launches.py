@@ -468,7 +468,8 @@ class Launches:
         row = LaunchRow(launch_id=launch_id, plan_id=order.plan_id, state="PLACING", principal=caller.principal,
                         dispatcher=order.dispatcher, tp=order.tp, model_path=order.model_path,
                         workload=order.workload, run_dir=str(run.path),
-                        tokens_total=order.workload.requests * order.workload.output_len, owner=self.instance,
+                        tokens_total=order.workload.requests * order.workload.output_len,
+                        prompt_tokens_total=order.workload.requests * order.workload.input_len, owner=self.instance,
                         request_id=order.request_id, request_hash=order.request_hash)
         created = await asyncio.to_thread(self.store.create, row)
         if not created.new:
@@ -613,9 +614,10 @@ class Launches:
                 if row.state in ACTIVE and ACTIVE.index(state) > ACTIVE.index(row.state):
                     row = await self.transition(row, state)
             elif isinstance(event, ProgressEvent):
-                await asyncio.to_thread(self.store.update, row.launch_id, tokens_done=event.tokens_done,
-                                        tokens_total=event.tokens_total)
-                row = row.replace(tokens_done=event.tokens_done, tokens_total=event.tokens_total)
+                counts: dict[str, Any] = {"tokens_done": event.tokens_done, "tokens_total": event.tokens_total,
+                          "prompt_tokens_done": event.prompt_done, "prompt_tokens_total": event.prompt_total}
+                await asyncio.to_thread(self.store.update, row.launch_id, **counts)
+                row = row.replace(**counts)
                 await self.announce(row.launch_id)
             elif isinstance(event, PlacedEvent) and not row.devices:  # Ray: the devices it assigned
                 await asyncio.to_thread(self.store.update, row.launch_id, devices=event.devices)
@@ -700,7 +702,8 @@ class Launches:
                                            timeout=1.0)
             seen_version = w.version
             new = await self.get(launch_id)
-            if new.state != last_state or new.tokens_done != row.tokens_done:
+            if new.state != last_state or (new.tokens_done, new.prompt_tokens_done) != (row.tokens_done,
+                                                                                         row.prompt_tokens_done):
                 yield ("state" if new.state != last_state else "progress"), new
             row, last_state = new, new.state
 

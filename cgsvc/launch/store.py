@@ -69,6 +69,8 @@ class LaunchRow:
     sequence: int = 0
     tokens_done: int = 0
     tokens_total: int = 0
+    prompt_tokens_done: int = 0
+    prompt_tokens_total: int = 0
     error: str = ""
     report_json: str = ""
     handle_json: str = ""

@@ -122,6 +122,7 @@ class LaunchService:
         would = launch_pb2.Launch(
             plan=f"plans/{plan.plan_id}" if plan.plan_id else "", workload=request.workload, model_path=model_path,
             tp=order.tp, dispatcher=dispatcher, tokens_total=workload.requests * workload.output_len,
+            prompt_tokens_total=workload.requests * workload.input_len,
             plan_audit_record=plan.audit_record, audit_records=[record], principal=who.principal,
             devices=admitted.devices, placement=placement)
         return launch_pb2.Operation(done=True, metadata=would)

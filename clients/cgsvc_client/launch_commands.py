@@ -60,16 +60,31 @@ class Progress:
         self.last = ""
 
     def update(self, launch: Any) -> None:
-        total, done = launch.tokens_total or 0, launch.tokens_done
-        width = 30
-        fill = int(width * done / total) if total else 0
-        line = f"{launch.state:<10} [{'#' * fill}{'.' * (width - fill)}] {done}/{total} tokens"
+        line = progress_line(launch)
         if self.tty:
             print(f"\r{line}", end="" if launch.state not in TERMINAL else "\n", file=sys.stderr, flush=True)
         elif line != self.last and (launch.state != self.last.split(" ")[0] or launch.state in TERMINAL
-                                    or done == total):
+                                    or launch.tokens_done == launch.tokens_total):
             print(line, file=sys.stderr, flush=True)
         self.last = line
+
+
+def prefilling(launch: Any) -> bool:
+    """Running, no token out yet, prompts part prefilled: the bar counts prompt tokens then."""
+    return bool(launch.state == "RUNNING" and not launch.tokens_done
+                and launch.prompt_tokens_total > 0 and launch.prompt_tokens_done < launch.prompt_tokens_total)
+
+
+def progress_line(launch: Any) -> str:
+    """A launch's state and a bar: tokens generated, or while its prompts are prefilled before the
+    first token (a long prompt is many steps), prompt tokens prefilled."""
+    if prefilling(launch):
+        done, total, what = launch.prompt_tokens_done, launch.prompt_tokens_total, "prompt tokens prefilled"
+    else:
+        done, total, what = launch.tokens_done, launch.tokens_total or 0, "tokens"
+    width = 30
+    fill = int(width * done / total) if total else 0
+    return f"{launch.state:<10} [{'#' * fill}{'.' * (width - fill)}] {done}/{total} {what}"
 
 
 def report_table(launch: Any) -> str:
@@ -82,7 +97,9 @@ def report_table(launch: Any) -> str:
             ("supervised by", launch.owner or "-"),
             ("placement", launch.placement or "-")]
     if launch.name and launch.state != "SUCCEEDED":  # how far it has got, or got before it ended
-        rows.append(("progress", f"{launch.tokens_done}/{launch.tokens_total} tokens"))
+        rows.append(("progress", f"{launch.tokens_done}/{launch.tokens_total} tokens"
+                                 + (f"; {launch.prompt_tokens_done}/{launch.prompt_tokens_total} prompt tokens "
+                                    "prefilled" if prefilling(launch) else "")))
     if launch.error:
         rows.append(("error", launch.error))
     if launch.state == "SUCCEEDED":

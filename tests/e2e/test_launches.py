@@ -560,6 +560,8 @@ def test_a_launch_that_generated_no_second_token_reports_no_tpot(srv: ServerProc
         two = c.create_launch(ckpt, SHORT, spec=KIMI).metadata.name
         timed = wait_state(c, two, ("SUCCEEDED",), timeout=180)
     assert not first_only.report.HasField("tpot_ms_p50") and first_only.report.ttft_ms_p50 > 0
+    # prompt tokens are counted as they are prefilled, beside the tokens generated
+    assert (timed.prompt_tokens_done, timed.prompt_tokens_total) == (24, 24) and timed.tokens_done == 12
     assert timed.report.HasField("tpot_ms_p50") and timed.report.tpot_ms_p50 > 0
     shown = cli("launches", "show", one, "-o", "table", server=srv.address).stdout
     assert "TPOT ms         - (no request generated a second token)" in shown, shown

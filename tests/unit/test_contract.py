@@ -38,7 +38,8 @@ OK_REPORT = {
 
 
 def test_events_round_trip() -> None:
-    for event in (StateEvent("running"), StateEvent("failed", "boom"), ProgressEvent(3, 10), PlacedEvent(("2", "3"))):
+    for event in (StateEvent("running"), StateEvent("failed", "boom"), ProgressEvent(3, 10),
+                  ProgressEvent(0, 10, prompt_done=4096, prompt_total=8192), PlacedEvent(("2", "3"))):
         back = parse_event(json.dumps(event.to_dict()))
         assert type(back) is type(event) and {**back.__dict__, "time": 0.0} == {**event.__dict__, "time": 0.0}
 
@@ -49,6 +50,8 @@ def test_events_round_trip() -> None:
     ('{"event": "state", "state": "dancing"}', "event.state: 'dancing' is not one of"),
     ('{"event": "progress", "tokens_done": 5, "tokens_total": 2}', "event.tokens_done: 5 is not within"),
     ('{"event": "progress", "tokens_done": "5", "tokens_total": 9}', "event.tokens_done: expected int"),
+    ('{"event": "progress", "tokens_done": 0, "tokens_total": 2, "prompt_done": 9, "prompt_total": 8}',
+     "event.prompt_done: 9 is not within"),
     ('{"event": "placed", "devices": []}', "event.devices"),
     ('{"event": "exploded"}', "event.event: 'exploded' is not one of state, progress, placed"),
     (f'{{"schema": {SCHEMA_VERSION + 1}, "event": "state", "state": "running"}}', "newer than this server's"),
@@ -138,3 +141,9 @@ def test_a_launch_whose_requests_had_no_second_token_has_no_tpot() -> None:
     assert summary.ttft_ms_p50 == 2
     measured = report_summary(json.dumps(OK_REPORT))
     assert measured.HasField("tpot_ms_p50") and (measured.tpot_ms_p50, measured.tpot_ms_p99) == (6, 8)
+
+
+def test_a_progress_event_of_an_earlier_worker_has_no_prompt_counts() -> None:
+    """A worker of the release before prompt progress writes only tokens: read as 0 of 0."""
+    event = parse_event('{"event": "progress", "tokens_done": 3, "tokens_total": 10}')
+    assert event == ProgressEvent(3, 10, event.time, 0, 0)  # type: ignore[union-attr]

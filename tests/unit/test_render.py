@@ -13,3 +13,18 @@ def test_a_workload_reads_as_a_person_would_say_it() -> None:
     # concurrency 0 is every request at once: it read "concurrency 0"
     assert workload_text({"requests": 1, "input_len": 4, "output_len": 1}) == ("1 request x 4 in / 1 out, "
                                                                                "concurrency all, seed 0")
+
+
+def test_a_launch_that_is_prefilling_shows_its_prompt_tokens() -> None:
+    """A launch of long prompts sat at "RUNNING [....] 0/8 tokens" for minutes while its prompts
+    were prefilled chunk by chunk: the bar shows the prompt tokens until the first token is out."""
+    from cgsvc_client.launch_commands import progress_line
+
+    prefilling = launch_pb2.Launch(state="RUNNING", tokens_done=0, tokens_total=8, prompt_tokens_done=4096,
+                                   prompt_tokens_total=8192)
+    assert progress_line(prefilling) == "RUNNING    [###############...............] 4096/8192 prompt tokens prefilled"
+    generating = launch_pb2.Launch(state="RUNNING", tokens_done=2, tokens_total=8, prompt_tokens_done=8192,
+                                   prompt_tokens_total=8192)
+    assert progress_line(generating) == "RUNNING    [#######.......................] 2/8 tokens"
+    earlier = launch_pb2.Launch(state="LOADING", tokens_total=8)  # no prompt counts (a server before them)
+    assert progress_line(earlier) == "LOADING    [..............................] 0/8 tokens"

@@ -163,14 +163,15 @@ def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
     emit(ns, group.rank, StateEvent("running"))
     say(group.rank, f"captured in {capture_s:.1f} s; running {len(prompts)} requests, up to {ns.max_new_tokens} "
                     "new tokens each")
-    last = [0.0, time.perf_counter(), -1]  # the last progress event, the last progress line, its tokens
+    last: list[Any] = [0.0, time.perf_counter(), None]  # the last progress event, the last line, its counts
     ended: list[dict[str, Any]] = []  # the requests finished so far, as the report lists them
 
     def progress(at: driver.Progress) -> None:
         now = time.perf_counter()
-        if (now - last[0] > 0.25 and at.tokens_done != last[2]) or at.finished:
-            last[0], last[2] = now, at.tokens_done
-            emit(ns, group.rank, ProgressEvent(at.tokens_done, at.tokens_total))
+        counts = (at.tokens_done, at.prompt_done)
+        if (now - last[0] > 0.25 and counts != last[2]) or at.finished:
+            last[0], last[2] = now, counts
+            emit(ns, group.rank, ProgressEvent(at.tokens_done, at.tokens_total, 0.0, at.prompt_done, at.prompt_total))
         # rank 0 says how far it has got (prompt tokens too: a long prompt is many steps before its
         # first token); every rank says when it has finished, so that a log that ends at "running"
         # is one whose rank stopped there
