@@ -75,6 +75,12 @@ def prefilling(launch: Any) -> bool:
                 and launch.prompt_tokens_total > 0 and launch.prompt_tokens_done < launch.prompt_tokens_total)
 
 
+def tokens_cell(launch: Any) -> str:
+    """`launches list`'s tokens column: generated of all, and while prefilling, the prompt's."""
+    cell = f"{launch.tokens_done}/{launch.tokens_total}"
+    return cell + (f" (prefill {launch.prompt_tokens_done}/{launch.prompt_tokens_total})" if prefilling(launch) else "")
+
+
 def progress_line(launch: Any) -> str:
     """A launch's state and a bar: tokens generated, or while its prompts are prefilled before the
     first token (a long prompt is many steps), prompt tokens prefilled."""
@@ -208,7 +214,7 @@ def launches_list(ns: argparse.Namespace) -> int:
         render.print_json({"launches": [launch_dict(x) for x in launches], "next_page_token": token})
         return 0
     print(render.page(["name", "state", "plan", "tp", "devices", "tokens", "created", "error"],
-                      [(x.name, x.state, x.plan, x.tp, ",".join(x.devices), f"{x.tokens_done}/{x.tokens_total}",
+                      [(x.name, x.state, x.plan, x.tp, ",".join(x.devices), tokens_cell(x),
                         x.create_time.ToJsonString(), x.error.splitlines()[0] if x.error else "")
                        for x in launches], token, "launches", list_filter(ns)))
     return 0

@@ -18,13 +18,15 @@ def test_a_workload_reads_as_a_person_would_say_it() -> None:
 def test_a_launch_that_is_prefilling_shows_its_prompt_tokens() -> None:
     """A launch of long prompts sat at "RUNNING [....] 0/8 tokens" for minutes while its prompts
     were prefilled chunk by chunk: the bar shows the prompt tokens until the first token is out."""
-    from cgsvc_client.launch_commands import progress_line
+    from cgsvc_client.launch_commands import progress_line, tokens_cell
 
     prefilling = launch_pb2.Launch(state="RUNNING", tokens_done=0, tokens_total=8, prompt_tokens_done=4096,
                                    prompt_tokens_total=8192)
     assert progress_line(prefilling) == "RUNNING    [###############...............] 4096/8192 prompt tokens prefilled"
+    assert tokens_cell(prefilling) == "0/8 (prefill 4096/8192)"  # launches list
     generating = launch_pb2.Launch(state="RUNNING", tokens_done=2, tokens_total=8, prompt_tokens_done=8192,
                                    prompt_tokens_total=8192)
     assert progress_line(generating) == "RUNNING    [#######.......................] 2/8 tokens"
+    assert tokens_cell(generating) == "2/8"
     earlier = launch_pb2.Launch(state="LOADING", tokens_total=8)  # no prompt counts (a server before them)
     assert progress_line(earlier) == "LOADING    [..............................] 0/8 tokens"
