@@ -3,6 +3,9 @@ the KV cache has room."""
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import numpy as np
 import pytest
 from cgsvc_worker import driver, tp
@@ -84,3 +87,28 @@ def test_the_report_says_what_the_kv_budget_was_and_why(checkpoints: dict[str, s
     kv = _engine(checkpoints["tiny"]).describe()["kv_cache"]
     assert (kv["budget_bytes"], kv["budget_reason"]) == (256 << 20, "auto: 256 MiB on cpu")
     assert kv["pages"] == (256 << 20) // (kv["bytes_per_token"] * kv["page_size"])
+
+
+class SlowToSample(driver.Sampler):
+    """Greedy, but its first call (the prefill's) takes 0.2 s: as a GPU step does, whose kernels
+    run after the call that queued them returned, until the sampler reads the tokens back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __call__(self, logits: Any) -> list[int]:
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(0.2)
+        return super().__call__(logits)
+
+
+def test_a_token_is_timed_once_it_has_been_read_back_not_when_its_step_was_queued(
+        checkpoints: dict[str, str]) -> None:
+    """On a GPU engine.prefill returns once the kernels are queued; the token exists when the
+    sampler has read the logits back (its .tolist() waits for the device). The driver took the
+    time before sampling, so TTFT left out the device's prefill time: here the 0.2 s stands for it."""
+    out = driver.run(_engine(checkpoints["tiny"]), [[3, 4, 5, 6]], 3, 1, SlowToSample())
+    (request,) = out["requests"]
+    assert request["ttft_ms"] >= 200, request  # the sleep lies between arrival and the first token's time

@@ -144,8 +144,10 @@ def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int, concurren
             r.waited = True
         if admitted:
             logits = engine.prefill([r.rid for r in admitted], [r.prompt for r in admitted], prefilled)
+            # timed once sampled: on a GPU the step's kernels run until the sampler reads them back
+            tokens = sampler(logits)
             now = time.perf_counter()
-            for r, tok in zip(admitted, sampler(logits), strict=True):
+            for r, tok in zip(admitted, tokens, strict=True):
                 r.output.append(tok)
                 r.token_times.append(now)
                 r.prefill_chunks = engine.prefill_chunks[r.rid]
@@ -153,8 +155,9 @@ def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int, concurren
             active += admitted
         else:
             logits = engine.decode([r.rid for r in active], [r.output[-1] for r in active])
+            tokens = sampler(logits)
             now = time.perf_counter()
-            for r, tok in zip(active, sampler(logits), strict=True):
+            for r, tok in zip(active, tokens, strict=True):
                 r.output.append(tok)
                 r.token_times.append(now)
             now_at.tokens_done += len(active)
