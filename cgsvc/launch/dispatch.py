@@ -3,7 +3,7 @@
 The local dispatcher starts `cgsvc-worker` as a supervisor in its own session (never a fork
 of the gRPC server: `subprocess` execs at once); the supervisor starts one process per rank,
 forked from a fork server that imported torch once, each on its own device (`--devices`:
-rank r sees only the r-th, through its own CUDA_VISIBLE_DEVICES), stops the whole group when a
+rank r sees the group's devices and takes the r-th, cuda:r), stops the whole group when a
 rank dies (or when no server has followed it for `--unfollowed-after`), and writes a report.
 Because the group lives in its own session, a restarted server can find it again by pid and
 command line, and cancellation reaches every rank with one signal to the process group.

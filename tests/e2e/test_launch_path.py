@@ -107,8 +107,8 @@ def pg_replicas(tmp_path: Path, schema: str, slots: int, *args: str,
 LONG_TP1 = {"input_len": 4, "output_len": 4000, "requests": 1, "concurrency": 1}  # runs until cancelled
 
 
-def test_concurrent_launches_get_disjoint_devices_and_each_rank_sees_only_its_own(ckpt: str,
-                                                                                  tmp_path: Path) -> None:
+def test_concurrent_launches_get_disjoint_devices_and_each_rank_sees_only_its_groups(ckpt: str,
+                                                                                     tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "srv", "--local-devices", "0,1,2,3,4,5,6,7") as srv, Client(srv.address) as c:
         assert "local devices: 0, 1, 2, 3, 4, 5, 6, 7 (--local-devices)" in "".join(srv.output)
         names: list[str] = []
@@ -127,8 +127,10 @@ def test_concurrent_launches_get_disjoint_devices_and_each_rank_sees_only_its_ow
         assert all(len(d) == 4 for d in devices) and not set(devices[0]) & set(devices[1])
         for launch in launches:
             report = json.loads(launch.report_json)
-            seen = [p["visible_devices"] for p in report["placement"]]
-            assert seen == list(launch.devices)  # rank r sees exactly the r-th device, alone
+            seen = [(p["visible_devices"], p["local_rank"]) for p in report["placement"]]
+            # every rank sees its group's devices (NCCL's P2P needs its peers visible), none of the
+            # other launch's, and takes the r-th as its own
+            assert seen == [(",".join(launch.devices), r) for r in range(4)], seen
             assert "local devices" in launch.placement and "substituted" not in launch.placement
             assert_started_once(c, launch.name)
         # the same plan and workload on other devices: shown by launches diff, not counted as running differently

@@ -240,3 +240,26 @@ def test_bad_input_fails_clearly(checkpoints: dict[str, str], tmp_path: Path, ca
     assert rc != 0
     assert report["status"] == "failed" and expect in report["error"], report
     assert "requests" not in report  # no partial output passed off as complete
+
+
+def test_a_ranks_group_devices_are_all_visible_to_it_and_it_uses_its_own() -> None:
+    """Each rank saw its own GPU alone (CUDA_VISIBLE_DEVICES=6, as cuda:0). NCCL then cannot open
+    CUDA IPC between the ranks' GPUs and falls back from NVLink P2P to host shared memory, which
+    would have put every decode all-reduce of a TP4 launch through the host. As vLLM and sglang
+    do, every rank now sees the group's devices and takes its own by LOCAL_RANK; another group's
+    devices stay invisible. A CPU slot still sees no GPU."""
+    from cgsvc_worker.runtime import device_name
+    from cgsvc_worker.supervisor import rank_environment
+
+    env = rank_environment(2, 4, 29500, ["4", "5", "6", "7"])
+    assert (env["CUDA_VISIBLE_DEVICES"], env["LOCAL_RANK"], env["RANK"]) == ("4,5,6,7", "2", "2")
+    cpu = rank_environment(1, 2, 29500, ["cpu0", "cpu1"])
+    assert (cpu["CUDA_VISIBLE_DEVICES"], cpu["LOCAL_RANK"]) == ("", "0")
+    assert "CUDA_VISIBLE_DEVICES" not in rank_environment(0, 1, 29500, [])  # no devices given: as found
+    # the server's name for a rank's device: its own GPU among those visible, or cpu
+    assert device_name({"device": "cuda:2", "visible_devices": "4,5,6,7"}) == "6"
+    assert device_name({"device": "cuda:0", "visible_devices": "3"}) == "3"  # Ray: one GPU an actor
+    assert device_name({"device": "cuda:1", "visible_devices": ""}) == "1"
+    assert device_name({"device": "cpu", "visible_devices": ""}) == "cpu"
+    # GPU ids given on a machine without CUDA (the dispatcher tests): the rank's own by LOCAL_RANK
+    assert device_name({"device": "cpu", "visible_devices": "4,5,6,7", "local_rank": 2}) == "6"

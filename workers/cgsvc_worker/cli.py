@@ -143,8 +143,8 @@ def parser() -> argparse.ArgumentParser:
                        help="stop the group, reporting why, once --follow-file has gone this many seconds "
                             "untouched (0: never; a group of one rank is then supervised too)")
         p.add_argument("--devices", default="",
-                       help="comma-separated devices, one per rank (GPU ids, or cpu0, cpu1, ... for CPU slots): rank r "
-                            "sees only the r-th (its own CUDA_VISIBLE_DEVICES)")
+                       help="comma-separated devices, one per rank (GPU ids, or cpu0, cpu1, ... for CPU slots): every "
+                            "rank sees these GPUs (CUDA_VISIBLE_DEVICES) and rank r takes the r-th, cuda:r")
         if name == "generate":
             p.add_argument("--prompts", required=True, help="JSON list of token-id lists")
             p.add_argument("--max-new-tokens", type=int, default=16, help="tokens to generate per prompt")

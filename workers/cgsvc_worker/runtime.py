@@ -111,10 +111,17 @@ def read_plan(ns: argparse.Namespace) -> Any:
 
 
 def device_name(p: dict[str, Any]) -> str:
-    """A rank's device as the server names devices: its visible GPU id, or "cpu"."""
-    if p["visible_devices"]:
-        return str(p["visible_devices"])
-    return str(p["device"]).split(":")[1] if str(p["device"]).startswith("cuda:") else "cpu"
+    """A rank's device as the server names devices: its own GPU's id among those visible to it,
+    or "cpu". (GPU ids given to ranks on a machine without CUDA, as tests do: the rank's own by
+    its LOCAL_RANK.)"""
+    visible = [d for d in str(p["visible_devices"]).split(",") if d]
+    device = str(p["device"])
+    if device.startswith("cuda:"):
+        index = int(device.split(":")[1])
+        return visible[index] if index < len(visible) else str(index)
+    if visible:
+        return visible[int(p.get("local_rank", 0))] if len(visible) > 1 else visible[0]
+    return "cpu"
 
 
 def placement(group: Any) -> list[dict[str, Any]]:
@@ -122,7 +129,7 @@ def placement(group: Any) -> list[dict[str, Any]]:
     really saw, not what it was meant to see."""
     import torch.distributed as dist
 
-    mine = {"rank": group.rank, "device": str(group.device),
+    mine = {"rank": group.rank, "device": str(group.device), "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
             "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
     if group.size == 1:
         return [mine]

@@ -2,8 +2,8 @@
 that has imported torch once (and touched no CUDA), each on its own device; when one rank dies
 the others are stopped, and the report names every failed rank.
 
-    spawn_group(ns)   start ns.tp ranks (rank r on ns.devices[r] when given: its own
-                      CUDA_VISIBLE_DEVICES, so it sees that device alone, as cuda:0)
+    spawn_group(ns)   start ns.tp ranks (rank r on ns.devices[r] when given: it sees the
+                      group's devices, its own as cuda:r; rank_environment says why)
 
 The server's local dispatcher runs `cgsvc-worker bench ...` as this supervisor, in its own
 session, so that a restarted server finds the group again and cancels it with one signal.
@@ -31,13 +31,18 @@ from cgsvc_worker.runtime import EXIT_FAILED, rank_entry, rank_error_path
 
 def rank_environment(rank: int, world: int, port: int, devices: list[str]) -> dict[str, str]:
     """The environment a rank starts with: torch.distributed's variables and, when the group
-    was given devices, only its own one visible (a CPU slot sees no GPU)."""
+    was given GPUs, the group's GPUs visible, the rank's own being cuda:LOCAL_RANK (a CPU slot
+    sees no GPU). All of them, not its own alone: NCCL reaches a peer GPU over NVLink through
+    CUDA IPC, which needs the peer visible; with one GPU a process it falls back to the host's
+    shared memory (vLLM and sglang show every rank the group's GPUs for the same reason).
+    Another group's GPUs stay invisible."""
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port)}
     if devices:
-        device = devices[rank]
-        env["CUDA_VISIBLE_DEVICES"] = "" if device.startswith("cpu") else device
-        env["LOCAL_RANK"] = "0"  # the one visible device is cuda:0
+        if devices[rank].startswith("cpu"):
+            env["CUDA_VISIBLE_DEVICES"], env["LOCAL_RANK"] = "", "0"
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     return env
 
 
@@ -49,7 +54,7 @@ PRELOAD = ["torch", "torch.distributed"]
 
 def _spawned(ns: argparse.Namespace, rank: int, world: int, port: int) -> None:
     # Set before CUDA starts in this process (torch is imported, CUDA is not initialised), so
-    # CUDA sees only this rank's device.
+    # CUDA sees the group's devices and no other.
     os.environ.update(rank_environment(rank, world, port, device_list(ns)))
     sys.exit(rank_entry(ns))
 
