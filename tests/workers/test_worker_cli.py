@@ -253,6 +253,7 @@ def test_a_ranks_group_devices_are_all_visible_to_it_and_it_uses_its_own() -> No
 
     env = rank_environment(2, 4, 29500, ["4", "5", "6", "7"])
     assert (env["CUDA_VISIBLE_DEVICES"], env["LOCAL_RANK"], env["RANK"]) == ("4,5,6,7", "2", "2")
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # the ids as nvidia-smi, which made the inventory, numbers them
     cpu = rank_environment(1, 2, 29500, ["cpu0", "cpu1"])
     assert (cpu["CUDA_VISIBLE_DEVICES"], cpu["LOCAL_RANK"]) == ("", "0")
     assert "CUDA_VISIBLE_DEVICES" not in rank_environment(0, 1, 29500, [])  # no devices given: as found

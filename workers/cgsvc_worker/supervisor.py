@@ -42,7 +42,9 @@ def rank_environment(rank: int, world: int, port: int, devices: list[str]) -> di
         if devices[rank].startswith("cpu"):
             env["CUDA_VISIBLE_DEVICES"], env["LOCAL_RANK"] = "", "0"
         else:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+            # the server's inventory numbers GPUs as nvidia-smi does (PCI order); CUDA's own default
+            # order (fastest first) may differ on a machine of mixed GPUs
+            env["CUDA_VISIBLE_DEVICES"], env["CUDA_DEVICE_ORDER"] = ",".join(devices), "PCI_BUS_ID"
     return env
 
 
