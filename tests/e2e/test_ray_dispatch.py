@@ -49,7 +49,9 @@ def test_ray_launch_succeeds_like_the_local_one(ray_cluster: str, tmp_path: Path
         assert ray_launch.dispatcher == "ray" and ray_launch.report.decode_effective == "static_eager"
         assert sorted(ray_launch.devices) == ["0", "1", "2", "3"]  # Ray's assignment, one GPU per rank
         placement = json.loads(ray_launch.report_json)["placement"]
-        assert [p["visible_devices"] for p in placement] == list(ray_launch.devices)
+        # every rank sees the group's GPUs (Ray assigned one each) and takes its own
+        assert [(p["visible_devices"], p["local_rank"]) for p in placement] == [
+            (",".join(ray_launch.devices), r) for r in range(4)], placement
         assert "1 GPU per rank" in ray_launch.placement and "substituted" not in ray_launch.placement
         local_op = c.create_launch(ckpt, WORK, plan=ray_launch.plan)
         for _ in c.watch_launch(local_op.metadata.name):

@@ -264,3 +264,8 @@ def test_a_ranks_group_devices_are_all_visible_to_it_and_it_uses_its_own() -> No
     assert device_name({"device": "cpu", "visible_devices": ""}) == "cpu"
     # GPU ids given on a machine without CUDA (the dispatcher tests): the rank's own by LOCAL_RANK
     assert device_name({"device": "cpu", "visible_devices": "4,5,6,7", "local_rank": 2}) == "6"
+    # Ray assigns each rank actor a GPU of its own; the group's view is made from them, in rank order
+    from cgsvc_worker.ray_group import group_gpus
+
+    assert group_gpus(["3", "1", "0", "2"], 1) == {"CUDA_VISIBLE_DEVICES": "3,1,0,2", "LOCAL_RANK": "1"}
+    assert group_gpus(["", "", "", ""], 0) == {} and group_gpus(["0,1", "2,3"], 0) == {}  # CPU bundles; 2 a rank

@@ -8,8 +8,9 @@ Started by the server's Ray dispatcher as a supervisor in its own session, like 
 one. It follows rank 0's events into DIR/events.jsonl, stops every actor when one dies or
 when it is told to stop (SIGTERM), removes the placement group, and writes DIR/report.json
 (cgsvc.contract). Actors are owned by this driver, so if it is killed they die with it.
-Each actor's device is the one Ray assigned it (Ray sets its CUDA_VISIBLE_DEVICES), which
-the rank reports in its `placed` event.
+Each actor's device is the one Ray assigned it; every rank is shown the group's GPUs (as the
+local supervisor does, so that NCCL reaches its peers over NVLink) and takes its own as
+cuda:rank, and reports it in its `placed` event.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class RankActor:
     def endpoint(self) -> tuple[str, int]:
         return ray.util.get_node_ip_address(), free_port()
 
+    def assigned_gpus(self) -> str:
+        """The GPU ids Ray assigned this actor ("" for a CPU bundle), as its CUDA_VISIBLE_DEVICES."""
+        return os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
     @ray.method(concurrency_group="events")
     def read_events(self, offset: int) -> tuple[str, int]:
         try:
@@ -57,9 +62,9 @@ class RankActor:
         return text, offset + len(text.encode())
 
     def run(self, argv: list[str], env: dict[str, str]) -> tuple[int, dict[str, Any]]:
-        # Ray gives this actor its own CUDA_VISIBLE_DEVICES (one GPU, or none for a CPU
-        # bundle): the rank's device is the one Ray assigned, which torch sees as cuda:0.
-        os.environ.update({**env, "LOCAL_RANK": "0"})
+        # Ray gave this actor its own CUDA_VISIBLE_DEVICES; `env` widens it to the group's GPUs
+        # (its own is cuda:LOCAL_RANK) before CUDA starts here, as the local supervisor does.
+        os.environ.update({"LOCAL_RANK": "0", **env})
         ns = parser().parse_args(argv)
         ns.events = self.events
         out = os.path.join(os.path.dirname(self.events), "report.json")
@@ -72,6 +77,16 @@ class RankActor:
                 except ContractError as exc:
                     return code, WorkerReport.failed(f"rank {self.rank} wrote an unreadable report: {exc}").to_dict()
         return code, {}
+
+
+def group_gpus(assigned: list[str], rank: int) -> dict[str, str]:
+    """Rank `rank`'s view of the group's GPUs, from what Ray assigned each actor (in rank order):
+    every GPU of the group visible, its own as cuda:rank, so that NCCL reaches the others over
+    NVLink (supervisor.rank_environment says why). Nothing for CPU bundles, or an actor given
+    other than one GPU."""
+    if not all(a and "," not in a for a in assigned):
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(assigned), "LOCAL_RANK": str(rank)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         host, port = ray.get(actors[0].endpoint.remote())
         env = {"WORLD_SIZE": str(tp), "MASTER_ADDR": host, "MASTER_PORT": str(port)}
         logs = ["--log-dir", str(run_dir / "logs")]
-        refs = {actors[r].run.remote(worker_argv + logs, {**env, "RANK": str(r)}): r for r in range(tp)}
+        assigned = ray.get([a.assigned_gpus.remote() for a in actors])
+        refs = {actors[r].run.remote(worker_argv + logs, {**env, **group_gpus(assigned, r), "RANK": str(r)}): r
+                for r in range(tp)}
         offset, results = 0, {}
         events = run_dir / "events.jsonl"
         while refs:
