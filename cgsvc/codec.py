@@ -183,6 +183,14 @@ def checkpoint_from_proto(msg: audit_pb2.Checkpoint) -> Checkpoint:
                       key_id=msg.key_id, public_key=msg.public_key, signature=msg.signature)
 
 
+def measured(report: launch_pb2.LaunchReport, field: str) -> float | None:
+    """A launch report's measure, or None where it measured none (an optional field left unset:
+    TPOT of requests that ended at their first token)."""
+    if report.DESCRIPTOR.fields_by_name[field].has_presence and not report.HasField(field):
+        return None
+    return float(getattr(report, field))
+
+
 def report_summary(report_json: str) -> launch_pb2.LaunchReport:
     """The summary of a launch's stored worker report (empty unless it succeeded)."""
     if not report_json:

@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from cgsvc import codec
@@ -134,13 +133,11 @@ def cmd_plans_diff(ns: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- launches diff
 
-# What each launch measured, as its report gives it: (label, getter).
-MEASURED: tuple[tuple[str, Callable[[Any], float | None]], ...] = (
-    ("TTFT p50 ms", lambda r: r.ttft_ms_p50), ("TTFT p99 ms", lambda r: r.ttft_ms_p99),
-    ("TPOT p50 ms", lambda r: r.tpot_ms_p50 if r.HasField("tpot_ms_p50") else None),
-    ("TPOT p99 ms", lambda r: r.tpot_ms_p99 if r.HasField("tpot_ms_p99") else None),
-    ("throughput tokens/s", lambda r: r.throughput_tok_s), ("capture s", lambda r: r.capture_seconds),
-    ("capture bytes", lambda r: r.capture_bytes), ("KV bytes/token", lambda r: r.kv_bytes_per_token))
+# What each launch measured, as its report gives it: (label, LaunchReport field; codec.measured reads it).
+MEASURED: tuple[tuple[str, str], ...] = (
+    ("TTFT p50 ms", "ttft_ms_p50"), ("TTFT p99 ms", "ttft_ms_p99"), ("TPOT p50 ms", "tpot_ms_p50"),
+    ("TPOT p99 ms", "tpot_ms_p99"), ("throughput tokens/s", "throughput_tok_s"), ("capture s", "capture_seconds"),
+    ("capture bytes", "capture_bytes"), ("KV bytes/token", "kv_bytes_per_token"))
 SINGLE_RUNS = ("one launch a side: single runs, no interval; `cgsvc-cli experiment run A B` "
                "measures a difference with confidence intervals")
 
@@ -197,8 +194,8 @@ def cmd_launches_diff(ns: argparse.Namespace) -> int:
         alike = ran_alike(*(ran_as({"plan_fidelity": [{"field": f.field, "requested": f.requested,
                                                        "effective": f.effective} for f in x.report.plan_fidelity]})
                             for x in launches))
-        for label, get in MEASURED:
-            va, vb = (None if (v := get(x.report)) is None else round(float(v), 3) for x in launches)
+        for label, field in MEASURED:
+            va, vb = (None if (v := codec.measured(x.report, field)) is None else round(v, 3) for x in launches)
             row: dict[str, Any] = {"metric": label, "a": va, "b": vb, "b_minus_a": None, "b_over_a": None}
             if va is not None and vb is not None:  # a side with no TPOT (no second token) has nothing to compare
                 row |= {"b_minus_a": round(vb - va, 3), "b_over_a": round(vb / va, 3) if va else None}

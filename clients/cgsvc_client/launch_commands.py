@@ -12,6 +12,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from cgsvc import codec
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc_client import evidence_commands, render
 from cgsvc_client.args import (
@@ -113,8 +114,8 @@ def report_table(launch: Any) -> str:
                  ("decode graph", f"requested {r.decode_requested} -> effective {r.decode_effective}"),
                  ("attention", f"effective {r.attention_prefill_effective} / {r.attention_decode_effective}"),
                  ("TTFT ms", f"p50 {r.ttft_ms_p50:.1f}  p99 {r.ttft_ms_p99:.1f}"),
-                 ("TPOT ms", f"p50 {r.tpot_ms_p50:.1f}  p99 {r.tpot_ms_p99:.1f}" if r.HasField("tpot_ms_p50")
-                  else "- (no request generated a second token)"),
+                 ("TPOT ms", f"p50 {r.tpot_ms_p50:.1f}  p99 {r.tpot_ms_p99:.1f}"
+                  if codec.measured(r, "tpot_ms_p50") is not None else "- (no request generated a second token)"),
                  ("throughput", f"{r.throughput_tok_s:.1f} tokens/s ({r.output_tokens} tokens)"),
                  ("capture", f"{r.capture_seconds:.2f} s, {r.capture_bytes} bytes"),
                  ("KV cache", f"{r.kv_bytes_per_token} bytes/token (latent only)")]
@@ -238,11 +239,7 @@ LAUNCH_FIELDS: dict[str, Callable[[Any], Any]] = {
 def _succeeded(metric: str) -> Callable[[Any], float | None]:
     """A succeeded launch's measure; None (left out of the median) otherwise or where it measured
     none (TPOT with no second token)."""
-    def get(x: Any) -> float | None:
-        if x.state != "SUCCEEDED" or (metric.startswith("tpot") and not x.report.HasField(metric)):
-            return None
-        return float(getattr(x.report, metric))
-    return get
+    return lambda x: codec.measured(x.report, metric) if x.state == "SUCCEEDED" else None
 
 
 LAUNCH_MEASURES: dict[str, Measure] = {

@@ -141,6 +141,9 @@ def test_a_launch_whose_requests_had_no_second_token_has_no_tpot() -> None:
     assert summary.ttft_ms_p50 == 2
     measured = report_summary(json.dumps(OK_REPORT))
     assert measured.HasField("tpot_ms_p50") and (measured.tpot_ms_p50, measured.tpot_ms_p99) == (6, 8)
+    # codec.measured, which the CLI's show, summary and diff read through: None where unset
+    from cgsvc.codec import measured as read
+    assert (read(summary, "tpot_ms_p50"), read(summary, "ttft_ms_p50"), read(measured, "tpot_ms_p99")) == (None, 2.0, 8.0)
 
 
 def test_a_progress_event_of_an_earlier_worker_has_no_prompt_counts() -> None:
