@@ -275,9 +275,12 @@ def read_log(path: Path, tail_lines: int, after: int | None = None, ended: bool 
                 lines = data.decode(errors="replace").splitlines()
                 whole = lines[1:] if size > limit else lines  # the first may be cut: it is not one of the last
                 whole = whole[-tail_lines:]
-                while whole and len("\n".join(whole).encode()) > limit:  # bad bytes read as U+FFFD, 3 bytes
-                    whole = whole[1:]
-                return "\n".join(whole), size, size
+                # bad bytes read as U+FFFD, 3 bytes: drop the first lines until the text fits
+                text_bytes, first = len("\n".join(whole).encode()), 0
+                while first < len(whole) and text_bytes > limit:
+                    text_bytes -= len(whole[first].encode()) + (1 if first < len(whole) - 1 else 0)
+                    first += 1
+                return "\n".join(whole[first:]), size, size
             start = after if after is not None and after <= size else 0
             fh.seek(start)
             data = fh.read(limit)

@@ -128,7 +128,7 @@ def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int, concurren
                 f"holds {usable} pages ({usable * page} tokens) on this rank; shorten the workload or give the cache "
                 "more memory")
     waiting: deque[Request] = deque()
-    held, waited = 0, 0
+    held = 0
     t_start = time.perf_counter()
     while pending or waiting or active:
         while pending and len(active) + len(waiting) < concurrency:
@@ -139,7 +139,6 @@ def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int, concurren
         while waiting and held + pages_of(waiting[0]) <= usable:
             admitted.append(waiting.popleft())
             held += pages_of(admitted[-1])
-        waited += sum(1 for r in waiting if not r.waited)
         for r in waiting:
             r.waited = True
         if admitted:
@@ -178,7 +177,7 @@ def run(engine: Engine, prompts: list[list[int]], max_new_tokens: int, concurren
         "requests": reqs,
         "aggregate": {
             "requests": len(reqs), "wall_s": round(wall, 4),
-            "output_tokens": sum(r["tokens"] for r in reqs), "waited_for_kv": waited,
+            "output_tokens": sum(r["tokens"] for r in reqs), "waited_for_kv": sum(r.waited for r in finished),
             "throughput_tok_s": round(sum(r["tokens"] for r in reqs) / wall, 3) if wall else 0.0,
             "ttft_ms": percentiles([r["ttft_ms"] for r in reqs if r["ttft_ms"] is not None]),
             "tpot_ms": percentiles([r["tpot_ms"] for r in reqs if r["tpot_ms"] is not None]),
