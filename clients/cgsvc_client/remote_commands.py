@@ -104,9 +104,17 @@ def plans_show(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _record_model(r: Any) -> str:
+    """The model a record is filed under (what `model = X` matches: a catalog id, or the path of a
+    spec that names its model by path alone); a record from before that column, its spec's name."""
+    if r.model:
+        return str(r.model)
+    return str(json.loads(r.spec_json).get("model", {}).get("name", "-")) if r.spec_json else "-"
+
+
 def _record_row(r: Any) -> tuple[Any, ...]:
     return (r.sequence, r.time.ToJsonString(), r.principal or "-", r.method.rsplit("/", 1)[-1],
-            json.loads(r.spec_json).get("model", {}).get("name", "-") if r.spec_json else "-",
+            _record_model(r),
             CODE_NAMES.get(r.outcome_code, str(r.outcome_code)), r.plan_id or "-", r.launch_id or "-",
             (r.outcome_message.splitlines() or ["-"])[0][:60], r.record_hash[:12])
 

@@ -255,6 +255,19 @@ def test_audit_cli_list_show_verify(server: ServerProcess, client: Client) -> No
     assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field_violations"][0]["field"] == "filter"
 
 
+def test_audit_list_table_shows_the_model_its_filter_matches(server: ServerProcess, client: Client,
+                                                              tmp_path: Path) -> None:
+    """A spec that names its model by path alone is recorded under that path: the table's model
+    column read the spec's name and showed "-" for every such record, while `model = PATH` found
+    them."""
+    path = str(llama_dir(tmp_path / "ckpt-seen-in-table"))
+    client.resolve({"model": {"path": path}, "hardware": {"gpu": "H200"}})
+    table = cli("audit", "list", "--server", server.address, "--filter", f'model = "{path}"', "-o", "table")
+    assert table.returncode == 0, table.stderr
+    rows = [line for line in table.stdout.splitlines() if "ResolvePlan" in line]
+    assert len(rows) == 1 and path in rows[0].split()
+
+
 def test_health_and_reflection(server: ServerProcess) -> None:
     with grpc.insecure_channel(server.address) as ch:
         health = health_pb2_grpc.HealthStub(ch)
