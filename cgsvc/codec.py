@@ -16,10 +16,11 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from google.protobuf import json_format, timestamp_pb2
+from google.protobuf.descriptor import FieldDescriptor
 
 from cgsvc.audit.checkpoint import Checkpoint
 from cgsvc.audit.records import AuditRecord
-from cgsvc.contract import ContractError, WorkerReport
+from cgsvc.contract import ContractError, EngineSettings, WorkerReport
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.plan import Decision, Estimates, Plan, PlanWarning, canonical_json
 from cgsvc.resolve import DEFAULT_POLICY, policy_version
@@ -213,7 +214,9 @@ def report_summary(report_json: str) -> launch_pb2.LaunchReport:
         attention_prefill_effective=att["prefill"].effective, attention_decode_effective=att["decode"].effective,
         capture_seconds=modes["prefill"].capture_seconds + modes["decode"].capture_seconds,
         capture_bytes=modes["prefill"].capture_bytes + modes["decode"].capture_bytes,
-        kv_bytes_per_token=report.kv_bytes_per_token, substitutions=subs,
+        kv_bytes_per_token=report.kv_bytes_per_token, substitutions=subs, dtype=report.dtype,
+        dtype_reason=report.dtype_reason, kv_cache_budget_bytes=report.kv_budget_bytes,
+        kv_cache_budget_reason=report.kv_budget_reason,
         plan_fidelity=[launch_pb2.PlanFidelity(field=f.field, requested=json.dumps(f.requested),
                                                effective=json.dumps(f.effective), status=f.status, reason=f.reason)
                        for f in report.plan_fidelity])
@@ -228,7 +231,12 @@ def launch_proto(row: LaunchRow, records: list[str] | None = None, plan_audit_re
         prompt_tokens_total=row.prompt_tokens_total, error=row.error,
         report=report_summary(row.report_json), report_json=row.report_json, audit_records=records or [],
         principal=row.principal, plan_audit_record=plan_audit_record, devices=list(row.devices),
-        placement=row.placement, request_id=row.request_id, owner=f"replicas/{row.owner}" if row.owner else "")
+        placement=row.placement, request_id=row.request_id, owner=f"replicas/{row.owner}" if row.owner else "",
+        engine=engine_proto(row.engine))
+
+
+def engine_proto(engine: EngineSettings) -> launch_pb2.EngineSettings:
+    return launch_pb2.EngineSettings(**asdict(engine))
 
 
 # ---------------------------------------------------------------------------- policies
@@ -253,6 +261,28 @@ def model_infos() -> list[plan_service_pb2.ModelInfo]:
             quantization=m.quantization or "", kv_cache_dtype=m.kv_cache_dtype or "", num_layers=m.num_layers,
             hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads))
     return out
+
+
+_INT64_TYPES = frozenset((FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+                          FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64))
+
+
+def int64_as_numbers(msg: Any, d: dict[str, Any]) -> dict[str, Any]:
+    """`d`, MessageToDict's form of `msg` (proto field names), with every 64-bit integer as a JSON
+    number where the proto3 mapping writes a string ("prompt_tokens_done": "24"): a script
+    reading a launch compares numbers. Nested messages too; `d` is changed and returned."""
+    for f in msg.DESCRIPTOR.fields:
+        if f.name not in d:
+            continue
+        repeated = f.is_repeated
+        if f.type in _INT64_TYPES:
+            d[f.name] = [int(x) for x in d[f.name]] if repeated else int(d[f.name])
+        elif f.type == FieldDescriptor.TYPE_MESSAGE and not f.message_type.GetOptions().map_entry:
+            for sub, sub_d in (zip(getattr(msg, f.name), d[f.name], strict=True) if repeated
+                               else [(getattr(msg, f.name), d[f.name])]):
+                if isinstance(sub_d, dict):  # a Timestamp or Struct is not an object of its fields
+                    int64_as_numbers(sub, sub_d)
+    return d
 
 
 def impact_proto(impact: dict[str, Any]) -> plan_service_pb2.PolicyImpact:
@@ -297,7 +327,7 @@ def experiment_proto(row: ExperimentRow) -> experiment_pb2.Experiment:
         workload=launch_pb2.LaunchWorkload(**req["workload"]), model_path=req["model_path"], repeats=req["repeats"],
         dispatcher=req["dispatcher"], runs=[experiment_pb2.ExperimentRun(**r) for r in row.runs], error=row.error,
         verdict=str(row.result.get("verdict", "")), audit_records=list(row.audit_records), principal=row.principal,
-        cancel_requested_by=row.cancel_requested_by)
+        cancel_requested_by=row.cancel_requested_by, engine=engine_proto(EngineSettings(**req.get("engine", {}))))
     msg.result.update(row.result)
     if row.create_time:
         msg.create_time.CopyFrom(timestamp(row.create_time))

@@ -2,6 +2,7 @@
 
     run directory   RunDir: plan.json (in), events.jsonl and report.json (out), logs/
     plan sets       the closed sets a plan's backends and KV dtype are drawn from
+    engine          EngineSettings: the worker flags a launch sets beyond its plan (dtype, ...)
     events          StateEvent, ProgressEvent, PlacedEvent: JSON lines a group's rank 0 appends
     report          WorkerReport: how the run ended and what ran (plan fidelity included)
     rank errors     RankError: which rank failed, its exit code and error
@@ -40,6 +41,35 @@ FIDELITY_STATUSES = ("honoured", "substituted", "not_applicable")
 # (checkpoint fact, words): a plan whose tp does not divide one cannot run on that checkpoint.
 TP_SHARDED = (("num_attention_heads", "attention heads"), ("vocab_size", "vocabulary rows"),
               ("routed_experts", "routed experts"))
+
+
+# ---------------------------------------------------------------------------- engine settings
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # the workers' --dtype
+CPU_DECODE_MODES = ("eager", "trace", "inductor")  # the workers' --cpu-decode
+MAX_KV_CACHE_MB = 1 << 24  # 16 TiB a rank: beyond any device
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the workers set up their engine beyond the plan (cgsvc-worker's --dtype,
+    --kv-cache-mb and --cpu-decode), checked and spelt once by the service; kv_cache_mb 0 is auto."""
+
+    dtype: str = "auto"
+    kv_cache_mb: float = 0.0
+    cpu_decode: str = "eager"
+
+    def worker_args(self) -> list[str]:
+        return ["--dtype", self.dtype, "--kv-cache-mb", f"{self.kv_cache_mb:.12g}" if self.kv_cache_mb else "auto",
+                "--cpu-decode", self.cpu_decode]
+
+    def text(self) -> str:
+        """One line for a person: "dtype auto, KV cache 8 MiB a rank, CPU decode eager"."""
+        kv = f"{self.kv_cache_mb:.12g} MiB a rank" if self.kv_cache_mb else "auto"
+        return f"dtype {self.dtype}, KV cache {kv}, CPU decode {self.cpu_decode}"
+
+
+DEFAULT_ENGINE = EngineSettings()
 
 
 def tp_misfits(tp: int, sizes: dict[str, int]) -> list[str]:
@@ -301,6 +331,11 @@ class WorkerReport:
     output_tokens: int = 0
     kv_bytes_per_token: int = 0
     placement: tuple[RankPlacement, ...] = ()
+    # the dtype and KV cache budget that ran, and why ("" and 0 from workers before these fields)
+    dtype: str = ""
+    dtype_reason: str = ""
+    kv_budget_bytes: int = 0
+    kv_budget_reason: str = ""
     body: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -345,6 +380,9 @@ class WorkerReport:
             throughput_tok_s=float(_get(agg, "throughput_tok_s", (int, float), "report.aggregate")),
             output_tokens=_get(agg, "output_tokens", int, "report.aggregate"),
             kv_bytes_per_token=_get(kv, "bytes_per_token", int, "report.kv_cache"),
+            dtype=_get(d, "dtype", str, "report", ""), dtype_reason=_get(d, "dtype_reason", str, "report", ""),
+            kv_budget_bytes=_get(kv, "budget_bytes", int, "report.kv_cache", 0),
+            kv_budget_reason=_get(kv, "budget_reason", str, "report.kv_cache", ""),
             placement=tuple(RankPlacement(_get(p, "rank", int, "report.placement[]"),
                                           _get(p, "device", str, "report.placement[]"),
                                           _get(p, "visible_devices", str, "report.placement[]"))

@@ -231,6 +231,10 @@ LAUNCH_COLUMNS_16 = tuple(sa.Column(name, sa.BigInteger, nullable=False, server_
                           for name in ("prompt_tokens_done", "prompt_tokens_total"))
 for _progress in LAUNCH_COLUMNS_16:
     launches.append_column(_progress)
+# Migration 17: the engine settings a launch was asked to run with ("{}": every default).
+LAUNCH_COLUMNS_17 = (sa.Column("engine_json", sa.Text, nullable=False, server_default="{}"),)
+for _column in LAUNCH_COLUMNS_17:
+    launches.append_column(_column)
 # One launch per (principal, request_id): a retried CreateLaunch finds the launch it started.
 launch_requests = sa.Table(
     "launch_requests", metadata,
@@ -322,6 +326,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      tuple((experiments, c) for c in EXPERIMENT_COLUMNS_15)),
     (16, "prompt tokens prefilled, beside the tokens generated (launches.prompt_tokens_done, _total)", (),
      tuple((launches, c) for c in LAUNCH_COLUMNS_16)),
+    (17, "the engine settings a launch runs with: dtype, KV cache budget, CPU decode (launches.engine_json)", (),
+     tuple((launches, c) for c in LAUNCH_COLUMNS_17)),
 )
 
 # GPUs and catalog models are matched as a spec names them: in any case, a model by an alias too.

@@ -26,7 +26,7 @@ import structlog
 
 from cgsvc import __version__
 from cgsvc.audit.records import AuditEntry
-from cgsvc.contract import ran_alike, ran_as
+from cgsvc.contract import DEFAULT_ENGINE, EngineSettings, ran_alike, ran_as
 from cgsvc.domain import stats
 from cgsvc.domain.launches import (
     TERMINAL,
@@ -34,6 +34,7 @@ from cgsvc.domain.launches import (
     PlanSource,
     TakenOver,
     dispatcher_named,
+    engine_settings,
     order_for,
     read_checkpoint,
     workload_problems,
@@ -126,10 +127,11 @@ class Experiments:
 
     # ------------------------------------------------------------------ create
     async def create(self, plans: list[str], workload: Workload, model_path: str, repeats: int, dispatcher: str,
-                     caller: Caller) -> ExperimentRow:
-        """Check, record and start an experiment; a refusal is audited, then raised."""
+                     caller: Caller, engine: Any = None) -> ExperimentRow:
+        """Check, record and start an experiment; a refusal is audited, then raised. `engine`:
+        the request's EngineSettings message (or anything with its fields; None: the defaults)."""
         try:
-            row = await self._create(plans, workload, model_path, repeats, dispatcher, caller)
+            row = await self._create(plans, workload, model_path, repeats, dispatcher, caller, engine)
         except ServiceError as err:
             await self.audit(CREATE_EXPERIMENT_METHOD, caller.principal, err.code, err.message, caller)
             raise
@@ -137,9 +139,12 @@ class Experiments:
         return row
 
     async def _create(self, plans: list[str], workload: Workload, model_path: str, repeats: int, dispatcher: str,
-                      caller: Caller) -> ExperimentRow:
+                      caller: Caller, asked: Any) -> ExperimentRow:
         problems = workload_problems(workload, model_path)
         dispatcher, wrong = dispatcher_named(dispatcher)
+        problems += wrong
+        engine, wrong = (engine_settings(asked.dtype, asked.kv_cache_mb, asked.cpu_decode) if asked is not None
+                         else (DEFAULT_ENGINE, []))
         problems += wrong
         if len(plans) != 2:
             problems.append(FieldViolation("plans", f"exactly two (A and B), got {len(plans)}"))
@@ -155,13 +160,14 @@ class Experiments:
             ids.append(name[len(prefix):])
         ckpt = read_checkpoint(model_path, workload, self.plans.model_roots)
         for plan_id in ids:  # both arms must be launchable before anything runs
-            order_for(PlanSource.stored(await self.plans.get(plan_id)), ckpt, model_path, workload, dispatcher, True)
+            order_for(PlanSource.stored(await self.plans.get(plan_id)), ckpt, model_path, workload, dispatcher, True,
+                      engine=engine)
         if dispatcher not in self.launches.dispatchers:
             raise ServiceError("FAILED_PRECONDITION", f"dispatcher {dispatcher!r} is not configured on this server",
                                [FieldViolation("dispatcher", f"one of {', '.join(self.launches.dispatchers)}")])
         experiment_id = new_id()
         request = {"plans": plans, "workload": dataclasses.asdict(workload), "model_path": model_path,
-                   "repeats": repeats, "dispatcher": dispatcher}
+                   "repeats": repeats, "dispatcher": dispatcher, "engine": dataclasses.asdict(engine)}
         record = await self.audit(CREATE_EXPERIMENT_METHOD, caller.principal, "OK",
                                   f"{plans[0]} (A) vs {plans[1]} (B), {repeats} launches per arm, interleaved",
                                   caller, experiment_id)
@@ -222,6 +228,7 @@ class Experiments:
         assert row is not None
         req = row.request
         workload = Workload(**req["workload"])
+        engine = EngineSettings(**req.get("engine", {}))  # an experiment from before engine settings: the defaults
         samples = _empty_samples()
         substituted: dict[str, list[str]] = {arm: [] for arm in ARMS}
         ran: dict[str, dict[str, Any]] = {}
@@ -233,7 +240,7 @@ class Experiments:
                     if who := await self._cancel_asked(experiment_id):
                         await self._end(row, samples, "CANCELLED", _cancelled(who, samples))
                         return
-                    order = order_for(plan, ckpt, req["model_path"], workload, req["dispatcher"], True)
+                    order = order_for(plan, ckpt, req["model_path"], workload, req["dispatcher"], True, engine=engine)
                     launch, _ = await self.launches.create(order, dataclasses.replace(caller, request_id=""))
                     self.current[experiment_id] = launch.launch_id
                     run = {"arm": arm, "repeat": repeat, "launch": f"launches/{launch.launch_id}", "state": launch.state}

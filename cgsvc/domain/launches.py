@@ -40,8 +40,13 @@ from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.records import AuditEntry
 from cgsvc.audit.store import StoredPlan, utc_now
 from cgsvc.contract import (
+    CPU_DECODE_MODES,
+    DEFAULT_ENGINE,
+    DTYPES,
+    MAX_KV_CACHE_MB,
     TP_SHARDED,
     ContractError,
+    EngineSettings,
     PlacedEvent,
     ProgressEvent,
     RunDir,
@@ -97,6 +102,7 @@ class LaunchOrder:
     request_id: str = ""
     request_hash: str = ""
     rule_ids: tuple[str, ...] = ()  # the plan's: its CreateLaunch record carries them (`rule_id = X` finds it)
+    engine: EngineSettings = EngineSettings()
 
 
 # The most requests one launch runs (a bigger benchmark is several launches, or an experiment).
@@ -118,6 +124,25 @@ def workload_problems(workload: Workload, model_path: str) -> list[FieldViolatio
     if not model_path:
         problems.append(FieldViolation("model_path", "required: the checkpoint directory the workers load"))
     return problems
+
+
+def engine_settings(dtype: str, kv_cache_mb: float, cpu_decode: str) -> tuple[EngineSettings, list[FieldViolation]]:
+    """A request's engine settings in their one spelling ("" is each default), and the violation
+    of each field outside what the workers take."""
+    problems = []
+    closed = {}
+    for name, value, default, choices in (("dtype", dtype, "auto", DTYPES),
+                                          ("cpu_decode", cpu_decode, "eager", CPU_DECODE_MODES)):
+        closed[name] = one_spelling(value or default, choices) or ""
+        if not closed[name]:
+            problems.append(FieldViolation(f"engine.{name}", f"unknown value {value[:40]!r}; "
+                                                             f"{did_you_mean(value, choices)}valid: {', '.join(choices)}"))
+    if not 0 <= kv_cache_mb <= MAX_KV_CACHE_MB:  # NaN too
+        problems.append(FieldViolation("engine.kv_cache_mb", f"MiB of KV cache a rank: 0 (auto) or more than 0, at most "
+                                                             f"{MAX_KV_CACHE_MB}, got {kv_cache_mb:.12g}"))
+    if problems:
+        return EngineSettings(), problems
+    return EngineSettings(closed["dtype"], float(kv_cache_mb), closed["cpu_decode"]), []
 
 
 def dispatcher_named(value: str) -> tuple[str, list[FieldViolation]]:
@@ -175,7 +200,8 @@ class Admission:
 
 
 def order_for(plan: PlanSource, ckpt: catalog.ModelFacts, model_path: str, workload: Workload, dispatcher: str,
-              wait: bool, request_id: str = "", request_hash: str = "") -> LaunchOrder:
+              wait: bool, request_id: str = "", request_hash: str = "",
+              engine: EngineSettings = DEFAULT_ENGINE) -> LaunchOrder:
     """The order that runs a plan on a checkpoint: FAILED_PRECONDITION when the checkpoint is of
     another model family than the plan's or of sizes its tp cannot split, INVALID_ARGUMENT when
     it has no weights."""
@@ -199,7 +225,7 @@ def order_for(plan: PlanSource, ckpt: catalog.ModelFacts, model_path: str, workl
     return LaunchOrder(plan_id=plan.plan_id, plan_json=plan.plan_json, spec_json=plan.spec_json,
                        plan_audit=plan.audit_record, tp=tp,
                        model_path=model_path, workload=workload, dispatcher=dispatcher, wait=wait,
-                       request_id=request_id, request_hash=request_hash,
+                       request_id=request_id, request_hash=request_hash, engine=engine,
                        rule_ids=tuple(rule_ids(codec.plan_from_dict(json.loads(plan.plan_json)))))
 
 
@@ -473,7 +499,7 @@ class Launches:
                         workload=order.workload, run_dir=str(run.path),
                         tokens_total=order.workload.requests * order.workload.output_len,
                         prompt_tokens_total=order.workload.requests * order.workload.input_len, owner=self.instance,
-                        request_id=order.request_id, request_hash=order.request_hash)
+                        request_id=order.request_id, request_hash=order.request_hash, engine=order.engine)
         created = await asyncio.to_thread(self.store.create, row)
         if not created.new:
             return created.row, False

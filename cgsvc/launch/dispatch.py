@@ -60,7 +60,8 @@ def bench_args(row: LaunchRow, run: RunDir, unfollowed_after: float = 0.0) -> li
     return ["bench", "--model-path", row.model_path, "--tp", str(row.tp), "--plan", str(run.plan),
             "--input-len", str(w.input_len), "--output-len", str(w.output_len), "--requests", str(w.requests),
             "--concurrency", str(w.concurrency), "--seed", str(w.seed), "--launch-id", row.launch_id,
-            "--follow-file", str(run.followed), "--unfollowed-after", f"{unfollowed_after:g}"]
+            "--follow-file", str(run.followed), "--unfollowed-after", f"{unfollowed_after:g}",
+            *row.engine.worker_args()]
 
 
 def _proc_alive(pid: int, marker: str) -> bool:

@@ -30,6 +30,7 @@ from cgsvc.audit.store import (
     replica_leases,
     utc_now,
 )
+from cgsvc.contract import EngineSettings
 
 # model, gpu and rule_id are the plan's: a launch matches when the plan it ran does
 LAUNCH_STATES = ("PLACING", "LOADING", "CAPTURING", "RUNNING",  # active, in the order a launch moves through them
@@ -81,6 +82,7 @@ class LaunchRow:
     request_hash: str = ""
     cancel_requested_by: str = ""  # who asked, of any replica, for the launch to be cancelled
     cancel_reason: str = ""  # why, where the service itself asked
+    engine: EngineSettings = EngineSettings()  # what the workers were asked to run with
 
     def replace(self, **changes: Any) -> LaunchRow:
         return dataclasses.replace(self, **changes)
@@ -88,16 +90,18 @@ class LaunchRow:
 
 def _to_columns(row: LaunchRow) -> dict[str, Any]:
     values = {f.name: getattr(row, f.name) for f in dataclasses.fields(LaunchRow)
-              if f.name not in ("workload", "devices")}
+              if f.name not in ("workload", "devices", "engine")}
     values["workload_json"] = json.dumps(dataclasses.asdict(row.workload))
     values["devices_json"] = json.dumps(list(row.devices))
+    values["engine_json"] = json.dumps(dataclasses.asdict(row.engine))
     return values
 
 
 def _from_columns(m: Any) -> LaunchRow:
-    names = {f.name for f in dataclasses.fields(LaunchRow)} - {"workload", "devices"}
+    names = {f.name for f in dataclasses.fields(LaunchRow)} - {"workload", "devices", "engine"}
     return LaunchRow(**{k: m[k] for k in names}, workload=Workload(**json.loads(m["workload_json"])),
-                     devices=tuple(json.loads(m["devices_json"] or "[]")))
+                     devices=tuple(json.loads(m["devices_json"] or "[]")),
+                     engine=EngineSettings(**json.loads(m["engine_json"] or "{}")))
 
 
 def _update_values(values: dict[str, Any]) -> dict[str, Any]:
@@ -106,6 +110,8 @@ def _update_values(values: dict[str, Any]) -> dict[str, Any]:
         out["devices_json"] = json.dumps(list(out.pop("devices")))
     if "workload" in out:
         out["workload_json"] = json.dumps(dataclasses.asdict(out.pop("workload")))
+    if "engine" in out:
+        out["engine_json"] = json.dumps(dataclasses.asdict(out.pop("engine")))
     return out
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cgsvc import codec
-from cgsvc.contract import RunDir
+from cgsvc.contract import DEFAULT_ENGINE, EngineSettings, RunDir
 from cgsvc.domain.launches import (
     CREATE_METHOD,
     LOG_CHUNK_BYTES,
@@ -24,6 +24,7 @@ from cgsvc.domain.launches import (
     Launches,
     PlanSource,
     dispatcher_named,
+    engine_settings,
     order_for,
     read_checkpoint,
     read_log,
@@ -71,14 +72,18 @@ class LaunchService:
         msg = await self._proto(row)
         return launch_pb2.Operation(name=f"operations/{row.launch_id}", done=row.state in TERMINAL, metadata=msg)
 
-    def _checked(self, request: launch_pb2.CreateLaunchRequest) -> tuple[Workload, str, str, dict[str, Any]]:
-        """The request's workload, checkpoint path, dispatcher (its one spelling) and source (a
-        spec as a dict, or {"plan": name}); INVALID_ARGUMENT naming every problem, the spec's
-        with the rest, so that one answer lists all that a retry must mend."""
+    def _checked(self, request: launch_pb2.CreateLaunchRequest
+                 ) -> tuple[Workload, str, str, dict[str, Any], EngineSettings]:
+        """The request's workload, checkpoint path, dispatcher (its one spelling), source (a
+        spec as a dict, or {"plan": name}) and engine settings (their one spelling);
+        INVALID_ARGUMENT naming every problem, the spec's with the rest, so that one answer lists
+        all that a retry must mend."""
         wl = request.workload
         workload = Workload(wl.input_len, wl.output_len, wl.requests, wl.concurrency, wl.seed)
         problems = workload_problems(workload, request.model_path)
         dispatcher, wrong = dispatcher_named(request.dispatcher)
+        problems += wrong
+        engine, wrong = engine_settings(request.engine.dtype, request.engine.kv_cache_mb, request.engine.cpu_decode)
         problems += wrong
         if request.WhichOneof("source") is None:
             problems.append(FieldViolation("source", "give spec (resolved now) or plan (plans/ID of a stored plan)"))
@@ -91,7 +96,7 @@ class LaunchService:
                 problems += err.violations if err.code == "INVALID_ARGUMENT" else []
         if problems:
             raise ServiceError.invalid(problems)
-        return workload, os.path.abspath(request.model_path), dispatcher, source
+        return workload, os.path.abspath(request.model_path), dispatcher, source, engine
 
     async def _plan(self, request: launch_pb2.CreateLaunchRequest, who: Caller, source: dict[str, Any],
                     validate_only: bool = False) -> PlanSource:
@@ -108,10 +113,10 @@ class LaunchService:
     async def _validate(self, request: launch_pb2.CreateLaunchRequest, who: Caller) -> launch_pb2.Operation:
         """CreateLaunch with validate_only: every check a launch gets, one record, nothing stored
         or started; the answer describes the launch that would be made."""
-        workload, model_path, dispatcher, source = self._checked(request)
+        workload, model_path, dispatcher, source, engine = self._checked(request)
         ckpt = read_checkpoint(model_path, workload, self.plans.model_roots)
         plan = await self._plan(request, who, source, validate_only=True)
-        order = order_for(plan, ckpt, model_path, workload, dispatcher, request.wait_for_resources)
+        order = order_for(plan, ckpt, model_path, workload, dispatcher, request.wait_for_resources, engine=engine)
         admitted = await self.launches.admit(order)
         placement = (f"validate_only: {admitted.free} of {admitted.slots} {dispatcher} devices free now; "
                      + (f"would be placed on {', '.join(admitted.devices)}" if admitted.devices
@@ -124,21 +129,23 @@ class LaunchService:
             tp=order.tp, dispatcher=dispatcher, tokens_total=workload.requests * workload.output_len,
             prompt_tokens_total=workload.requests * workload.input_len,
             plan_audit_record=plan.audit_record, audit_records=[record], principal=who.principal,
-            devices=admitted.devices, placement=placement)
+            devices=admitted.devices, placement=placement, engine=codec.engine_proto(engine))
         return launch_pb2.Operation(done=True, metadata=would)
 
     async def _create(self, request: launch_pb2.CreateLaunchRequest, who: Caller) -> LaunchRow:
-        workload, model_path, dispatcher, source = self._checked(request)
-        digest = request_hash({"source": source, "policy": request.policy, "workload": workload.__dict__,
-                               "model_path": model_path,
-                               "dispatcher": dispatcher, "wait_for_resources": request.wait_for_resources})
+        workload, model_path, dispatcher, source, engine = self._checked(request)
+        parts = {"source": source, "policy": request.policy, "workload": workload.__dict__, "model_path": model_path,
+                 "dispatcher": dispatcher, "wait_for_resources": request.wait_for_resources}
+        if engine != DEFAULT_ENGINE:  # the defaults hash as before there were settings: a retry still matches
+            parts["engine"] = engine.__dict__
+        digest = request_hash(parts)
         if request.request_id:  # a retry of a request that already made a launch: that launch
             earlier = await self._earlier(who, request.request_id, digest)
             if earlier is not None:
                 return earlier
         ckpt = read_checkpoint(model_path, workload, self.plans.model_roots)
         order = order_for(await self._plan(request, who, source), ckpt, model_path, workload, dispatcher,
-                          request.wait_for_resources, request.request_id, digest)
+                          request.wait_for_resources, request.request_id, digest, engine)
         row, new = await self.launches.create(order, who)
         if not new:  # another call with this request_id got there first (a concurrent retry)
             return self._same_request(row, request.request_id, digest)

@@ -18,18 +18,20 @@ class CancelExperimentRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class CreateExperimentRequest(_message.Message):
-    __slots__ = ("plans", "workload", "model_path", "repeats", "dispatcher")
+    __slots__ = ("plans", "workload", "model_path", "repeats", "dispatcher", "engine")
     PLANS_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     REPEATS_FIELD_NUMBER: _ClassVar[int]
     DISPATCHER_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     plans: _containers.RepeatedScalarFieldContainer[str]
     workload: _launch_pb2.LaunchWorkload
     model_path: str
     repeats: int
     dispatcher: str
-    def __init__(self, plans: _Optional[_Iterable[str]] = ..., workload: _Optional[_Union[_launch_pb2.LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., repeats: _Optional[int] = ..., dispatcher: _Optional[str] = ...) -> None: ...
+    engine: _launch_pb2.EngineSettings
+    def __init__(self, plans: _Optional[_Iterable[str]] = ..., workload: _Optional[_Union[_launch_pb2.LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., repeats: _Optional[int] = ..., dispatcher: _Optional[str] = ..., engine: _Optional[_Union[_launch_pb2.EngineSettings, _Mapping]] = ...) -> None: ...
 
 class ExperimentRun(_message.Message):
     __slots__ = ("arm", "repeat", "launch", "state")
@@ -44,7 +46,7 @@ class ExperimentRun(_message.Message):
     def __init__(self, arm: _Optional[str] = ..., repeat: _Optional[int] = ..., launch: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
 
 class Experiment(_message.Message):
-    __slots__ = ("name", "state", "plans", "workload", "model_path", "repeats", "dispatcher", "runs", "error", "result", "verdict", "create_time", "update_time", "audit_records", "principal", "cancel_requested_by")
+    __slots__ = ("name", "state", "plans", "workload", "model_path", "repeats", "dispatcher", "runs", "error", "result", "verdict", "create_time", "update_time", "audit_records", "principal", "cancel_requested_by", "engine")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PLANS_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +63,7 @@ class Experiment(_message.Message):
     AUDIT_RECORDS_FIELD_NUMBER: _ClassVar[int]
     PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     CANCEL_REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     plans: _containers.RepeatedScalarFieldContainer[str]
@@ -77,7 +80,8 @@ class Experiment(_message.Message):
     audit_records: _containers.RepeatedScalarFieldContainer[str]
     principal: str
     cancel_requested_by: str
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., plans: _Optional[_Iterable[str]] = ..., workload: _Optional[_Union[_launch_pb2.LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., repeats: _Optional[int] = ..., dispatcher: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[ExperimentRun, _Mapping]]] = ..., error: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., verdict: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., audit_records: _Optional[_Iterable[str]] = ..., principal: _Optional[str] = ..., cancel_requested_by: _Optional[str] = ...) -> None: ...
+    engine: _launch_pb2.EngineSettings
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., plans: _Optional[_Iterable[str]] = ..., workload: _Optional[_Union[_launch_pb2.LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., repeats: _Optional[int] = ..., dispatcher: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[ExperimentRun, _Mapping]]] = ..., error: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., verdict: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., audit_records: _Optional[_Iterable[str]] = ..., principal: _Optional[str] = ..., cancel_requested_by: _Optional[str] = ..., engine: _Optional[_Union[_launch_pb2.EngineSettings, _Mapping]] = ...) -> None: ...
 
 class GetExperimentRequest(_message.Message):
     __slots__ = ("name",)

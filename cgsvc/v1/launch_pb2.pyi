@@ -24,6 +24,16 @@ class LaunchWorkload(_message.Message):
     seed: int
     def __init__(self, input_len: _Optional[int] = ..., output_len: _Optional[int] = ..., requests: _Optional[int] = ..., concurrency: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
+class EngineSettings(_message.Message):
+    __slots__ = ("dtype", "kv_cache_mb", "cpu_decode")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_MB_FIELD_NUMBER: _ClassVar[int]
+    CPU_DECODE_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    kv_cache_mb: float
+    cpu_decode: str
+    def __init__(self, dtype: _Optional[str] = ..., kv_cache_mb: _Optional[float] = ..., cpu_decode: _Optional[str] = ...) -> None: ...
+
 class PlanFidelity(_message.Message):
     __slots__ = ("field", "requested", "effective", "status", "reason")
     FIELD_FIELD_NUMBER: _ClassVar[int]
@@ -39,7 +49,7 @@ class PlanFidelity(_message.Message):
     def __init__(self, field: _Optional[str] = ..., requested: _Optional[str] = ..., effective: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class LaunchReport(_message.Message):
-    __slots__ = ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "throughput_tok_s", "output_tokens", "prefill_requested", "prefill_effective", "decode_requested", "decode_effective", "attention_prefill_effective", "attention_decode_effective", "capture_seconds", "capture_bytes", "kv_bytes_per_token", "substitutions", "plan_fidelity")
+    __slots__ = ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "throughput_tok_s", "output_tokens", "prefill_requested", "prefill_effective", "decode_requested", "decode_effective", "attention_prefill_effective", "attention_decode_effective", "capture_seconds", "capture_bytes", "kv_bytes_per_token", "substitutions", "plan_fidelity", "dtype", "dtype_reason", "kv_cache_budget_bytes", "kv_cache_budget_reason")
     TTFT_MS_P50_FIELD_NUMBER: _ClassVar[int]
     TTFT_MS_P99_FIELD_NUMBER: _ClassVar[int]
     TPOT_MS_P50_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +67,10 @@ class LaunchReport(_message.Message):
     KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SUBSTITUTIONS_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIDELITY_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_REASON_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_BUDGET_REASON_FIELD_NUMBER: _ClassVar[int]
     ttft_ms_p50: float
     ttft_ms_p99: float
     tpot_ms_p50: float
@@ -74,10 +88,14 @@ class LaunchReport(_message.Message):
     kv_bytes_per_token: int
     substitutions: _containers.RepeatedScalarFieldContainer[str]
     plan_fidelity: _containers.RepeatedCompositeFieldContainer[PlanFidelity]
-    def __init__(self, ttft_ms_p50: _Optional[float] = ..., ttft_ms_p99: _Optional[float] = ..., tpot_ms_p50: _Optional[float] = ..., tpot_ms_p99: _Optional[float] = ..., throughput_tok_s: _Optional[float] = ..., output_tokens: _Optional[int] = ..., prefill_requested: _Optional[str] = ..., prefill_effective: _Optional[str] = ..., decode_requested: _Optional[str] = ..., decode_effective: _Optional[str] = ..., attention_prefill_effective: _Optional[str] = ..., attention_decode_effective: _Optional[str] = ..., capture_seconds: _Optional[float] = ..., capture_bytes: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., substitutions: _Optional[_Iterable[str]] = ..., plan_fidelity: _Optional[_Iterable[_Union[PlanFidelity, _Mapping]]] = ...) -> None: ...
+    dtype: str
+    dtype_reason: str
+    kv_cache_budget_bytes: int
+    kv_cache_budget_reason: str
+    def __init__(self, ttft_ms_p50: _Optional[float] = ..., ttft_ms_p99: _Optional[float] = ..., tpot_ms_p50: _Optional[float] = ..., tpot_ms_p99: _Optional[float] = ..., throughput_tok_s: _Optional[float] = ..., output_tokens: _Optional[int] = ..., prefill_requested: _Optional[str] = ..., prefill_effective: _Optional[str] = ..., decode_requested: _Optional[str] = ..., decode_effective: _Optional[str] = ..., attention_prefill_effective: _Optional[str] = ..., attention_decode_effective: _Optional[str] = ..., capture_seconds: _Optional[float] = ..., capture_bytes: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., substitutions: _Optional[_Iterable[str]] = ..., plan_fidelity: _Optional[_Iterable[_Union[PlanFidelity, _Mapping]]] = ..., dtype: _Optional[str] = ..., dtype_reason: _Optional[str] = ..., kv_cache_budget_bytes: _Optional[int] = ..., kv_cache_budget_reason: _Optional[str] = ...) -> None: ...
 
 class Launch(_message.Message):
-    __slots__ = ("name", "plan", "state", "workload", "model_path", "tp", "dispatcher", "create_time", "update_time", "tokens_done", "tokens_total", "error", "report", "report_json", "plan_audit_record", "audit_records", "principal", "devices", "placement", "request_id", "owner", "prompt_tokens_done", "prompt_tokens_total")
+    __slots__ = ("name", "plan", "state", "workload", "model_path", "tp", "dispatcher", "create_time", "update_time", "tokens_done", "tokens_total", "error", "report", "report_json", "plan_audit_record", "audit_records", "principal", "devices", "placement", "request_id", "owner", "prompt_tokens_done", "prompt_tokens_total", "engine")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +119,7 @@ class Launch(_message.Message):
     OWNER_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_DONE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     name: str
     plan: str
     state: str
@@ -124,7 +143,8 @@ class Launch(_message.Message):
     owner: str
     prompt_tokens_done: int
     prompt_tokens_total: int
-    def __init__(self, name: _Optional[str] = ..., plan: _Optional[str] = ..., state: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., tp: _Optional[int] = ..., dispatcher: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tokens_done: _Optional[int] = ..., tokens_total: _Optional[int] = ..., error: _Optional[str] = ..., report: _Optional[_Union[LaunchReport, _Mapping]] = ..., report_json: _Optional[str] = ..., plan_audit_record: _Optional[str] = ..., audit_records: _Optional[_Iterable[str]] = ..., principal: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., placement: _Optional[str] = ..., request_id: _Optional[str] = ..., owner: _Optional[str] = ..., prompt_tokens_done: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ...) -> None: ...
+    engine: EngineSettings
+    def __init__(self, name: _Optional[str] = ..., plan: _Optional[str] = ..., state: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., tp: _Optional[int] = ..., dispatcher: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tokens_done: _Optional[int] = ..., tokens_total: _Optional[int] = ..., error: _Optional[str] = ..., report: _Optional[_Union[LaunchReport, _Mapping]] = ..., report_json: _Optional[str] = ..., plan_audit_record: _Optional[str] = ..., audit_records: _Optional[_Iterable[str]] = ..., principal: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., placement: _Optional[str] = ..., request_id: _Optional[str] = ..., owner: _Optional[str] = ..., prompt_tokens_done: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., engine: _Optional[_Union[EngineSettings, _Mapping]] = ...) -> None: ...
 
 class Replica(_message.Message):
     __slots__ = ("name", "host", "start_time", "seconds_since_renewal", "lapsed", "active_launches", "answering", "version", "address")
@@ -161,7 +181,7 @@ class ListReplicasResponse(_message.Message):
     def __init__(self, replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
 
 class CreateLaunchRequest(_message.Message):
-    __slots__ = ("spec", "plan", "workload", "model_path", "request_id", "dispatcher", "wait_for_resources", "policy", "validate_only")
+    __slots__ = ("spec", "plan", "workload", "model_path", "request_id", "dispatcher", "wait_for_resources", "policy", "validate_only", "engine")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +191,7 @@ class CreateLaunchRequest(_message.Message):
     WAIT_FOR_RESOURCES_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     spec: _launch_spec_pb2.LaunchSpec
     plan: str
     workload: LaunchWorkload
@@ -180,7 +201,8 @@ class CreateLaunchRequest(_message.Message):
     wait_for_resources: bool
     policy: str
     validate_only: bool
-    def __init__(self, spec: _Optional[_Union[_launch_spec_pb2.LaunchSpec, _Mapping]] = ..., plan: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., request_id: _Optional[str] = ..., dispatcher: _Optional[str] = ..., wait_for_resources: _Optional[bool] = ..., policy: _Optional[str] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+    engine: EngineSettings
+    def __init__(self, spec: _Optional[_Union[_launch_spec_pb2.LaunchSpec, _Mapping]] = ..., plan: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., request_id: _Optional[str] = ..., dispatcher: _Optional[str] = ..., wait_for_resources: _Optional[bool] = ..., policy: _Optional[str] = ..., validate_only: _Optional[bool] = ..., engine: _Optional[_Union[EngineSettings, _Mapping]] = ...) -> None: ...
 
 class Operation(_message.Message):
     __slots__ = ("name", "done", "metadata", "error_code", "error_message")

@@ -232,12 +232,35 @@ def add_workload(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the synthetic prompts (the same for every launch; decoding is greedy)")
     p.add_argument("--dispatcher", help="local (default) or ray")
+    p.add_argument("--dtype", default="", help="the workers' model dtype: auto (default: float32 on a CPU, on a GPU "
+                                               "the checkpoint's bfloat16/float16, else bfloat16), float32, bfloat16, "
+                                               "float16")
+    p.add_argument("--kv-cache-mb", type=kv_mib, default=0.0, metavar="MIB|auto",
+                   help="KV cache budget per rank, MiB; auto (default, or 0): 256 on a CPU, on a GPU half of the "
+                        "memory free once the weights are loaded")
+    p.add_argument("--cpu-decode", default="", help="how CPU workers run a plan's full decode steps: eager (default), "
+                                                    "trace or inductor (compiled per planned size on first use)")
+
+
+def kv_mib(text: str) -> float:
+    """--kv-cache-mb's value: MiB, or auto (0, as the API reads it)."""
+    if text.strip().lower() == "auto":
+        return 0.0
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of MiB or auto, got {text!r}") from None
 
 
 def workload(ns: argparse.Namespace) -> dict[str, int]:
     """The LaunchWorkload fields from add_workload's flags."""
     return {"input_len": ns.input_len, "output_len": ns.output_len, "requests": ns.requests,
             "concurrency": ns.concurrency, "seed": ns.seed}
+
+
+def engine(ns: argparse.Namespace) -> dict[str, Any]:
+    """The EngineSettings fields from add_workload's flags (the server checks and spells them)."""
+    return {"dtype": ns.dtype, "kv_cache_mb": ns.kv_cache_mb, "cpu_decode": ns.cpu_decode}
 
 
 def add_list_verb(p: argparse.ArgumentParser) -> None:

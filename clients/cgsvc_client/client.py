@@ -204,11 +204,13 @@ class Client:
     def create_launch(self, model_path: str, workload: dict[str, int], spec: dict[str, Any] | None = None,
                       plan: str = "", wait_for_resources: bool = False, dispatcher: str = "",
                       request_id: str | None = None, policy: str = "",
-                      validate_only: bool = False) -> launch_pb2.Operation:
+                      validate_only: bool = False, engine: dict[str, Any] | None = None) -> launch_pb2.Operation:
+        """`engine`: EngineSettings' fields (dtype, kv_cache_mb, cpu_decode); absent ones default."""
         req = launch_pb2.CreateLaunchRequest(model_path=model_path, workload=launch_pb2.LaunchWorkload(**workload),
                                              wait_for_resources=wait_for_resources, dispatcher=dispatcher,
                                              request_id=request_id or uuid.uuid4().hex, policy=policy,
-                                             validate_only=validate_only)
+                                             validate_only=validate_only,
+                                             engine=launch_pb2.EngineSettings(**(engine or {})))
         if spec is not None:
             req.spec.CopyFrom(codec.spec_proto_from_dict(spec))
         else:
@@ -282,10 +284,11 @@ class Client:
 
     # ------------------------------------------------------------------ experiments
     def create_experiment(self, plans: list[str], model_path: str, workload: dict[str, int], repeats: int,
-                          dispatcher: str = "") -> experiment_pb2.Experiment:
+                          dispatcher: str = "", engine: dict[str, Any] | None = None) -> experiment_pb2.Experiment:
         req = experiment_pb2.CreateExperimentRequest(plans=plans, model_path=model_path, repeats=repeats,
                                                      workload=launch_pb2.LaunchWorkload(**workload),
-                                                     dispatcher=dispatcher)
+                                                     dispatcher=dispatcher,
+                                                     engine=launch_pb2.EngineSettings(**(engine or {})))
         return self.call(self.experiments.CreateExperiment, req, timeout=max(self.timeout, 60))  # type: ignore[no-any-return]
 
     def get_experiment(self, name: str) -> experiment_pb2.Experiment:

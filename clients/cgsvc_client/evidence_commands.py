@@ -23,6 +23,7 @@ from cgsvc_client.args import (
     add_server,
     add_workload,
     bad,
+    engine,
     list_filter,
     listing,
     read_json,
@@ -152,11 +153,13 @@ def _ran(launch: Any) -> dict[str, str]:
     succeeded) the modes and backends in effect and each plan field's fidelity."""
     w = launch.workload
     out = {"state": launch.state, "checkpoint": launch.model_path,
-           "workload": render.workload_text(w),
+           "workload": render.workload_text(w), "engine (asked)": render.engine_text(launch.engine),
            "ranks": f"{launch.tp} ({launch.dispatcher} dispatcher)", "devices": ", ".join(launch.devices) or "-"}
     if launch.state == "SUCCEEDED":
         r = launch.report
-        out |= {"prefill (effective)": r.prefill_effective, "decode (effective)": r.decode_effective,
+        out |= {"dtype": r.dtype or "-",
+                "KV cache budget": f"{render.mib(r.kv_cache_budget_bytes)} a rank" if r.kv_cache_budget_bytes else "-",
+                "prefill (effective)": r.prefill_effective, "decode (effective)": r.decode_effective,
                 "attention prefill (effective)": r.attention_prefill_effective,
                 "attention decode (effective)": r.attention_decode_effective}
         out |= {f"fidelity of {f.field}": f"{f.status}: {_show(_json_value(f.effective))}"
@@ -316,6 +319,7 @@ def experiment_table(d: dict[str, Any], style: render.Style) -> str:
             ("arms", f"A {d['plans'][0]}   B {d['plans'][1]}"),
             ("workload", f"{render.workload_text(wl)}; {d['repeats']} launches per arm on {d['dispatcher']} "
                          f"({d['model_path']})"),
+            ("engine", render.engine_text(d.get("engine") or {})),
             ("runs", ", ".join(f"{r['arm']}{r['repeat']} {r['launch']} {r['state']}" for r in runs) or "-")]
     if d.get("cancel_requested_by") and d["state"] == "RUNNING":
         rows.append(("cancel", f"asked by {d['cancel_requested_by']}: it ends once its current launch has stopped"))
@@ -360,7 +364,7 @@ def cmd_experiment_run(ns: argparse.Namespace) -> int:
                            f"got {len(plans)}")
     with Client.from_args(ns) as c:
         msg = c.create_experiment(plans, os.path.abspath(ns.checkpoint), workload(ns), ns.repeats,
-                                  ns.dispatcher or "")
+                                  ns.dispatcher or "", engine(ns))
         print(f"{msg.name}: {plans[0]} (A) vs {plans[1]} (B), {ns.repeats} launches per arm, interleaved",
               file=sys.stderr, flush=True)
         if not ns.detach:

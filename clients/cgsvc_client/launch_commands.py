@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import statistics
 import sys
@@ -29,6 +30,7 @@ from cgsvc_client.args import (
     add_summary,
     add_workload,
     build_spec,
+    engine,
     follow,
     list_filter,
     listing,
@@ -45,9 +47,10 @@ TERMINAL = LAUNCH_ENDED
 
 
 def launch_dict(msg: Any) -> dict[str, Any]:
-    d = json_format.MessageToDict(msg, preserving_proto_field_name=True)
-    for key in ("tokens_done", "tokens_total"):
+    d = codec.int64_as_numbers(msg, json_format.MessageToDict(msg, preserving_proto_field_name=True))
+    for key in ("tokens_done", "tokens_total"):  # present when 0 too
         d[key] = int(d.get(key, 0))
+    d["engine"] = dataclasses.asdict(render.engine_of(msg.engine))  # every setting, the defaults too
     if d.get("report_json"):
         d["report"] = {**d.get("report", {}), "worker": json.loads(d.pop("report_json"))}
     return d
@@ -100,6 +103,7 @@ def report_table(launch: Any) -> str:
             ("plan", f"{launch.plan or 'resolved for the check, not stored'} (audit {launch.plan_audit_record})"),
             ("workers", f"{render.counted(launch.tp, 'rank')}, {launch.dispatcher} dispatcher, {launch.model_path}"),
             ("workload", render.workload_text(launch.workload)),
+            ("engine", f"{render.engine_text(launch.engine)} (as asked)"),
             ("devices", ", ".join(launch.devices) or "(not placed yet)"),
             ("supervised by", launch.owner or "-"),
             ("placement", launch.placement or "-")]
@@ -112,13 +116,17 @@ def report_table(launch: Any) -> str:
     if launch.state == "SUCCEEDED":
         rows += [("prefill graph", f"requested {r.prefill_requested} -> effective {r.prefill_effective}"),
                  ("decode graph", f"requested {r.decode_requested} -> effective {r.decode_effective}"),
-                 ("attention", f"effective {r.attention_prefill_effective} / {r.attention_decode_effective}"),
-                 ("TTFT ms", f"p50 {r.ttft_ms_p50:.1f}  p99 {r.ttft_ms_p99:.1f}"),
+                 ("attention", f"effective {r.attention_prefill_effective} / {r.attention_decode_effective}")]
+        if r.dtype:  # (workers of a release before it did not say)
+            rows.append(("dtype", f"{r.dtype} ({r.dtype_reason})" if r.dtype_reason else r.dtype))
+        rows += [("TTFT ms", f"p50 {r.ttft_ms_p50:.1f}  p99 {r.ttft_ms_p99:.1f}"),
                  ("TPOT ms", f"p50 {r.tpot_ms_p50:.1f}  p99 {r.tpot_ms_p99:.1f}"
                   if codec.measured(r, "tpot_ms_p50") is not None else "- (no request generated a second token)"),
                  ("throughput", f"{r.throughput_tok_s:.1f} tokens/s ({r.output_tokens} tokens)"),
                  ("capture", f"{r.capture_seconds:.2f} s, {r.capture_bytes} bytes"),
-                 ("KV cache", f"{r.kv_bytes_per_token} bytes/token (latent only)")]
+                 ("KV cache", f"{r.kv_bytes_per_token} bytes/token (latent only)"
+                  + (f"; {render.mib(r.kv_cache_budget_bytes)} a rank ({r.kv_cache_budget_reason})"
+                     if r.kv_cache_budget_bytes else ""))]
         honoured = sum(f.status == "honoured" for f in r.plan_fidelity)
         rows.append(("plan fidelity", f"{honoured} of {len(r.plan_fidelity)} plan fields honoured as planned"))
         rows += [(f.status.replace("_", " "), f"{f.field}: {f.requested} -> {f.effective} ({f.reason})")
@@ -156,7 +164,8 @@ def cmd_launch(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
         op = c.create_launch(ns.checkpoint, workload(ns), spec=spec, plan=ns.plan or "",
                              wait_for_resources=ns.wait_for_resources, dispatcher=ns.dispatcher or "",
-                             request_id=ns.request_id, policy=ns.policy or "", validate_only=ns.validate_only)
+                             request_id=ns.request_id, policy=ns.policy or "", validate_only=ns.validate_only,
+                             engine=engine(ns))
         launch = op.metadata
         if ns.validate_only:
             if render.output_mode(ns) == "json":

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cgsvc.contract import EngineSettings
 from cgsvc.plan import Decision, Plan
 from cgsvc.text import counted
 
@@ -32,6 +33,23 @@ class Style:
 
     def __call__(self, text: str, code: str) -> str:
         return f"{code}{text}{RESET}" if self.color else text
+
+
+def engine_of(e: Any) -> EngineSettings:
+    """`e`, an EngineSettings message (a launch from a server before them has none: every
+    default) or the dict an experiment's JSON holds, as the settings it stands for."""
+    v = e if isinstance(e, Mapping) else {k: getattr(e, k) for k in ("dtype", "kv_cache_mb", "cpu_decode")}
+    return EngineSettings(v.get("dtype") or "auto", float(v.get("kv_cache_mb") or 0.0), v.get("cpu_decode") or "eager")
+
+
+def engine_text(e: Any) -> str:
+    """Engine settings on one line: "dtype auto, KV cache 8 MiB a rank, CPU decode eager"."""
+    return engine_of(e).text()
+
+
+def mib(n: int) -> str:
+    """Bytes as MiB, as a person reads a budget: "8 MiB", "1536.5 MiB"."""
+    return f"{n / (1 << 20):.6g} MiB"
 
 
 def workload_text(w: Any) -> str:

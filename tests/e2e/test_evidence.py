@@ -219,7 +219,8 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
         a, b = two_plans(c)
     # A and B as `plans diff A B` takes them (a bare ID too); `--plan A --plan B` reads the same
     proc = cli(srv, "experiment", "run", a, b.removeprefix("plans/"), "--model-path", ckpt, "--input-len", "12",
-               "--output-len", "4", "--requests", "3", "--repeats", "2", "--seed", "5", "-o", "json")
+               "--output-len", "4", "--requests", "3", "--repeats", "2", "--seed", "5", "--kv-cache-mb", "16",
+               "-o", "json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "4/4 launches" in proc.stderr  # progress on the way
     exp = json.loads(proc.stdout)["experiment"]
@@ -244,6 +245,9 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
         for x in launches:  # each run's launch is created as the last one ends: started once all the same
             assert_started_once(c, x.name)
         assert all(x.workload.seed == 5 for x in launches)
+        # the engine settings asked for reach every launch of both arms, and what ran says so
+        assert exp["engine"] == {"dtype": "auto", "kv_cache_mb": 16.0, "cpu_decode": "eager"}, exp["engine"]
+        assert all(x.engine.kv_cache_mb == 16 and x.report.kv_cache_budget_bytes == 16 << 20 for x in launches)
         end = c.get_audit_record(exp["audit_records"][-1])
         assert exp["name"] in end.outcome_message and "SUCCEEDED" in end.outcome_message
     listed = json.loads(cli(srv, "experiments", "list", "-o", "json").stdout)["experiments"]
@@ -254,6 +258,7 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
     assert res["verdict_brief"] in cli(srv, "experiments", "list", "-o", "table").stdout
     shown = cli(srv, "experiments", "show", exp["name"], "-o", "table").stdout
     assert "B - A" in shown and "verdict:" in shown
+    assert "engine      dtype auto, KV cache 16 MiB a rank, CPU decode eager" in shown, shown
 
 
 def wait_experiment(c: Client, name: str, pred: Any, timeout: float = 300) -> Any:
@@ -388,6 +393,7 @@ def test_bad_experiments_are_refused_by_field_and_audited(srv: ServerProcess, ck
             (dict(plans=[a, a], model_path=ckpt, repeats=0), "repeats"),
             (dict(plans=[a, a], model_path=str(tmp_path / "none"), repeats=1), "model_path"),
             (dict(plans=[a, "launches/x"], model_path=ckpt, repeats=1), "plans[1]"),
+            (dict(plans=[a, a], model_path=ckpt, repeats=1, engine={"dtype": "fp64"}), "engine.dtype"),
         ]
         for kwargs, field in cases:
             with pytest.raises(ServiceError) as err:

@@ -580,6 +580,73 @@ def test_a_launch_that_generated_no_second_token_reports_no_tpot(srv: ServerProc
     assert row == ["-", f"{tpot['b']:g}", "-", "-"], table
 
 
+def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: ServerProcess, ckpt: str) -> None:
+    """The workers' dtype, KV cache budget and CPU decode mode were `cgsvc-worker` flags a launch
+    could not pass (auto decided, and a CPU decode substitution named a flag no launch has).
+    `launch --dtype --kv-cache-mb --cpu-decode` set them (closed sets in any case, kept in one
+    spelling); the launch keeps what was asked, its report says what ran and why, and `launches
+    show` and `launches diff` show both."""
+    spec = str(ROOT / "examples" / "kimi-k2.6-gb300-tp4.json")
+    workload = ("--input-len", "8", "--output-len", "3", "--requests", "1")
+    proc = cli("launch", "--spec", spec, "--model-path", ckpt, *workload, "--dtype", "BFloat16", "--kv-cache-mb", "8",
+               "--cpu-decode", "Trace", "--wait", "-o", "json", server=srv.address)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    asked = json.loads(proc.stdout)["launch"]
+    assert asked["engine"] == {"dtype": "bfloat16", "kv_cache_mb": 8.0, "cpu_decode": "trace"}, asked["engine"]
+    report = asked["report"]
+    assert (report["dtype"], report["kv_cache_budget_bytes"]) == ("bfloat16", 8 << 20), report
+    assert report["dtype_reason"] == "asked for: --dtype bfloat16" and "8" in report["kv_cache_budget_reason"]
+    assert report["decode_effective"] == "static_compiled", report  # trace: each planned size compiled
+    worker = report["worker"]
+    assert worker["dtype"] == "bfloat16" and worker["kv_cache"]["budget_bytes"] == 8 << 20
+    plain = cli("launch", "--spec", spec, "--model-path", ckpt, *workload, "--wait", "-o", "json", server=srv.address)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    auto = json.loads(plain.stdout)["launch"]
+    assert auto["engine"] == {"dtype": "auto", "kv_cache_mb": 0.0, "cpu_decode": "eager"}, auto["engine"]
+    assert (auto["report"]["dtype"], auto["report"]["dtype_reason"]) == (
+        "float32", "auto: float32 on cpu (the reference numerics)")
+    # the eager substitution names the setting a launch has now, not a worker's flag alone
+    decode = {f["field"]: f for f in auto["report"]["plan_fidelity"]}["decode.backend"]
+    assert "cpu_decode trace|inductor" in decode["reason"] and "launch --cpu-decode" in decode["reason"], decode
+    shown = cli("launches", "show", asked["name"], "-o", "table", server=srv.address).stdout
+    lines = {line.split("  ", 1)[0]: line for line in shown.splitlines()}
+    assert lines["engine"].endswith("dtype bfloat16, KV cache 8 MiB a rank, CPU decode trace (as asked)"), shown
+    assert lines["dtype"].endswith("bfloat16 (asked for: --dtype bfloat16)"), shown
+    assert "8 MiB a rank (" in lines["KV cache"], shown
+    auto_shown = cli("launches", "show", auto["name"], "-o", "table", server=srv.address).stdout
+    assert "engine          dtype auto, KV cache auto, CPU decode eager (as asked)" in auto_shown, auto_shown
+    diff = json.loads(cli("launches", "diff", auto["name"], asked["name"], "-o", "json",
+                          server=srv.address).stdout)["diff"]
+    ran = {r["field"]: r for r in diff["ran"]}
+    assert (ran["dtype"]["a"], ran["dtype"]["b"]) == ("float32", "bfloat16"), diff["ran"]
+    assert (ran["engine (asked)"]["a"], ran["engine (asked)"]["b"]) == ("dtype auto, KV cache auto, CPU decode eager",
+                                                        "dtype bfloat16, KV cache 8 MiB a rank, CPU decode trace")
+    # bad settings: each named on its field, with what would do, in one answer; nothing started
+    with Client(srv.address) as c:
+        before = len(c.list_launches(page_size=100).launches)
+        with pytest.raises(ServiceError) as e:
+            c.create_launch(ckpt, SHORT, spec=KIMI, engine={"dtype": "fp64", "kv_cache_mb": -1, "cpu_decode": "graph"})
+        said = {v.field: v.description for v in e.value.violations}
+        assert e.value.code == "INVALID_ARGUMENT" and set(said) == {
+            "engine.dtype", "engine.kv_cache_mb", "engine.cpu_decode"}, said
+        assert "valid: auto, float32, bfloat16, float16" in said["engine.dtype"], said
+        assert "0 (auto) or more than 0" in said["engine.kv_cache_mb"] and "eager, trace, inductor" in said[
+            "engine.cpu_decode"], said
+        for value in (float("nan"), float("inf"), 2.0**40):
+            with pytest.raises(ServiceError) as e:
+                c.create_launch(ckpt, SHORT, spec=KIMI, engine={"kv_cache_mb": value})
+            assert [v.field for v in e.value.violations] == ["engine.kv_cache_mb"], (value, e.value)
+        would = c.create_launch(ckpt, SHORT, spec=KIMI, engine={"dtype": "FLOAT16"}, validate_only=True).metadata
+        assert (would.engine.dtype, would.engine.cpu_decode) == ("float16", "eager"), would.engine
+        # a request_id is one request: the same one with other engine settings is refused
+        once = c.create_launch(ckpt, SHORT, spec=KIMI, request_id="engine-once").metadata.name
+        with pytest.raises(ServiceError) as e:
+            c.create_launch(ckpt, SHORT, spec=KIMI, request_id="engine-once", engine={"dtype": "float16"})
+        assert [v.field for v in e.value.violations] == ["request_id"], e.value
+        assert len(c.list_launches(page_size=100).launches) == before + 1
+        wait_state(c, once, ("SUCCEEDED",), timeout=180)
+
+
 def test_launch_flags_without_a_spec_resolve_the_checkpoint_and_never_ride_beside_a_plan(srv: ServerProcess,
                                                                                          ckpt: str) -> None:
     """`launch --model-path DIR --gpu cpu --tp 1`: the flags make the spec, its model the checkpoint

@@ -80,7 +80,7 @@ def test_the_kv_budget_is_256_mib_on_a_cpu_and_half_the_free_memory_on_a_gpu() -
     assert kv_budget(None, torch.device("cuda", 0), lambda: free) == (
         50 << 30, "auto: half of the 100.0 GiB free on cuda:0 once the weights were loaded (the rest for "
                   "activations and captured graphs)")
-    assert kv_budget(64 << 20, torch.device("cuda", 0), lambda: free) == (64 << 20, "--kv-cache-mb 64")
+    assert kv_budget(64 << 20, torch.device("cuda", 0), lambda: free) == (64 << 20, "asked for: --kv-cache-mb 64")
 
 
 def test_the_report_says_what_the_kv_budget_was_and_why(checkpoints: dict[str, str]) -> None:

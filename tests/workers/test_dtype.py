@@ -19,7 +19,7 @@ from cgsvc_worker.engine import Engine, EngineOptions, PlanView, resolve_dtype
                                               "kernels take 16-bit queries)")),
     ("auto", "cuda", "", ("bfloat16", "auto: bfloat16 on cuda (the checkpoint names no torch_dtype; the GPU MLA "
                                        "kernels take 16-bit queries)")),
-    ("float32", "cuda", "bfloat16", ("float32", "")),
+    ("float32", "cuda", "bfloat16", ("float32", "asked for: --dtype float32")),
 ])
 def test_dtype_auto_is_float32_on_a_cpu_and_sixteen_bits_on_a_gpu(requested: str, device: str, checkpoint: str,
                                                                   expect: tuple[str, str]) -> None:

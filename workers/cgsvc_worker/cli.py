@@ -26,7 +26,7 @@ import sys
 from collections.abc import Sequence
 
 from cgsvc import __version__
-from cgsvc.contract import tp_misfits, write_report
+from cgsvc.contract import CPU_DECODE_MODES, DTYPES, tp_misfits, write_report
 from cgsvc_worker.runtime import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -37,8 +37,6 @@ from cgsvc_worker.runtime import (
     read_plan,
 )
 from cgsvc_worker.supervisor import spawn_group
-
-CPU_DECODE = ("eager", "trace", "inductor")  # how a CPU runs planned `full` decode steps (graphs.py)
 
 
 def check_graphs_command(ns: argparse.Namespace) -> int:
@@ -86,7 +84,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-path", required=True, help="checkpoint directory (config.json + *.safetensors, hub names)")
     p.add_argument("--plan", help="plan JSON from `cgsvc-cli resolve -o json` ({'plan': ..., 'spec': ...}, or the "
                                   "plan alone); without one every phase runs eagerly on torch_native")
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="model and activation dtype; auto (default): float32 on a CPU, on a GPU the checkpoint's "
                         "bfloat16 / float16, else bfloat16 (the GPU MLA kernels take 16-bit queries)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -96,7 +94,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                         "free once the weights are loaded")
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV cache page (default 16)")
     p.add_argument("--context-length", type=int, default=0, help="context limit; 0: the model's max_position_embeddings")
-    p.add_argument("--cpu-decode", choices=CPU_DECODE, default="eager",
+    p.add_argument("--cpu-decode", choices=CPU_DECODE_MODES, default="eager",
                    help="how a CPU runs a plan's `full` decode steps, padded to the planned sizes: eager (default; "
                         "starts at once), trace (torch.compile fullgraph with eager kernels: proves each size "
                         "compiles, ~3 s per size), inductor (compiled kernels: fastest steps, ~15-30 s per size)")

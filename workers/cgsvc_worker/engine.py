@@ -64,7 +64,7 @@ def kv_budget(requested: int | None, device: torch.device,
     default), the other half left to activations and captured graphs; serving engines size
     their pool from the device's memory the same way (sglang's --mem-fraction-static)."""
     if requested:
-        return requested, f"--kv-cache-mb {requested / (1 << 20):g}"
+        return requested, f"asked for: --kv-cache-mb {requested / (1 << 20):.12g}"
     if device.type != "cuda":
         return CPU_KV_BYTES, f"auto: {CPU_KV_BYTES >> 20} MiB on {device.type}"
     free = free_bytes() if free_bytes is not None else torch.cuda.mem_get_info(device)[0]
@@ -78,7 +78,7 @@ def resolve_dtype(requested: str, device: torch.device, checkpoint: str) -> tupl
     bfloat16, since the GPU MLA kernels (FlashInfer, trtllm-gen) take only 16-bit queries, as
     serving engines' own `--dtype auto` does for float32 checkpoints."""
     if requested != "auto":
-        return requested, ""
+        return requested, f"asked for: --dtype {requested}"
     if device.type != "cuda":
         return "float32", f"auto: float32 on {device.type} (the reference numerics)"
     if checkpoint in ("bfloat16", "float16"):

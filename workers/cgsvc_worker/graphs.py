@@ -97,8 +97,8 @@ def effective_decode(requested: str, device: torch.device, cpu_decode: str = "ea
     if cpu_decode == "eager":
         return PhaseMode(requested, "static_eager",
                          f"{NO_CUDA}; each step is padded to the planned batch size and runs the capture-safe step "
-                         "eagerly (`cgsvc-worker check-graphs` proves each size compiles; --cpu-decode trace|inductor "
-                         "runs them compiled)")
+                         "eagerly (`cgsvc-worker check-graphs` proves each size compiles; cpu_decode trace|inductor, "
+                         "`cgsvc-cli launch --cpu-decode` or `cgsvc-worker --cpu-decode`, runs them compiled)")
     how = "dynamo-traced, eager kernels" if cpu_decode == "trace" else "inductor"
     return PhaseMode(requested, "static_compiled",
                      f"{NO_CUDA}; each step is padded to the planned batch size and runs as a "
