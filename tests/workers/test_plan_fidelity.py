@@ -121,6 +121,29 @@ def test_capture_sizes_padding_and_eager_steps(checkpoints: dict[str, str]) -> N
     assert engine.decode_mode.compiled_sizes == [2, 4]  # compiled on first use, once per size
 
 
+def test_compiled_decode_sizes_the_run_reaches_are_compiled_before_it_is_timed(checkpoints: dict[str, str]) -> None:
+    """With --cpu-decode trace|inductor each planned size compiled on the first step that used
+    it: inside the timed run, so that step's TPOT (seconds, against milliseconds) was the
+    compiler's. The capture now compiles the sizes a run of `decode_rows` rows reaches; a size
+    compiled later all the same is named in a note."""
+    plan = PlanView(decode_backend="full", decode_max_bs=8, decode_bs=[2, 4, 8], prefill_backend="disabled")
+    engine = Engine(checkpoints["tiny"], tp.single(), plan, EngineOptions(page_size=4, cpu_decode="trace"))
+    engine.capture(decode_rows=3)  # 1, 2 -> 2; 3 -> 4: size 8 is never reached
+    assert engine.decode_mode.compiled_sizes == [2, 4] and engine.decode_mode.capture_seconds > 0
+    engine.prefill([0, 1, 2], [[3, 4, 5], [6, 7], [8]])
+    engine.decode([0], [7])
+    engine.decode([0, 1, 2], [7, 8, 9])
+    assert engine.decode_mode.compiled_sizes == [2, 4]
+    assert not any("compiled on first use" in n for n in engine.describe()["notes"])
+    late = Engine(checkpoints["tiny"], tp.single(), plan, EngineOptions(page_size=4, cpu_decode="trace"))
+    late.capture(decode_rows=1)
+    late.prefill([0, 1, 2], [[3, 4, 5], [6, 7], [8]])
+    late.decode([0, 1, 2], [7, 8, 9])
+    assert late.decode_mode.compiled_sizes == [2, 4]
+    (note,) = [n for n in late.describe()["notes"] if "compiled on first use" in n]
+    assert "decode size 4" in note and "timed" in note, note
+
+
 def test_plan_for_another_family_is_refused_naming_both(checkpoints: dict[str, str], tmp_path: Path) -> None:
     from cgsvc_worker.checkpoint import make_checkpoint
 

@@ -314,14 +314,18 @@ class Engine:
 
     # ------------------------------------------------------------------ set-up
     @torch.inference_mode()  # as the steps run: compiled pieces must not recompile inside a capture
-    def capture(self) -> None:
-        """Capture the planned sizes (GPU). On a CPU decode sizes compile on first use; compiled
-        prefill pieces (dynamic shapes there) are compiled once here, at the smallest size."""
+    def capture(self, decode_rows: int | None = None) -> None:
+        """Capture the planned sizes (GPU). On a CPU compiled prefill pieces (dynamic shapes
+        there) are compiled once here, at the smallest size, and compiled decode steps at each
+        planned size a step of at most `decode_rows` rows is padded to (None: every planned
+        size), so that no compile is timed as a token."""
         if self.tp.device.type != "cuda":
             if self.prefill_mode.effective == "tc_piecewise_nograph":
                 t0 = time.perf_counter()
                 self._warm_pieces(max(2, min(self.prefill_sizes, default=4)))
                 self.prefill_mode.capture_seconds = time.perf_counter() - t0
+            if self.compiled_decode is not None:
+                self._compile_decode(decode_rows)
             return
         if self.decode_mode.effective == "full" and self.plan.decode_bs:
             pages = -(-min(self.options.graph_context, self.max_context, self.cache.capacity_tokens)
@@ -381,6 +385,23 @@ class Engine:
         with torch.inference_mode():
             self.pieces.run(self.piece_fns, ids, torch.arange(n, device=self.tp.device), meta, self.prefill_backend)
         self.cache.release(seq)
+
+    @torch.inference_mode()
+    def _compile_decode(self, rows: int | None) -> None:
+        """One padding-only step (context 1 on the scratch page) at each planned size a step of
+        1..rows rows is padded to; every rank runs the same sizes, in order, for the collectives."""
+        assert self.compiled_decode is not None
+        reach = range(1, rows + 1) if rows else self.plan.decode_bs
+        sizes = sorted({size for r in reach if (size := self._decode_size(r, 1)[0]) is not None})
+        empty = torch.empty(0, dtype=torch.long, device=self.tp.device)
+        self.compiled_decode.warming = True
+        try:
+            for bs in sizes:
+                ids = torch.zeros(bs, dtype=torch.long, device=self.tp.device)
+                meta = decode_meta(self.cache, empty, [], [], bs, CompiledDecode.MIN_PAGES)
+                self.compiled_decode(bs, ids, torch.zeros_like(ids), meta)
+        finally:
+            self.compiled_decode.warming = False
 
     def _padding_meta(self, rows: int) -> DecodeMeta:
         assert self.decode_graphs is not None
@@ -566,5 +587,10 @@ class Engine:
             },
             "load": {"seconds": round(self.load_seconds, 3), "bytes_read_this_rank": self.load_report.bytes_read,
                      "tensors": self.load_report.tensors},
-            "notes": self.notes,
+            "notes": self.notes + self._late_compile_notes(),
         }
+
+    def _late_compile_notes(self) -> list[str]:
+        late = self.compiled_decode.late if self.compiled_decode is not None else []
+        return [f"decode size{'s' if len(late) > 1 else ''} {', '.join(map(str, late))} compiled on first use inside the timed run (more rows than "
+                "the capture was told of): that step's time includes the compile"] if late else []

@@ -102,7 +102,8 @@ def effective_decode(requested: str, device: torch.device, cpu_decode: str = "ea
     how = "dynamo-traced, eager kernels" if cpu_decode == "trace" else "inductor"
     return PhaseMode(requested, "static_compiled",
                      f"{NO_CUDA}; each step is padded to the planned batch size and runs as a "
-                     f"torch.compile(fullgraph=True) program ({how}), compiled on first use per size")
+                     f"torch.compile(fullgraph=True) program ({how}), compiled at capture for the sizes the run "
+                     "reaches")
 
 
 @dataclass
@@ -196,16 +197,19 @@ class DecodeGraphs:
 
 
 class CompiledDecode:
-    """CPU: the padded decode step compiled once per planned batch size, on first use. The
-    batch is static, as in a CUDA graph; the context length (the block table's width) is a
-    dynamic dimension, as it is for the GPU kernels, which read lengths from their metadata,
-    so a growing context does not recompile."""
+    """CPU: the padded decode step compiled once per planned batch size: at capture for the
+    sizes the run will reach (`warming`), any other on first use (`late`: a step whose time is
+    the compiler's). The batch is static, as in a CUDA graph; the context length (the block
+    table's width) is a dynamic dimension, as it is for the GPU kernels, which read lengths
+    from their metadata, so a growing context does not recompile."""
 
     MIN_PAGES = 2  # widths 0 and 1 would be specialised by the compiler, not kept dynamic
 
     def __init__(self, step: Callable[..., torch.Tensor], backend: str, mode: PhaseMode) -> None:
         self.fn = compiled(step, backend)
         self.mode = mode
+        self.warming = False
+        self.late: list[int] = []  # sizes first compiled inside the run
 
     def __call__(self, bs: int, ids: torch.Tensor, positions: torch.Tensor, meta: Any) -> torch.Tensor:
         torch._dynamo.mark_dynamic(meta.block_table, 1)
@@ -215,6 +219,8 @@ class CompiledDecode:
         out = self.fn(ids, positions, meta)
         self.mode.capture_seconds += time.perf_counter() - t0
         self.mode.compiled_sizes.append(bs)
+        if not self.warming:
+            self.late.append(bs)
         return out  # type: ignore[no-any-return]
 
 

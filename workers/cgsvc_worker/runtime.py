@@ -165,7 +165,8 @@ def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
     emit(ns, group.rank, StateEvent("capturing"))
     say(group.rank, f"loaded in {time.perf_counter() - t0 - t_group:.1f} s; capturing the planned sizes")
     t_cap = time.perf_counter()
-    engine.capture()
+    concurrency = ns.concurrency or len(prompts)
+    engine.capture(decode_rows=min(concurrency, len(prompts)))  # the most rows a decode step will have
     capture_s = time.perf_counter() - t_cap
     emit(ns, group.rank, StateEvent("running"))
     say(group.rank, f"captured in {capture_s:.1f} s; running {len(prompts)} requests, up to {ns.max_new_tokens} "
@@ -191,7 +192,6 @@ def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
                             f"prefilled{median}")
 
     sampler = driver.Sampler(ns.temperature, ns.seed)
-    concurrency = ns.concurrency or len(prompts)
     workload = driver.run(engine, prompts, ns.max_new_tokens, concurrency, sampler, progress, ended.append)
     described = engine.describe()
     if waited := workload["aggregate"]["waited_for_kv"]:
