@@ -112,3 +112,22 @@ def test_a_token_is_timed_once_it_has_been_read_back_not_when_its_step_was_queue
     out = driver.run(_engine(checkpoints["tiny"]), [[3, 4, 5, 6]], 3, 1, SlowToSample())
     (request,) = out["requests"]
     assert request["ttft_ms"] >= 200, request  # the sleep lies between arrival and the first token's time
+
+
+def test_a_warm_up_request_runs_before_the_timed_run_and_leaves_nothing_behind(checkpoints: dict[str, str]) -> None:
+    """The first request's TTFT carried whatever a path does once (a GPU's lazily loaded and
+    FlashInfer's JIT-compiled kernels, cuBLAS handles, the allocator's first blocks), as serving
+    benchmarks warm up first. One untimed request of a prompt and a decode step runs before the
+    workload, then is forgotten: its pages freed, the step counts and cache counters as they were,
+    and the workload's tokens those of an engine that never warmed up."""
+    prompts = [[3 + i, 4, 5, 6, 7, 8] for i in range(3)]
+    cold = driver.run(_engine(checkpoints["tiny"]), prompts, 4, 2, driver.Sampler())
+    engine = _engine(checkpoints["tiny"])
+    free, saturated = sorted(engine.cache.free), int(engine.cache.saturated.item())
+    seconds = engine.warm_up(tokens=5)
+    assert seconds > 0
+    assert sorted(engine.cache.free) == free and not engine.cache.seqs and int(engine.cache.saturated.item()) == saturated
+    assert engine.describe()["steps"] == _engine(checkpoints["tiny"]).describe()["steps"]  # nothing counted
+    warm = driver.run(engine, prompts, 4, 2, driver.Sampler())
+    assert [r["output_tokens"] for r in warm["requests"]] == [r["output_tokens"] for r in cold["requests"]]
+    assert warm["aggregate"]["output_tokens"] == cold["aggregate"]["output_tokens"]

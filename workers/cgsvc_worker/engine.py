@@ -386,6 +386,30 @@ class Engine:
             self.pieces.run(self.piece_fns, ids, torch.arange(n, device=self.tp.device), meta, self.prefill_backend)
         self.cache.release(seq)
 
+    WARM_UP_SEQ = -1  # the warm-up request's sequence id (a run's are 0, 1, ...)
+
+    @torch.inference_mode()
+    def warm_up(self, tokens: int) -> float:
+        """One request of `tokens` prompt tokens and one decode step through the paths a run
+        takes first, so that what they do once (kernels loaded lazily or JIT-compiled, library
+        handles, the allocator's first blocks) is not timed as the first request's; then
+        forgotten: its pages freed, the step counts and the cache's saturation count as they
+        were. Every rank runs it alike (collectives). Returns its seconds, read back."""
+        t0 = time.perf_counter()
+        stats, saturated = self.stats, self.cache.saturated.clone()
+        self.stats = {"prefill": StepStats(), "decode": StepStats()}
+        seq = self.WARM_UP_SEQ
+        tokens = max(1, min(tokens, self.max_context - 1, self.cache.capacity_tokens - 1))  # and its one new token
+        try:
+            prompt = [2 + i % max(1, self.cfg.vocab_size - 2) for i in range(tokens)]
+            first = int(self.prefill([seq], [prompt])[0].argmax().item())  # .item(): the device has finished
+            self.decode([seq], [first])[0].argmax().item()
+        finally:
+            self.release(seq)
+            self.stats = stats
+            self.cache.saturated.copy_(saturated)
+        return time.perf_counter() - t0
+
     @torch.inference_mode()
     def _compile_decode(self, rows: int | None) -> None:
         """One padding-only step (context 1 on the scratch page) at each planned size a step of
