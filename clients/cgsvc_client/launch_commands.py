@@ -239,6 +239,8 @@ LAUNCH_FIELDS: dict[str, Callable[[Any], Any]] = {
     "dispatcher": lambda x: x.dispatcher,
     "tp": lambda x: x.tp,
     "model_path": lambda x: x.model_path,
+    "engine": lambda x: render.engine_text(x.engine),  # the settings asked for
+    "dtype": lambda x: x.report.dtype or "-",  # the dtype that ran
     **{f: (lambda name: lambda x: getattr(x.report, name) or "-")(f)
        for f in ("prefill_requested", "prefill_effective", "decode_requested", "decode_effective",
                  "attention_prefill_effective", "attention_decode_effective")},

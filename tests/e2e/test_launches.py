@@ -645,6 +645,11 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
         assert [v.field for v in e.value.violations] == ["request_id"], e.value
         assert len(c.list_launches(page_size=100).launches) == before + 1
         wait_state(c, once, ("SUCCEEDED",), timeout=180)
+    summary = json.loads(cli("launches", "summary", "--by", "dtype,engine", "-o", "json",
+                             server=srv.address).stdout)["summary"]
+    assert sorted((g["dtype"], g["engine"], g["launches"]) for g in summary["groups"]) == [
+        ("bfloat16", "dtype bfloat16, KV cache 8 MiB a rank, CPU decode trace", 1),
+        ("float32", "dtype auto, KV cache auto, CPU decode eager", 2)], summary
 
 
 def test_launch_flags_without_a_spec_resolve_the_checkpoint_and_never_ride_beside_a_plan(srv: ServerProcess,
