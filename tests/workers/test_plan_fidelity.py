@@ -144,6 +144,20 @@ def test_compiled_decode_sizes_the_run_reaches_are_compiled_before_it_is_timed(c
     assert "decode size 4" in note and "timed" in note, note
 
 
+def test_the_capture_says_what_it_will_do_before_it_does_it(checkpoints: dict[str, str]) -> None:
+    """The rank log said "capturing the planned sizes" and nothing more for the 105 s a CPU spent
+    compiling a plan's prefill pieces; the line now says what the capture is about to do."""
+    decode = PlanView(decode_backend="full", decode_max_bs=8, decode_bs=[2, 4, 8], prefill_backend="disabled")
+    traced = Engine(checkpoints["tiny"], tp.single(), decode, EngineOptions(page_size=4, cpu_decode="trace"))
+    assert traced.capture_work(decode_rows=3) == "decode compiled with torch.compile (trace) at batch sizes 2, 4"
+    eager = Engine(checkpoints["tiny"], tp.single(), decode, EngineOptions(page_size=4))
+    assert eager.capture_work(decode_rows=3) == "nothing to capture or compile (decode static_eager, prefill disabled)"
+    pieces = PlanView(prefill_backend="tc_piecewise", prefill_num_tokens=[8, 16], prefill_max_num_tokens=16)
+    piecewise = Engine(checkpoints["tiny"], tp.single(), pieces, EngineOptions(page_size=4))
+    assert piecewise.capture_work(decode_rows=1) == ("the prefill pieces compiled with torch.compile (inductor, "
+                                                     "dynamic shapes) at 8 tokens; minutes on a cold compile cache")
+
+
 def test_plan_for_another_family_is_refused_naming_both(checkpoints: dict[str, str], tmp_path: Path) -> None:
     from cgsvc_worker.checkpoint import make_checkpoint
 

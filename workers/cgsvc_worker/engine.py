@@ -410,13 +410,40 @@ class Engine:
             self.cache.saturated.copy_(saturated)
         return time.perf_counter() - t0
 
+    def capture_work(self, decode_rows: int | None = None) -> str:
+        """What capture(decode_rows) is about to do, in words, for the log: a capture can take
+        minutes (a cold compile cache on a CPU, hundreds of graphs on a GPU)."""
+        pieces = self.prefill_mode.effective
+        if self.tp.device.type == "cuda":
+            work = []
+            if self.decode_mode.effective == "full" and self.plan.decode_bs:
+                work.append(f"CUDA graphs for {len(self.plan.decode_bs)} decode batch sizes "
+                            f"({min(self.plan.decode_bs)}..{max(self.plan.decode_bs)})")
+            if pieces in ("tc_piecewise", "breakable") and self.prefill_sizes:
+                work.append(f"CUDA graphs of the prefill pieces at {len(self.prefill_sizes)} token counts "
+                            f"({min(self.prefill_sizes)}..{max(self.prefill_sizes)})")
+        else:
+            work = []
+            if pieces == "tc_piecewise_nograph":
+                work.append(f"the prefill pieces compiled with torch.compile (inductor, dynamic shapes) at "
+                            f"{max(2, min(self.prefill_sizes, default=4))} tokens; minutes on a cold compile cache")
+            if self.compiled_decode is not None:
+                sizes = ", ".join(map(str, self._decode_sizes_reached(decode_rows)))
+                work.append(f"decode compiled with torch.compile ({self.options.cpu_decode}) at batch sizes {sizes}")
+        return "; ".join(work) or (f"nothing to capture or compile (decode {self.decode_mode.effective}, prefill "
+                                   f"{pieces})")
+
+    def _decode_sizes_reached(self, rows: int | None) -> list[int]:
+        """The planned decode sizes a step of 1..rows rows is padded to (None: every planned size)."""
+        reach = range(1, rows + 1) if rows else self.plan.decode_bs
+        return sorted({size for r in reach if (size := self._decode_size(r, 1)[0]) is not None})
+
     @torch.inference_mode()
     def _compile_decode(self, rows: int | None) -> None:
         """One padding-only step (context 1 on the scratch page) at each planned size a step of
         1..rows rows is padded to; every rank runs the same sizes, in order, for the collectives."""
         assert self.compiled_decode is not None
-        reach = range(1, rows + 1) if rows else self.plan.decode_bs
-        sizes = sorted({size for r in reach if (size := self._decode_size(r, 1)[0]) is not None})
+        sizes = self._decode_sizes_reached(rows)
         empty = torch.empty(0, dtype=torch.long, device=self.tp.device)
         self.compiled_decode.warming = True
         try:

@@ -168,10 +168,11 @@ def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
     engine = Engine(ns.model_path, group, plan_view, engine_options(ns))
     prompts = load_prompts(ns, engine.cfg.vocab_size, engine.max_context)
     emit(ns, group.rank, StateEvent("capturing"))
-    say(group.rank, f"loaded in {time.perf_counter() - t0 - t_group:.1f} s; capturing the planned sizes")
-    t_cap = time.perf_counter()
     concurrency = ns.concurrency or len(prompts)
-    engine.capture(decode_rows=min(concurrency, len(prompts)))  # the most rows a decode step will have
+    rows = min(concurrency, len(prompts))  # the most rows a decode step will have
+    say(group.rank, f"loaded in {time.perf_counter() - t0 - t_group:.1f} s; capturing: {engine.capture_work(rows)}")
+    t_cap = time.perf_counter()
+    engine.capture(decode_rows=rows)
     capture_s = time.perf_counter() - t_cap
     warm_tokens = min(WARM_UP_TOKENS, len(prompts[0]))
     warmup_s = engine.warm_up(warm_tokens)
