@@ -46,6 +46,9 @@ TP_SHARDED = (("num_attention_heads", "attention heads"), ("vocab_size", "vocabu
 # ---------------------------------------------------------------------------- engine settings
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # the workers' --dtype
+# Other names a launch may give a dtype by (sglang's and vLLM's --dtype take half and float), kept
+# as DTYPES spells them.
+DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32", "fp32": "float32"}
 CPU_DECODE_MODES = ("eager", "trace", "inductor")  # the workers' --cpu-decode
 MAX_KV_CACHE_MB = 1 << 24  # 16 TiB a rank: beyond any device
 

@@ -42,6 +42,7 @@ from cgsvc.audit.store import StoredPlan, utc_now
 from cgsvc.contract import (
     CPU_DECODE_MODES,
     DEFAULT_ENGINE,
+    DTYPE_ALIASES,
     DTYPES,
     MAX_KV_CACHE_MB,
     TP_SHARDED,
@@ -131,12 +132,15 @@ def engine_settings(dtype: str, kv_cache_mb: float, cpu_decode: str) -> tuple[En
     of each field outside what the workers take."""
     problems = []
     closed = {}
-    for name, value, default, choices in (("dtype", dtype, "auto", DTYPES),
-                                          ("cpu_decode", cpu_decode, "eager", CPU_DECODE_MODES)):
+    dtype = DTYPE_ALIASES.get(dtype.lower(), dtype)
+    aliases = f" (or {', '.join(DTYPE_ALIASES)})"
+    for name, value, default, choices, also in (("dtype", dtype, "auto", DTYPES, aliases),
+                                                ("cpu_decode", cpu_decode, "eager", CPU_DECODE_MODES, "")):
         closed[name] = one_spelling(value or default, choices) or ""
         if not closed[name]:
             problems.append(FieldViolation(f"engine.{name}", f"unknown value {value[:40]!r}; "
-                                                             f"{did_you_mean(value, choices)}valid: {', '.join(choices)}"))
+                                                             f"{did_you_mean(value, choices)}valid: {', '.join(choices)}"
+                                                             f"{also}"))
     if not 0 <= kv_cache_mb <= MAX_KV_CACHE_MB:  # NaN too
         problems.append(FieldViolation("engine.kv_cache_mb", f"MiB of KV cache a rank: 0 (auto) or more than 0, at most "
                                                              f"{MAX_KV_CACHE_MB}, got {kv_cache_mb:.12g}"))

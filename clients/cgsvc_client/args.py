@@ -234,7 +234,7 @@ def add_workload(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dispatcher", help="local (default) or ray")
     p.add_argument("--dtype", default="", help="the workers' model dtype: auto (default: float32 on a CPU, on a GPU "
                                                "the checkpoint's bfloat16/float16, else bfloat16), float32, bfloat16, "
-                                               "float16")
+                                               "float16 (half, float, fp16, bf16, fp32 read as those)")
     p.add_argument("--kv-cache-mb", type=kv_mib, default=0.0, metavar="MIB|auto",
                    help="KV cache budget per rank, MiB; auto (default, or 0): 256 on a CPU, on a GPU half of the "
                         "memory free once the weights are loaded")

@@ -636,8 +636,9 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
             with pytest.raises(ServiceError) as e:
                 c.create_launch(ckpt, SHORT, spec=KIMI, engine={"kv_cache_mb": value})
             assert [v.field for v in e.value.violations] == ["engine.kv_cache_mb"], (value, e.value)
-        would = c.create_launch(ckpt, SHORT, spec=KIMI, engine={"dtype": "FLOAT16"}, validate_only=True).metadata
-        assert (would.engine.dtype, would.engine.cpu_decode) == ("float16", "eager"), would.engine
+        for given, kept in (("FLOAT16", "float16"), ("half", "float16"), ("BF16", "bfloat16"), ("float", "float32")):
+            would = c.create_launch(ckpt, SHORT, spec=KIMI, engine={"dtype": given}, validate_only=True).metadata
+            assert (would.engine.dtype, would.engine.cpu_decode) == (kept, "eager"), (given, would.engine)
         # a request_id is one request: the same one with other engine settings is refused
         once = c.create_launch(ckpt, SHORT, spec=KIMI, request_id="engine-once").metadata.name
         with pytest.raises(ServiceError) as e:
