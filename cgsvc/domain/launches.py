@@ -508,8 +508,9 @@ class Launches:
         if not created.new:
             return created.row, False
         write_plan(run, order.plan_json, order.spec_json)
+        engine = f" ({order.engine.text()})" if order.engine != DEFAULT_ENGINE else ""  # the record says what was asked
         await self.audit_order(created.row, order, caller,
-                               f"launch of {order.plan_audit} on {counted(order.tp, order.dispatcher + ' rank')}")
+                               f"launch of {order.plan_audit} on {counted(order.tp, order.dispatcher + ' rank')}{engine}")
         self.watched[launch_id] = Watched()
         await self.schedule()
         got = await asyncio.to_thread(self.store.get, launch_id)

@@ -593,6 +593,10 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
     assert proc.returncode == 0, proc.stdout + proc.stderr
     asked = json.loads(proc.stdout)["launch"]
     assert asked["engine"] == {"dtype": "bfloat16", "kv_cache_mb": 8.0, "cpu_decode": "trace"}, asked["engine"]
+    with Client(srv.address) as c:  # the audit log says what was asked, beside the plan
+        created = c.get_audit_record(asked["audit_records"][0])
+        assert created.method.endswith("CreateLaunch") and created.outcome_message.endswith(
+            "on 4 local ranks (dtype bfloat16, KV cache 8 MiB a rank, CPU decode trace)"), created.outcome_message
     report = asked["report"]
     assert (report["dtype"], report["kv_cache_budget_bytes"]) == ("bfloat16", 8 << 20), report
     assert report["dtype_reason"] == "asked for: --dtype bfloat16" and "8" in report["kv_cache_budget_reason"]
