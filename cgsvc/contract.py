@@ -189,18 +189,22 @@ class StateEvent:
 
 @dataclass(frozen=True)
 class ProgressEvent:
-    """Tokens generated, and prompt tokens prefilled (0 of 0 from a worker before those)."""
+    """Tokens generated, prompt tokens prefilled, and sizes captured or compiled before the run
+    (a decode batch size, a prefill token count; 0 of 0 from a worker before those)."""
 
     tokens_done: int
     tokens_total: int
     time: float = 0.0
     prompt_done: int = 0
     prompt_total: int = 0
+    capture_done: int = 0
+    capture_total: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA_VERSION, "time": self.time or time.time(), "event": "progress",
                 "tokens_done": self.tokens_done, "tokens_total": self.tokens_total,
-                "prompt_done": self.prompt_done, "prompt_total": self.prompt_total}
+                "prompt_done": self.prompt_done, "prompt_total": self.prompt_total,
+                "capture_done": self.capture_done, "capture_total": self.capture_total}
 
 
 @dataclass(frozen=True)
@@ -234,13 +238,14 @@ def parse_event(line: str) -> Event:
         return StateEvent(state, _get(d, "error", str, "event", ""), t)
     if kind == "progress":
         counts = {k: _get(d, k, int, "event", ... if k.startswith("tokens") else 0)
-                  for k in ("tokens_done", "tokens_total", "prompt_done", "prompt_total")}
-        for what in ("tokens", "prompt"):
+                  for k in ("tokens_done", "tokens_total", "prompt_done", "prompt_total", "capture_done",
+                            "capture_total")}
+        for what in ("tokens", "prompt", "capture"):
             done, total = counts[f"{what}_done"], counts[f"{what}_total"]
             if not 0 <= done <= total:
                 raise ContractError(f"event.{what}_done: {done} is not within [0, {what}_total={total}]")
         return ProgressEvent(counts["tokens_done"], counts["tokens_total"], t, counts["prompt_done"],
-                             counts["prompt_total"])
+                             counts["prompt_total"], counts["capture_done"], counts["capture_total"])
     if kind == "placed":
         devices = _get(d, "devices", list, "event")
         if not devices or not all(isinstance(x, str) and x for x in devices):

@@ -235,6 +235,11 @@ for _progress in LAUNCH_COLUMNS_16:
 LAUNCH_COLUMNS_17 = (sa.Column("engine_json", sa.Text, nullable=False, server_default="{}"),)
 for _column in LAUNCH_COLUMNS_17:
     launches.append_column(_column)
+# Migration 18: sizes captured or compiled before the run, of how many.
+LAUNCH_COLUMNS_18 = tuple(sa.Column(name, sa.BigInteger, nullable=False, server_default=sa.text("0"))
+                          for name in ("capture_done", "capture_total"))
+for _progress in LAUNCH_COLUMNS_18:
+    launches.append_column(_progress)
 # One launch per (principal, request_id): a retried CreateLaunch finds the launch it started.
 launch_requests = sa.Table(
     "launch_requests", metadata,
@@ -328,6 +333,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      tuple((launches, c) for c in LAUNCH_COLUMNS_16)),
     (17, "the engine settings a launch runs with: dtype, KV cache budget, CPU decode (launches.engine_json)", (),
      tuple((launches, c) for c in LAUNCH_COLUMNS_17)),
+    (18, "sizes captured or compiled before the run (launches.capture_done, capture_total)", (),
+     tuple((launches, c) for c in LAUNCH_COLUMNS_18)),
 )
 
 # GPUs and catalog models are matched as a spec names them: in any case, a model by an alias too.

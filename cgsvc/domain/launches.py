@@ -649,7 +649,8 @@ class Launches:
                     row = await self.transition(row, state)
             elif isinstance(event, ProgressEvent):
                 counts: dict[str, Any] = {"tokens_done": event.tokens_done, "tokens_total": event.tokens_total,
-                          "prompt_tokens_done": event.prompt_done, "prompt_tokens_total": event.prompt_total}
+                          "prompt_tokens_done": event.prompt_done, "prompt_tokens_total": event.prompt_total,
+                          "capture_done": event.capture_done, "capture_total": event.capture_total}
                 await asyncio.to_thread(self.store.update, row.launch_id, **counts)
                 row = row.replace(**counts)
                 await self.announce(row.launch_id)
@@ -736,8 +737,8 @@ class Launches:
                                            timeout=1.0)
             seen_version = w.version
             new = await self.get(launch_id)
-            if new.state != last_state or (new.tokens_done, new.prompt_tokens_done) != (row.tokens_done,
-                                                                                         row.prompt_tokens_done):
+            if new.state != last_state or (new.tokens_done, new.prompt_tokens_done, new.capture_done) != (
+                    row.tokens_done, row.prompt_tokens_done, row.capture_done):
                 yield ("state" if new.state != last_state else "progress"), new
             row, last_state = new, new.state
 

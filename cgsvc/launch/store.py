@@ -72,6 +72,8 @@ class LaunchRow:
     tokens_total: int = 0
     prompt_tokens_done: int = 0
     prompt_tokens_total: int = 0
+    capture_done: int = 0  # sizes captured or compiled before the run
+    capture_total: int = 0
     error: str = ""
     report_json: str = ""
     handle_json: str = ""

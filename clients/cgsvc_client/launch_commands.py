@@ -79,16 +79,27 @@ def prefilling(launch: Any) -> bool:
                 and launch.prompt_tokens_total > 0 and launch.prompt_tokens_done < launch.prompt_tokens_total)
 
 
+def capturing(launch: Any) -> bool:
+    """Capturing, with sizes to capture (or compile) counted: the bar counts those then."""
+    return bool(launch.state == "CAPTURING" and launch.capture_total > 0)
+
+
 def tokens_cell(launch: Any) -> str:
-    """`launches list`'s tokens column: generated of all, and while prefilling, the prompt's."""
+    """`launches list`'s tokens column: generated of all, and while prefilling, the prompt's;
+    while capturing, the sizes captured."""
     cell = f"{launch.tokens_done}/{launch.tokens_total}"
+    if capturing(launch):
+        return f"{cell} (capture {launch.capture_done}/{launch.capture_total})"
     return cell + (f" (prefill {launch.prompt_tokens_done}/{launch.prompt_tokens_total})" if prefilling(launch) else "")
 
 
 def progress_line(launch: Any) -> str:
     """A launch's state and a bar: tokens generated, or while its prompts are prefilled before the
-    first token (a long prompt is many steps), prompt tokens prefilled."""
-    if prefilling(launch):
+    first token (a long prompt is many steps), prompt tokens prefilled, or while it captures, the
+    sizes captured."""
+    if capturing(launch):
+        done, total, what = launch.capture_done, launch.capture_total, "sizes captured"
+    elif prefilling(launch):
         done, total, what = launch.prompt_tokens_done, launch.prompt_tokens_total, "prompt tokens prefilled"
     else:
         done, total, what = launch.tokens_done, launch.tokens_total or 0, "tokens"
@@ -110,7 +121,9 @@ def report_table(launch: Any) -> str:
     if launch.name and launch.state != "SUCCEEDED":  # how far it has got, or got before it ended
         rows.append(("progress", f"{launch.tokens_done}/{launch.tokens_total} tokens"
                                  + (f"; {launch.prompt_tokens_done}/{launch.prompt_tokens_total} prompt tokens "
-                                    "prefilled" if prefilling(launch) else "")))
+                                    "prefilled" if prefilling(launch) else "")
+                                 + (f"; {launch.capture_done}/{launch.capture_total} sizes captured"
+                                    if capturing(launch) else "")))
     if launch.error:
         rows.append(("error", launch.error))
     if launch.state == "SUCCEEDED":

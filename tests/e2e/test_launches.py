@@ -601,12 +601,15 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
     assert (report["dtype"], report["kv_cache_budget_bytes"]) == ("bfloat16", 8 << 20), report
     assert report["dtype_reason"] == "asked for: --dtype bfloat16" and "8" in report["kv_cache_budget_reason"]
     assert report["decode_effective"] == "static_compiled", report  # trace: each planned size compiled
+    # ... at capture, the one size a batch of one reaches, counted as the bar counts it
+    assert (asked["capture_done"], asked["capture_total"]) == (1, 1), asked
     worker = report["worker"]
     assert worker["dtype"] == "bfloat16" and worker["kv_cache"]["budget_bytes"] == 8 << 20
     plain = cli("launch", "--spec", spec, "--model-path", ckpt, *workload, "--wait", "-o", "json", server=srv.address)
     assert plain.returncode == 0, plain.stdout + plain.stderr
     auto = json.loads(plain.stdout)["launch"]
     assert auto["engine"] == {"dtype": "auto", "kv_cache_mb": 0.0, "cpu_decode": "eager"}, auto["engine"]
+    assert "capture_total" not in auto  # eager on a CPU: nothing to capture or compile
     assert (auto["report"]["dtype"], auto["report"]["dtype_reason"]) == (
         "float32", "auto: float32 on cpu (the reference numerics)")
     # the eager substitution names the setting a launch has now, not a worker's flag alone

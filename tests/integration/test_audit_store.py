@@ -47,7 +47,7 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 17
+    assert store.schema_version() == 18
     assert store.migrate() == []  # idempotent
 
 
@@ -79,6 +79,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
         LAUNCH_COLUMNS_11,
         LAUNCH_COLUMNS_16,
         LAUNCH_COLUMNS_17,
+        LAUNCH_COLUMNS_18,
         launches,
     )
     from cgsvc.contract import EngineSettings
@@ -88,7 +89,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     store.append(entry(1))
     monkeypatch.undo()
     new = {c.name for c in LAUNCH_COLUMNS_3 + LAUNCH_COLUMNS_9 + LAUNCH_COLUMNS_11 + LAUNCH_COLUMNS_16
-           + LAUNCH_COLUMNS_17}
+           + LAUNCH_COLUMNS_17 + LAUNCH_COLUMNS_18}
     with store.write_engine.begin() as conn:
         _layout_before_7(store, conn)
         conn.execute(sa.text("DROP TABLE replica_leases"))
@@ -109,8 +110,8 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
             tp=4, model_path="/m", workload_json='{"input_len": 1, "output_len": 1, "requests": 1, "concurrency": 1}',
             create_time="2026-01-01T00:00:00Z", update_time="2026-01-01T00:00:00Z", tokens_done=1, tokens_total=1,
             error="", report_json="", run_dir="/r", handle_json="", owner=""))
-    assert store.migrate() == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
-    assert store.schema_version() == 17
+    assert store.migrate() == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 18
     old = store.get_record(1)
     assert old is not None and old.schema_version == 1 and old.policy == "cgsvc"
     assert ExperimentStore(store).list_rows() == ([], "")
@@ -120,6 +121,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     assert (row.prompt_tokens_done, row.prompt_tokens_total) == (0, 0)  # migration 16's columns, for a launch before it
     assert row.cancel_requested_by == ""
     assert row.engine == EngineSettings()  # migration 17's: a launch before it ran every default
+    assert (row.capture_done, row.capture_total) == (0, 0)  # migration 18's
     assert store.get_record(1) is not None and store.verify().ok
 
 

@@ -39,7 +39,8 @@ OK_REPORT = {
 
 def test_events_round_trip() -> None:
     for event in (StateEvent("running"), StateEvent("failed", "boom"), ProgressEvent(3, 10),
-                  ProgressEvent(0, 10, prompt_done=4096, prompt_total=8192), PlacedEvent(("2", "3"))):
+                  ProgressEvent(0, 10, prompt_done=4096, prompt_total=8192),
+                  ProgressEvent(0, 10, prompt_total=80, capture_done=12, capture_total=94), PlacedEvent(("2", "3"))):
         back = parse_event(json.dumps(event.to_dict()))
         assert type(back) is type(event) and {**back.__dict__, "time": 0.0} == {**event.__dict__, "time": 0.0}
 
@@ -52,6 +53,8 @@ def test_events_round_trip() -> None:
     ('{"event": "progress", "tokens_done": "5", "tokens_total": 9}', "event.tokens_done: expected int"),
     ('{"event": "progress", "tokens_done": 0, "tokens_total": 2, "prompt_done": 9, "prompt_total": 8}',
      "event.prompt_done: 9 is not within"),
+    ('{"event": "progress", "tokens_done": 0, "tokens_total": 2, "capture_done": 3, "capture_total": 2}',
+     "event.capture_done: 3 is not within"),
     ('{"event": "placed", "devices": []}', "event.devices"),
     ('{"event": "exploded"}', "event.event: 'exploded' is not one of state, progress, placed"),
     (f'{{"schema": {SCHEMA_VERSION + 1}, "event": "state", "state": "running"}}', "newer than this server's"),

@@ -30,3 +30,19 @@ def test_a_launch_that_is_prefilling_shows_its_prompt_tokens() -> None:
     assert tokens_cell(generating) == "2/8"
     earlier = launch_pb2.Launch(state="LOADING", tokens_total=8)  # no prompt counts (a server before them)
     assert progress_line(earlier) == "LOADING    [..............................] 0/8 tokens"
+
+
+def test_a_launch_that_is_capturing_shows_the_sizes_captured() -> None:
+    """A capture of hundreds of CUDA graphs (or a cold compile cache on a CPU) sat at "CAPTURING
+    [....] 0/8 tokens" for minutes: the bar counts the sizes captured or compiled."""
+    from cgsvc_client.launch_commands import progress_line, report_table, tokens_cell
+
+    capturing = launch_pb2.Launch(name="launches/x", state="CAPTURING", tokens_total=8, capture_done=13,
+                                  capture_total=52)
+    assert progress_line(capturing) == "CAPTURING  [#######.......................] 13/52 sizes captured"
+    assert tokens_cell(capturing) == "0/8 (capture 13/52)"
+    assert "progress       0/8 tokens; 13/52 sizes captured" in report_table(capturing)
+    nothing = launch_pb2.Launch(state="CAPTURING", tokens_total=8)  # nothing to capture, or a worker before counts
+    assert progress_line(nothing) == "CAPTURING  [..............................] 0/8 tokens"
+    ran = launch_pb2.Launch(state="RUNNING", tokens_done=2, tokens_total=8, capture_done=52, capture_total=52)
+    assert progress_line(ran) == "RUNNING    [#######.......................] 2/8 tokens" and tokens_cell(ran) == "2/8"

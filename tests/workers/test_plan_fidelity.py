@@ -135,6 +135,10 @@ def test_compiled_decode_sizes_the_run_reaches_are_compiled_before_it_is_timed(c
     engine.decode([0, 1, 2], [7, 8, 9])
     assert engine.decode_mode.compiled_sizes == [2, 4]
     assert not any("compiled on first use" in n for n in engine.describe()["notes"])
+    counted: list[tuple[int, int]] = []
+    again = Engine(checkpoints["tiny"], tp.single(), plan, EngineOptions(page_size=4, cpu_decode="trace"))
+    again.capture(decode_rows=8, on_size=lambda done, total: counted.append((done, total)))
+    assert counted == [(0, 3), (1, 3), (2, 3), (3, 3)]  # the total first, then each size as it is compiled
     late = Engine(checkpoints["tiny"], tp.single(), plan, EngineOptions(page_size=4, cpu_decode="trace"))
     late.capture(decode_rows=1)
     late.prefill([0, 1, 2], [[3, 4, 5], [6, 7], [8]])

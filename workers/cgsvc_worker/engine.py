@@ -314,25 +314,35 @@ class Engine:
 
     # ------------------------------------------------------------------ set-up
     @torch.inference_mode()  # as the steps run: compiled pieces must not recompile inside a capture
-    def capture(self, decode_rows: int | None = None) -> None:
+    def capture(self, decode_rows: int | None = None, on_size: Callable[[int, int], None] | None = None) -> None:
         """Capture the planned sizes (GPU). On a CPU compiled prefill pieces (dynamic shapes
         there) are compiled once here, at the smallest size, and compiled decode steps at each
         planned size a step of at most `decode_rows` rows is padded to (None: every planned
-        size), so that no compile is timed as a token."""
+        size), so that no compile is timed as a token. `on_size(done, total)`: with 0 first,
+        then after each size captured or compiled (the prefill pieces on a CPU count as one)."""
+        total, done = sum(n for n, _ in self._capture_parts(decode_rows)), [0]
+
+        def one() -> None:
+            done[0] += 1
+            if on_size is not None:
+                on_size(done[0], total)
+        if on_size is not None and total:
+            on_size(0, total)
         if self.tp.device.type != "cuda":
             if self.prefill_mode.effective == "tc_piecewise_nograph":
                 t0 = time.perf_counter()
                 self._warm_pieces(max(2, min(self.prefill_sizes, default=4)))
                 self.prefill_mode.capture_seconds = time.perf_counter() - t0
+                one()
             if self.compiled_decode is not None:
-                self._compile_decode(decode_rows)
+                self._compile_decode(decode_rows, one)
             return
         if self.decode_mode.effective == "full" and self.plan.decode_bs:
             pages = -(-min(self.options.graph_context, self.max_context, self.cache.capacity_tokens)
                       // self.cache.page_size)
             self.decode_graphs = DecodeGraphs(self.plan.decode_bs, pages, self._decode_step, self.decode_backend,
                                               self._padding_meta, self.tp.device)
-            seconds, nbytes = self.decode_graphs.capture()
+            seconds, nbytes = self.decode_graphs.capture(one)
             self._captured(self.decode_mode, sorted(self.decode_graphs.graphs), self.decode_graphs.failed,
                            seconds, nbytes)
             if not self.decode_graphs.graphs:
@@ -342,7 +352,7 @@ class Engine:
             sizes = list(self.prefill_sizes)
             self.piece_graphs = PieceGraphs(self.pieces, self.piece_fns, sizes, self.tp.device, heads,
                                             self.cfg.v_head_dim, self.dtype)
-            seconds, nbytes = self.piece_graphs.capture(self._warm_pieces)
+            seconds, nbytes = self.piece_graphs.capture(self._warm_pieces, one)
             self._captured(self.prefill_mode, sorted(self.piece_graphs.graphs), self.piece_graphs.failed,
                            seconds, nbytes)
             if not self.piece_graphs.graphs:
@@ -413,25 +423,29 @@ class Engine:
     def capture_work(self, decode_rows: int | None = None) -> str:
         """What capture(decode_rows) is about to do, in words, for the log: a capture can take
         minutes (a cold compile cache on a CPU, hundreds of graphs on a GPU)."""
-        pieces = self.prefill_mode.effective
+        return "; ".join(words for _, words in self._capture_parts(decode_rows)) or (
+            f"nothing to capture or compile (decode {self.decode_mode.effective}, prefill {self.prefill_mode.effective})")
+
+    def _capture_parts(self, decode_rows: int | None) -> list[tuple[int, str]]:
+        """What capture(decode_rows) does, part by part: (sizes it captures or compiles, words)."""
+        pieces, parts = self.prefill_mode.effective, []
         if self.tp.device.type == "cuda":
-            work = []
             if self.decode_mode.effective == "full" and self.plan.decode_bs:
-                work.append(f"CUDA graphs for {len(self.plan.decode_bs)} decode batch sizes "
-                            f"({min(self.plan.decode_bs)}..{max(self.plan.decode_bs)})")
+                bs = self.plan.decode_bs
+                parts.append((len(bs), f"CUDA graphs for {len(bs)} decode batch sizes ({min(bs)}..{max(bs)})"))
             if pieces in ("tc_piecewise", "breakable") and self.prefill_sizes:
-                work.append(f"CUDA graphs of the prefill pieces at {len(self.prefill_sizes)} token counts "
-                            f"({min(self.prefill_sizes)}..{max(self.prefill_sizes)})")
-        else:
-            work = []
-            if pieces == "tc_piecewise_nograph":
-                work.append(f"the prefill pieces compiled with torch.compile (inductor, dynamic shapes) at "
-                            f"{max(2, min(self.prefill_sizes, default=4))} tokens; minutes on a cold compile cache")
-            if self.compiled_decode is not None:
-                sizes = ", ".join(map(str, self._decode_sizes_reached(decode_rows)))
-                work.append(f"decode compiled with torch.compile ({self.options.cpu_decode}) at batch sizes {sizes}")
-        return "; ".join(work) or (f"nothing to capture or compile (decode {self.decode_mode.effective}, prefill "
-                                   f"{pieces})")
+                n = self.prefill_sizes
+                parts.append((len(n), f"CUDA graphs of the prefill pieces at {len(n)} token counts "
+                                      f"({min(n)}..{max(n)})"))
+            return parts
+        if pieces == "tc_piecewise_nograph":
+            parts.append((1, f"the prefill pieces compiled with torch.compile (inductor, dynamic shapes) at "
+                             f"{max(2, min(self.prefill_sizes, default=4))} tokens; minutes on a cold compile cache"))
+        if self.compiled_decode is not None:
+            sizes = self._decode_sizes_reached(decode_rows)
+            parts.append((len(sizes), f"decode compiled with torch.compile ({self.options.cpu_decode}) at batch "
+                                      f"sizes {', '.join(map(str, sizes))}"))
+        return parts
 
     def _decode_sizes_reached(self, rows: int | None) -> list[int]:
         """The planned decode sizes a step of 1..rows rows is padded to (None: every planned size)."""
@@ -439,7 +453,7 @@ class Engine:
         return sorted({size for r in reach if (size := self._decode_size(r, 1)[0]) is not None})
 
     @torch.inference_mode()
-    def _compile_decode(self, rows: int | None) -> None:
+    def _compile_decode(self, rows: int | None, compiled_one: Callable[[], None] = lambda: None) -> None:
         """One padding-only step (context 1 on the scratch page) at each planned size a step of
         1..rows rows is padded to; every rank runs the same sizes, in order, for the collectives."""
         assert self.compiled_decode is not None
@@ -451,6 +465,7 @@ class Engine:
                 ids = torch.zeros(bs, dtype=torch.long, device=self.tp.device)
                 meta = decode_meta(self.cache, empty, [], [], bs, CompiledDecode.MIN_PAGES)
                 self.compiled_decode(bs, ids, torch.zeros_like(ids), meta)
+                compiled_one()
         finally:
             self.compiled_decode.warming = False
 

@@ -151,7 +151,8 @@ class DecodeGraphs:
         self.outputs: dict[int, torch.Tensor] = {}
         self.failed: dict[int, str] = {}
 
-    def capture(self) -> tuple[float, int]:
+    def capture(self, each: Callable[[], None] = lambda: None) -> tuple[float, int]:
+        """Every size, largest first; `each()` after each, captured or failed."""
         torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
         before = torch.cuda.memory_allocated(self.device)
@@ -161,6 +162,7 @@ class DecodeGraphs:
                 self._capture_one(bs, pool)
             except RuntimeError as exc:
                 self.failed[bs] = capture_error(exc)
+            each()
         torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0, torch.cuda.memory_allocated(self.device) - before
 
@@ -287,9 +289,9 @@ class PieceGraphs:
         self.io: dict[int, dict[str, Any]] = {}
         self.failed: dict[int, str] = {}
 
-    def capture(self, warm: Callable[[int], Any]) -> tuple[float, int]:
+    def capture(self, warm: Callable[[int], Any], each: Callable[[], None] = lambda: None) -> tuple[float, int]:
         """`warm(n)` runs one eager step of n tokens through self.fns (compiles them). A size
-        that fails to capture is left out, with the reason in `failed`."""
+        that fails to capture is left out, with the reason in `failed`; `each()` after each."""
         torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
         before = torch.cuda.memory_allocated(self.device)
@@ -300,6 +302,7 @@ class PieceGraphs:
                 self._capture_one(n, pool)
             except RuntimeError as exc:
                 self.failed[n] = capture_error(exc)
+            each()
         torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0, torch.cuda.memory_allocated(self.device) - before
 

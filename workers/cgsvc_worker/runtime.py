@@ -172,7 +172,22 @@ def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
     rows = min(concurrency, len(prompts))  # the most rows a decode step will have
     say(group.rank, f"loaded in {time.perf_counter() - t0 - t_group:.1f} s; capturing: {engine.capture_work(rows)}")
     t_cap = time.perf_counter()
-    engine.capture(decode_rows=rows)
+    tokens_total, prompt_total = len(prompts) * ns.max_new_tokens, sum(len(p) for p in prompts)
+    captured = [0, 0]  # sizes captured or compiled, of
+    said = [0.0, time.perf_counter()]  # when the last event was written, and the last line
+
+    def on_size(done: int, total: int) -> None:
+        """Sizes captured or compiled so far: a capture of hundreds of graphs (or a cold compile
+        cache on a CPU) takes minutes, which the launch's bar and rank 0's log count off."""
+        now = time.perf_counter()
+        captured[:] = done, total
+        if done in (0, total) or now - said[0] > 0.25:
+            said[0] = now
+            emit(ns, group.rank, ProgressEvent(0, tokens_total, 0.0, 0, prompt_total, done, total))
+        if group.rank == 0 and 0 < done < total and now - said[1] >= ns.log_every:
+            said[1] = now
+            say(group.rank, f"captured {done} of {total} sizes")
+    engine.capture(decode_rows=rows, on_size=on_size)
     capture_s = time.perf_counter() - t_cap
     warm_tokens = min(WARM_UP_TOKENS, len(prompts[0]))
     warmup_s = engine.warm_up(warm_tokens)
@@ -189,7 +204,8 @@ def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
         counts = (at.tokens_done, at.prompt_done)
         if (now - last[0] > 0.25 and counts != last[2]) or at.finished:
             last[0], last[2] = now, counts
-            emit(ns, group.rank, ProgressEvent(at.tokens_done, at.tokens_total, 0.0, at.prompt_done, at.prompt_total))
+            emit(ns, group.rank, ProgressEvent(at.tokens_done, at.tokens_total, 0.0, at.prompt_done, at.prompt_total,
+                                               captured[0], captured[1]))
         # rank 0 says how far it has got (prompt tokens too: a long prompt is many steps before its
         # first token); every rank says when it has finished, so that a log that ends at "running"
         # is one whose rank stopped there
