@@ -189,13 +189,12 @@ def run_rank(ns: argparse.Namespace) -> dict[str, Any]:
             say(group.rank, f"captured {done} of {total} sizes")
     engine.capture(decode_rows=rows, on_size=on_size)
     capture_s = time.perf_counter() - t_cap
+    say(group.rank, f"captured in {capture_s:.1f} s; warming up")
     warm_tokens = min(WARM_UP_TOKENS, len(prompts[0]))
     warmup_s = engine.warm_up(warm_tokens)
-    say(group.rank, f"warmed up in {warmup_s:.1f} s (one untimed request of {warm_tokens} prompt tokens and a decode "
-                    "step)")
     emit(ns, group.rank, StateEvent("running"))
-    say(group.rank, f"captured in {capture_s:.1f} s; running {len(prompts)} requests, up to {ns.max_new_tokens} "
-                    "new tokens each")
+    say(group.rank, f"warmed up in {warmup_s:.1f} s (one untimed request of {warm_tokens} prompt tokens and a decode "
+                    f"step); running {len(prompts)} requests, up to {ns.max_new_tokens} new tokens each")
     last: list[Any] = [0.0, time.perf_counter(), None]  # the last progress event, the last line, its counts
     ended: list[dict[str, Any]] = []  # the requests finished so far, as the report lists them
 
