@@ -605,7 +605,8 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
     assert (asked["capture_done"], asked["capture_total"]) == (1, 1), asked
     worker = report["worker"]
     assert worker["dtype"] == "bfloat16" and worker["kv_cache"]["budget_bytes"] == 8 << 20
-    plain = cli("launch", "--spec", spec, "--model-path", ckpt, *workload, "--wait", "-o", "json", server=srv.address)
+    plain = cli("launch", "--spec", spec, "--model-path", ckpt, *workload, "--request-id", "engine-once", "--wait",
+                "-o", "json", server=srv.address)
     assert plain.returncode == 0, plain.stdout + plain.stderr
     auto = json.loads(plain.stdout)["launch"]
     assert auto["engine"] == {"dtype": "auto", "kv_cache_mb": 0.0, "cpu_decode": "eager"}, auto["engine"]
@@ -646,18 +647,21 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
         for given, kept in (("FLOAT16", "float16"), ("half", "float16"), ("BF16", "bfloat16"), ("float", "float32")):
             would = c.create_launch(ckpt, SHORT, spec=KIMI, engine={"dtype": given}, validate_only=True).metadata
             assert (would.engine.dtype, would.engine.cpu_decode) == (kept, "eager"), (given, would.engine)
-        # a request_id is one request: the same one with other engine settings is refused
-        once = c.create_launch(ckpt, SHORT, spec=KIMI, request_id="engine-once").metadata.name
+        # a request_id is one request: the same request again is the launch it made (the default
+        # settings hash as before there were any), and with other engine settings it is refused
+        same = json.loads(Path(spec).read_text())
+        again = {"input_len": 8, "output_len": 3, "requests": 1, "concurrency": 1, "seed": 0}
+        assert c.create_launch(ckpt, again, spec=same, request_id="engine-once").metadata.name == auto["name"]
         with pytest.raises(ServiceError) as e:
-            c.create_launch(ckpt, SHORT, spec=KIMI, request_id="engine-once", engine={"dtype": "float16"})
+            c.create_launch(ckpt, again, spec=same, request_id="engine-once", engine={"dtype": "float16"})
         assert [v.field for v in e.value.violations] == ["request_id"], e.value
-        assert len(c.list_launches(page_size=100).launches) == before + 1
-        wait_state(c, once, ("SUCCEEDED",), timeout=180)
+        assert auto["name"] in e.value.violations[0].description, e.value
+        assert len(c.list_launches(page_size=100).launches) == before
     summary = json.loads(cli("launches", "summary", "--by", "dtype,engine", "-o", "json",
                              server=srv.address).stdout)["summary"]
     assert sorted((g["dtype"], g["engine"], g["launches"]) for g in summary["groups"]) == [
         ("bfloat16", "dtype bfloat16, KV cache 8 MiB a rank, CPU decode trace", 1),
-        ("float32", "dtype auto, KV cache auto, CPU decode eager", 2)], summary
+        ("float32", "dtype auto, KV cache auto, CPU decode eager", 1)], summary
 
 
 def test_launch_flags_without_a_spec_resolve_the_checkpoint_and_never_ride_beside_a_plan(srv: ServerProcess,
