@@ -218,28 +218,27 @@ LAUNCH_COLUMNS_3 = (
 )
 for _column in LAUNCH_COLUMNS_3:
     launches.append_column(_column)
+
+
+def _counts(*names: str) -> tuple[sa.Column[Any], ...]:
+    """Counters added to a table that has rows already: 0 for those."""
+    return tuple(sa.Column(name, sa.BigInteger, nullable=False, server_default=sa.text("0")) for name in names)
+
+
 # Migration 9: a cancel asked of any replica, for the one that supervises the launch to act on.
 LAUNCH_COLUMNS_9 = (sa.Column("cancel_requested_by", sa.Text, nullable=False, server_default=""),)
-for _column in LAUNCH_COLUMNS_9:
-    launches.append_column(_column)
 # Migration 11: why the service itself asked for a cancel (an ended experiment's launch, say).
 LAUNCH_COLUMNS_11 = (sa.Column("cancel_reason", sa.Text, nullable=False, server_default=""),)
-for _column in LAUNCH_COLUMNS_11:
-    launches.append_column(_column)
 # Migration 16: prompt tokens prefilled, beside the tokens generated.
-LAUNCH_COLUMNS_16 = tuple(sa.Column(name, sa.BigInteger, nullable=False, server_default=sa.text("0"))
-                          for name in ("prompt_tokens_done", "prompt_tokens_total"))
-for _progress in LAUNCH_COLUMNS_16:
-    launches.append_column(_progress)
+LAUNCH_COLUMNS_16 = _counts("prompt_tokens_done", "prompt_tokens_total")
 # Migration 17: the engine settings a launch was asked to run with ("{}": every default).
 LAUNCH_COLUMNS_17 = (sa.Column("engine_json", sa.Text, nullable=False, server_default="{}"),)
-for _column in LAUNCH_COLUMNS_17:
-    launches.append_column(_column)
 # Migration 18: sizes captured or compiled before the run, of how many.
-LAUNCH_COLUMNS_18 = tuple(sa.Column(name, sa.BigInteger, nullable=False, server_default=sa.text("0"))
-                          for name in ("capture_done", "capture_total"))
-for _progress in LAUNCH_COLUMNS_18:
-    launches.append_column(_progress)
+LAUNCH_COLUMNS_18 = _counts("capture_done", "capture_total")
+_ADDED: tuple[sa.Column[Any], ...] = (*LAUNCH_COLUMNS_9, *LAUNCH_COLUMNS_11, *LAUNCH_COLUMNS_16, *LAUNCH_COLUMNS_17,
+                                      *LAUNCH_COLUMNS_18)
+for _column in _ADDED:
+    launches.append_column(_column)
 # One launch per (principal, request_id): a retried CreateLaunch finds the launch it started.
 launch_requests = sa.Table(
     "launch_requests", metadata,
