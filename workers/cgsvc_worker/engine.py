@@ -10,6 +10,7 @@ sampling (greedy, or seeded temperature sampling) agrees across ranks without a 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -89,6 +90,15 @@ def resolve_dtype(requested: str, device: torch.device, checkpoint: str) -> tupl
 
 class PlanMismatch(ValueError):
     """A plan that cannot be run with the loaded checkpoint."""
+
+
+@dataclass(frozen=True)
+class CapturePart:
+    """One part of Engine.capture: how many sizes it captures or compiles, in words, its work."""
+
+    sizes: int
+    words: str
+    run: Callable[[Callable[[], None]], None]  # run(each): each() after every size
 
 
 @dataclass
@@ -320,7 +330,8 @@ class Engine:
         planned size a step of at most `decode_rows` rows is padded to (None: every planned
         size), so that no compile is timed as a token. `on_size(done, total)`: with 0 first,
         then after each size captured or compiled (the prefill pieces on a CPU count as one)."""
-        total, done = sum(n for n, _ in self._capture_parts(decode_rows)), [0]
+        parts = self._capture_parts(decode_rows)
+        total, done = sum(p.sizes for p in parts), [0]
 
         def one() -> None:
             done[0] += 1
@@ -328,35 +339,36 @@ class Engine:
                 on_size(done[0], total)
         if on_size is not None and total:
             on_size(0, total)
-        if self.tp.device.type != "cuda":
-            if self.prefill_mode.effective == "tc_piecewise_nograph":
-                t0 = time.perf_counter()
-                self._warm_pieces(max(2, min(self.prefill_sizes, default=4)))
-                self.prefill_mode.capture_seconds = time.perf_counter() - t0
-                one()
-            if self.compiled_decode is not None:
-                self._compile_decode(decode_rows, one)
-            return
-        if self.decode_mode.effective == "full" and self.plan.decode_bs:
-            pages = -(-min(self.options.graph_context, self.max_context, self.cache.capacity_tokens)
-                      // self.cache.page_size)
-            self.decode_graphs = DecodeGraphs(self.plan.decode_bs, pages, self._decode_step, self.decode_backend,
-                                              self._padding_meta, self.tp.device)
-            seconds, nbytes = self.decode_graphs.capture(one)
-            self._captured(self.decode_mode, sorted(self.decode_graphs.graphs), self.decode_graphs.failed,
-                           seconds, nbytes)
-            if not self.decode_graphs.graphs:
-                self.decode_graphs = None
-        if self.prefill_mode.effective in ("tc_piecewise", "breakable") and self.prefill_sizes:
-            heads = self.model.local_heads
-            sizes = list(self.prefill_sizes)
-            self.piece_graphs = PieceGraphs(self.pieces, self.piece_fns, sizes, self.tp.device, heads,
-                                            self.cfg.v_head_dim, self.dtype)
-            seconds, nbytes = self.piece_graphs.capture(self._warm_pieces, one)
-            self._captured(self.prefill_mode, sorted(self.piece_graphs.graphs), self.piece_graphs.failed,
-                           seconds, nbytes)
-            if not self.piece_graphs.graphs:
-                self.piece_graphs = None
+        for part in parts:
+            part.run(one)
+
+    def _capture_decode_graphs(self, each: Callable[[], None]) -> None:
+        context = min(self.options.graph_context, self.max_context, self.cache.capacity_tokens)
+        pages = -(-context // self.cache.page_size)
+        self.decode_graphs = DecodeGraphs(self.plan.decode_bs, pages, self._decode_step, self.decode_backend,
+                                          self._padding_meta, self.tp.device)
+        seconds, nbytes = self.decode_graphs.capture(each)
+        self._captured(self.decode_mode, sorted(self.decode_graphs.graphs), self.decode_graphs.failed, seconds, nbytes)
+        if not self.decode_graphs.graphs:
+            self.decode_graphs = None
+
+    def _capture_piece_graphs(self, each: Callable[[], None]) -> None:
+        self.piece_graphs = PieceGraphs(self.pieces, self.piece_fns, list(self.prefill_sizes), self.tp.device,
+                                        self.model.local_heads, self.cfg.v_head_dim, self.dtype)
+        seconds, nbytes = self.piece_graphs.capture(self._warm_pieces, each)
+        self._captured(self.prefill_mode, sorted(self.piece_graphs.graphs), self.piece_graphs.failed, seconds, nbytes)
+        if not self.piece_graphs.graphs:
+            self.piece_graphs = None
+
+    def _compile_pieces(self, each: Callable[[], None]) -> None:
+        t0 = time.perf_counter()
+        self._warm_pieces(self._piece_compile_size())
+        self.prefill_mode.capture_seconds = time.perf_counter() - t0
+        each()
+
+    def _piece_compile_size(self) -> int:
+        """The token count a CPU compiles the prefill pieces at (dynamic shapes: once serves all)."""
+        return max(2, min(self.prefill_sizes, default=4))
 
     @staticmethod
     def _captured(mode: Any, sizes: list[int], failed: dict[int, str], seconds: float, nbytes: int) -> None:
@@ -423,28 +435,33 @@ class Engine:
     def capture_work(self, decode_rows: int | None = None) -> str:
         """What capture(decode_rows) is about to do, in words, for the log: a capture can take
         minutes (a cold compile cache on a CPU, hundreds of graphs on a GPU)."""
-        return "; ".join(words for _, words in self._capture_parts(decode_rows)) or (
-            f"nothing to capture or compile (decode {self.decode_mode.effective}, prefill {self.prefill_mode.effective})")
+        nothing = (f"nothing to capture or compile (decode {self.decode_mode.effective}, prefill "
+                   f"{self.prefill_mode.effective})")
+        return "; ".join(p.words for p in self._capture_parts(decode_rows)) or nothing
 
-    def _capture_parts(self, decode_rows: int | None) -> list[tuple[int, str]]:
-        """What capture(decode_rows) does, part by part: (sizes it captures or compiles, words)."""
+    def _capture_parts(self, decode_rows: int | None) -> list[CapturePart]:
+        """What capture(decode_rows) does, part by part: the sizes each captures or compiles, in
+        words, and the work (one list, so that the count and the log say what is done)."""
         pieces, parts = self.prefill_mode.effective, []
         if self.tp.device.type == "cuda":
             if self.decode_mode.effective == "full" and self.plan.decode_bs:
                 bs = self.plan.decode_bs
-                parts.append((len(bs), f"CUDA graphs for {len(bs)} decode batch sizes ({min(bs)}..{max(bs)})"))
+                parts.append(CapturePart(len(bs), f"CUDA graphs for {len(bs)} decode batch sizes "
+                                                  f"({min(bs)}..{max(bs)})", self._capture_decode_graphs))
             if pieces in ("tc_piecewise", "breakable") and self.prefill_sizes:
                 n = self.prefill_sizes
-                parts.append((len(n), f"CUDA graphs of the prefill pieces at {len(n)} token counts "
-                                      f"({min(n)}..{max(n)})"))
+                parts.append(CapturePart(len(n), f"CUDA graphs of the prefill pieces at {len(n)} token counts "
+                                                 f"({min(n)}..{max(n)})", self._capture_piece_graphs))
             return parts
         if pieces == "tc_piecewise_nograph":
-            parts.append((1, f"the prefill pieces compiled with torch.compile (inductor, dynamic shapes) at "
-                             f"{max(2, min(self.prefill_sizes, default=4))} tokens; minutes on a cold compile cache"))
+            parts.append(CapturePart(1, f"the prefill pieces compiled with torch.compile (inductor, dynamic shapes) at "
+                                        f"{self._piece_compile_size()} tokens; minutes on a cold compile cache",
+                                     self._compile_pieces))
         if self.compiled_decode is not None:
             sizes = self._decode_sizes_reached(decode_rows)
-            parts.append((len(sizes), f"decode compiled with torch.compile ({self.options.cpu_decode}) at batch "
-                                      f"sizes {', '.join(map(str, sizes))}"))
+            parts.append(CapturePart(len(sizes), f"decode compiled with torch.compile ({self.options.cpu_decode}) at "
+                                                 f"batch sizes {', '.join(map(str, sizes))}",
+                                     functools.partial(self._compile_decode, sizes)))
         return parts
 
     def _decode_sizes_reached(self, rows: int | None) -> list[int]:
@@ -453,11 +470,10 @@ class Engine:
         return sorted({size for r in reach if (size := self._decode_size(r, 1)[0]) is not None})
 
     @torch.inference_mode()
-    def _compile_decode(self, rows: int | None, compiled_one: Callable[[], None] = lambda: None) -> None:
-        """One padding-only step (context 1 on the scratch page) at each planned size a step of
-        1..rows rows is padded to; every rank runs the same sizes, in order, for the collectives."""
+    def _compile_decode(self, sizes: list[int], each: Callable[[], None]) -> None:
+        """One padding-only step (context 1 on the scratch page) at each of `sizes`; every rank
+        runs the same sizes, in order, for the collectives."""
         assert self.compiled_decode is not None
-        sizes = self._decode_sizes_reached(rows)
         empty = torch.empty(0, dtype=torch.long, device=self.tp.device)
         self.compiled_decode.warming = True
         try:
@@ -465,7 +481,7 @@ class Engine:
                 ids = torch.zeros(bs, dtype=torch.long, device=self.tp.device)
                 meta = decode_meta(self.cache, empty, [], [], bs, CompiledDecode.MIN_PAGES)
                 self.compiled_decode(bs, ids, torch.zeros_like(ids), meta)
-                compiled_one()
+                each()
         finally:
             self.compiled_decode.warming = False
 
@@ -658,5 +674,8 @@ class Engine:
 
     def _late_compile_notes(self) -> list[str]:
         late = self.compiled_decode.late if self.compiled_decode is not None else []
-        return [f"decode size{'s' if len(late) > 1 else ''} {', '.join(map(str, late))} compiled on first use inside the timed run (more rows than "
-                "the capture was told of): that step's time includes the compile"] if late else []
+        if not late:
+            return []
+        sizes = f"decode size{'s' if len(late) > 1 else ''} {', '.join(map(str, late))}"
+        return [f"{sizes} compiled on first use inside the timed run (more rows than the capture was told of): "
+                "that step's time includes the compile"]
