@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,14 @@ class EngineSettings:
     dtype: str = "auto"
     kv_cache_mb: float = 0.0
     cpu_decode: str = "eager"
+
+    @classmethod
+    def read(cls, source: Any) -> EngineSettings:
+        """The settings an EngineSettings message or a dict of its fields (stored JSON) stands
+        for: a field absent or at its zero value ("", 0: what a server or client before them
+        sends) is the default. Takes the spelling as given: the service checks it."""
+        get = source.get if isinstance(source, dict) else lambda name: getattr(source, name, None)
+        return cls(**{f.name: value for f in fields(cls) if (value := get(f.name))})
 
     def worker_args(self) -> list[str]:
         return ["--dtype", self.dtype, "--kv-cache-mb", f"{self.kv_cache_mb:.12g}" if self.kv_cache_mb else "auto",

@@ -26,7 +26,7 @@ import structlog
 
 from cgsvc import __version__
 from cgsvc.audit.records import AuditEntry
-from cgsvc.contract import DEFAULT_ENGINE, EngineSettings, ran_alike, ran_as
+from cgsvc.contract import EngineSettings, ran_alike, ran_as
 from cgsvc.domain import stats
 from cgsvc.domain.launches import (
     TERMINAL,
@@ -127,9 +127,9 @@ class Experiments:
 
     # ------------------------------------------------------------------ create
     async def create(self, plans: list[str], workload: Workload, model_path: str, repeats: int, dispatcher: str,
-                     caller: Caller, engine: Any = None) -> ExperimentRow:
+                     caller: Caller, engine: Any) -> ExperimentRow:
         """Check, record and start an experiment; a refusal is audited, then raised. `engine`:
-        the request's EngineSettings message (or anything with its fields; None: the defaults)."""
+        the request's EngineSettings message (engine_settings checks it)."""
         try:
             row = await self._create(plans, workload, model_path, repeats, dispatcher, caller, engine)
         except ServiceError as err:
@@ -143,8 +143,7 @@ class Experiments:
         problems = workload_problems(workload, model_path)
         dispatcher, wrong = dispatcher_named(dispatcher)
         problems += wrong
-        engine, wrong = (engine_settings(asked.dtype, asked.kv_cache_mb, asked.cpu_decode) if asked is not None
-                         else (DEFAULT_ENGINE, []))
+        engine, wrong = engine_settings(asked)
         problems += wrong
         if len(plans) != 2:
             problems.append(FieldViolation("plans", f"exactly two (A and B), got {len(plans)}"))
@@ -228,7 +227,7 @@ class Experiments:
         assert row is not None
         req = row.request
         workload = Workload(**req["workload"])
-        engine = EngineSettings(**req.get("engine", {}))  # an experiment from before engine settings: the defaults
+        engine = EngineSettings.read(req.get("engine", {}))  # an experiment from before engine settings: the defaults
         samples = _empty_samples()
         substituted: dict[str, list[str]] = {arm: [] for arm in ARMS}
         ran: dict[str, dict[str, Any]] = {}

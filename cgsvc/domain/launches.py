@@ -127,26 +127,27 @@ def workload_problems(workload: Workload, model_path: str) -> list[FieldViolatio
     return problems
 
 
-def engine_settings(dtype: str, kv_cache_mb: float, cpu_decode: str) -> tuple[EngineSettings, list[FieldViolation]]:
-    """A request's engine settings in their one spelling ("" is each default), and the violation
-    of each field outside what the workers take."""
+def engine_settings(asked: Any) -> tuple[EngineSettings, list[FieldViolation]]:
+    """A request's engine settings (its EngineSettings message: "" and 0 are each default) in
+    their one spelling, and the violation of each field outside what the workers take."""
+    given = EngineSettings.read(asked)
     problems = []
     closed = {}
-    dtype = DTYPE_ALIASES.get(dtype.lower(), dtype)
+    dtype = DTYPE_ALIASES.get(given.dtype.lower(), given.dtype)
     aliases = f" (or {', '.join(DTYPE_ALIASES)})"
-    for name, value, default, choices, also in (("dtype", dtype, "auto", DTYPES, aliases),
-                                                ("cpu_decode", cpu_decode, "eager", CPU_DECODE_MODES, "")):
-        closed[name] = one_spelling(value or default, choices) or ""
+    for name, value, choices, also in (("dtype", dtype, DTYPES, aliases),
+                                       ("cpu_decode", given.cpu_decode, CPU_DECODE_MODES, "")):
+        closed[name] = one_spelling(value, choices) or ""
         if not closed[name]:
             problems.append(FieldViolation(f"engine.{name}", f"unknown value {value[:40]!r}; "
                                                              f"{did_you_mean(value, choices)}valid: {', '.join(choices)}"
                                                              f"{also}"))
-    if not 0 <= kv_cache_mb <= MAX_KV_CACHE_MB:  # NaN too
+    if not 0 <= given.kv_cache_mb <= MAX_KV_CACHE_MB:  # NaN too
         problems.append(FieldViolation("engine.kv_cache_mb", f"MiB of KV cache a rank: 0 (auto) or more than 0, at most "
-                                                             f"{MAX_KV_CACHE_MB}, got {kv_cache_mb:.12g}"))
+                                                             f"{MAX_KV_CACHE_MB}, got {given.kv_cache_mb:.12g}"))
     if problems:
         return EngineSettings(), problems
-    return EngineSettings(closed["dtype"], float(kv_cache_mb), closed["cpu_decode"]), []
+    return EngineSettings(closed["dtype"], float(given.kv_cache_mb), closed["cpu_decode"]), []
 
 
 def dispatcher_named(value: str) -> tuple[str, list[FieldViolation]]:

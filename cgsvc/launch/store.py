@@ -103,7 +103,7 @@ def _from_columns(m: Any) -> LaunchRow:
     names = {f.name for f in dataclasses.fields(LaunchRow)} - {"workload", "devices", "engine"}
     return LaunchRow(**{k: m[k] for k in names}, workload=Workload(**json.loads(m["workload_json"])),
                      devices=tuple(json.loads(m["devices_json"] or "[]")),
-                     engine=EngineSettings(**json.loads(m["engine_json"] or "{}")))
+                     engine=EngineSettings.read(json.loads(m["engine_json"] or "{}")))
 
 
 def _update_values(values: dict[str, Any]) -> dict[str, Any]:

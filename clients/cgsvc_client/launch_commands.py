@@ -14,6 +14,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from cgsvc import codec
+from cgsvc.contract import EngineSettings
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc_client import evidence_commands, render
 from cgsvc_client.args import (
@@ -50,7 +51,7 @@ def launch_dict(msg: Any) -> dict[str, Any]:
     d = codec.int64_as_numbers(msg, json_format.MessageToDict(msg, preserving_proto_field_name=True))
     for key in ("tokens_done", "tokens_total"):  # present when 0 too
         d[key] = int(d.get(key, 0))
-    d["engine"] = dataclasses.asdict(render.engine_of(msg.engine))  # every setting, the defaults too
+    d["engine"] = dataclasses.asdict(EngineSettings.read(msg.engine))  # every setting, the defaults too
     if d.get("report_json"):
         d["report"] = {**d.get("report", {}), "worker": json.loads(d.pop("report_json"))}
     return d

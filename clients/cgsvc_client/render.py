@@ -35,16 +35,11 @@ class Style:
         return f"{code}{text}{RESET}" if self.color else text
 
 
-def engine_of(e: Any) -> EngineSettings:
-    """`e`, an EngineSettings message (a launch from a server before them has none: every
-    default) or the dict an experiment's JSON holds, as the settings it stands for."""
-    v = e if isinstance(e, Mapping) else {k: getattr(e, k) for k in ("dtype", "kv_cache_mb", "cpu_decode")}
-    return EngineSettings(v.get("dtype") or "auto", float(v.get("kv_cache_mb") or 0.0), v.get("cpu_decode") or "eager")
-
-
 def engine_text(e: Any) -> str:
-    """Engine settings on one line: "dtype auto, KV cache 8 MiB a rank, CPU decode eager"."""
-    return engine_of(e).text()
+    """Engine settings on one line: "dtype auto, KV cache 8 MiB a rank, CPU decode eager"; `e` an
+    EngineSettings message (a launch from a server before them has none: every default) or the
+    dict an experiment's JSON holds."""
+    return EngineSettings.read(e).text()
 
 
 def mib(n: int) -> str:
