@@ -16,6 +16,7 @@ naming the field, which the server turns into a clear launch failure.
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -81,6 +82,17 @@ class EngineSettings:
 
 
 DEFAULT_ENGINE = EngineSettings()
+
+
+def kv_cache_mib(text: str) -> float | None:
+    """--kv-cache-mb's value as cgsvc-worker and cgsvc-cli read it: MiB, or None for auto (an
+    argparse type: a bad value is named)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of MiB or auto, got {text!r}") from None
 
 
 def tp_misfits(tp: int, sizes: dict[str, int]) -> list[str]:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from cgsvc.audit.filters import TIME_FORM, utc_time
+from cgsvc.contract import kv_cache_mib
 from cgsvc.errors import FieldViolation, ServiceError, did_you_mean, one_spelling
 
 REFUSAL_CODES = ("INVALID_ARGUMENT", "FAILED_PRECONDITION")
@@ -239,17 +240,13 @@ def add_workload(p: argparse.ArgumentParser) -> None:
                    help="KV cache budget per rank, MiB; auto (default, or 0): 256 on a CPU, on a GPU half of the "
                         "memory free once the weights are loaded")
     p.add_argument("--cpu-decode", default="", help="how CPU workers run a plan's full decode steps: eager (default), "
-                                                    "trace or inductor (compiled per planned size on first use)")
+                                                    "trace or inductor (compiled at capture for each planned size the run "
+                                                    "reaches)")
 
 
 def kv_mib(text: str) -> float:
-    """--kv-cache-mb's value: MiB, or auto (0, as the API reads it)."""
-    if text.strip().lower() == "auto":
-        return 0.0
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a number of MiB or auto, got {text!r}") from None
+    """--kv-cache-mb's value: MiB, or auto as the API carries it (0)."""
+    return kv_cache_mib(text) or 0.0
 
 
 def workload(ns: argparse.Namespace) -> dict[str, int]:

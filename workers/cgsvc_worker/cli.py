@@ -26,7 +26,7 @@ import sys
 from collections.abc import Sequence
 
 from cgsvc import __version__
-from cgsvc.contract import CPU_DECODE_MODES, DTYPES, tp_misfits, write_report
+from cgsvc.contract import CPU_DECODE_MODES, DTYPES, kv_cache_mib, tp_misfits, write_report
 from cgsvc_worker.runtime import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -89,7 +89,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                         "bfloat16 / float16, else bfloat16 (the GPU MLA kernels take 16-bit queries)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: CUDA when available, else CPU")
-    p.add_argument("--kv-cache-mb", type=_mib, default=None, metavar="MIB|auto",
+    p.add_argument("--kv-cache-mb", type=kv_cache_mib, default=None, metavar="MIB|auto",
                    help="KV cache budget per rank, MiB; auto (default): 256 on a CPU, on a GPU half of the memory "
                         "free once the weights are loaded")
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV cache page (default 16)")
@@ -101,16 +101,6 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graph-context", type=int, default=4096,
                    help="context positions a captured torch_native decode graph attends over (GPU; default 4096)")
     p.add_argument("--debug", action="store_true", help="include tracebacks in failure reports")
-
-
-def _mib(text: str) -> float | None:
-    """--kv-cache-mb's value: a number of MiB, or auto (None)."""
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a number of MiB or auto, got {text!r}") from None
 
 
 def parser() -> argparse.ArgumentParser:
