@@ -26,7 +26,7 @@ import structlog
 
 from cgsvc import __version__
 from cgsvc.audit.records import AuditEntry
-from cgsvc.contract import EngineSettings, ran_alike, ran_as
+from cgsvc.contract import DEFAULT_ENGINE, EngineSettings, ran_alike, ran_as
 from cgsvc.domain import stats
 from cgsvc.domain.launches import (
     TERMINAL,
@@ -127,9 +127,9 @@ class Experiments:
 
     # ------------------------------------------------------------------ create
     async def create(self, plans: list[str], workload: Workload, model_path: str, repeats: int, dispatcher: str,
-                     caller: Caller, engine: Any) -> ExperimentRow:
+                     caller: Caller, engine: Any = DEFAULT_ENGINE) -> ExperimentRow:
         """Check, record and start an experiment; a refusal is audited, then raised. `engine`:
-        the request's EngineSettings message (engine_settings checks it)."""
+        the request's EngineSettings message (engine_settings checks it); the defaults if none."""
         try:
             row = await self._create(plans, workload, model_path, repeats, dispatcher, caller, engine)
         except ServiceError as err:
