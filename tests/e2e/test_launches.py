@@ -693,13 +693,15 @@ def test_launches_diff_says_what_differed_in_the_plan_in_what_ran_and_in_what_it
     """`launches diff A B`, for "yesterday's launch was faster: what differed?": the plans' fields
     with the rules behind each side, what each ran (effective modes, workload, checkpoint) and its
     measurements side by side, with --exit-code as plans diff has it."""
+    # TP2: b compiles its prefill pieces in every rank, and two ranks compile in half the CPU of four
+    spec = {**KIMI, "hardware": {"gpu": "GB300", "gpu_count": 2}, "parallelism": {"tp": 2}}
     with Client(srv.address) as c:
-        a = c.create_launch(ckpt, SHORT, spec=KIMI).metadata.name
+        a = c.create_launch(ckpt, SHORT, spec=spec).metadata.name
         assert wait_state(c, a, ("SUCCEEDED", "FAILED")).state == "SUCCEEDED"
-        b = c.create_launch(ckpt, {**SHORT, "output_len": 4}, spec=KIMI, policy="sglang-0.5.17").metadata.name
+        b = c.create_launch(ckpt, {**SHORT, "output_len": 4}, spec=spec, policy="sglang-0.5.17").metadata.name
         assert wait_state(c, b, ("SUCCEEDED", "FAILED")).state == "SUCCEEDED"
         # sglang 0.5.18's plan differs from a's only in prefill fields a CPU substitutes away
-        alike = c.create_launch(ckpt, SHORT, spec=KIMI, policy="sglang-0.5.18").metadata.name
+        alike = c.create_launch(ckpt, SHORT, spec=spec, policy="sglang-0.5.18").metadata.name
         assert wait_state(c, alike, ("SUCCEEDED", "FAILED")).state == "SUCCEEDED"
     out = cli("launches", "diff", a, b.split("/")[1], "-o", "json", "--exit-code", server=srv.address)
     assert out.returncode == 1, out.stdout + out.stderr  # they differ
