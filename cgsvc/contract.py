@@ -84,6 +84,34 @@ class EngineSettings:
 DEFAULT_ENGINE = EngineSettings()
 
 
+KV_PAGE_TOKENS = 16  # the workers' default --page-size (a rank running trtllm_mla on sm100 takes 64)
+FP4_BLOCK = 16  # fp4_e2m1 stores blocks of 16 values, each with one e4m3 scale byte
+_KV_VALUE_BYTES = {"bfloat16": 2, "float16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}  # auto: the model's dtype
+MODEL_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_row_bytes(kv_cache_dtype: str, model_dtype_bytes: int, latent_dim: int) -> int:
+    """Bytes the workers' latent KV cache keeps per token per layer: `latent_dim` values (the
+    compressed latent and the rotated key) stored as the plan's kv_cache_dtype ("auto": the
+    model's dtype, `model_dtype_bytes` each; fp4_e2m1: packed, plus a scale byte a block)."""
+    if kv_cache_dtype == "fp4_e2m1":
+        return latent_dim // 2 + latent_dim // FP4_BLOCK
+    return latent_dim * _KV_VALUE_BYTES.get(kv_cache_dtype, model_dtype_bytes)
+
+
+def kv_budget_floor(kv_cache_dtype: str, dtype: str, num_layers: int, latent_dim: int) -> int:
+    """The fewest bytes a rank's KV budget can hold the cache in: two pages (one is scratch) of
+    KV_PAGE_TOKENS tokens on every layer. `dtype` is the launch's engine dtype; for auto (which a
+    rank settles by its device) the smallest it could be, 16-bit: a floor, never above the need."""
+    model_bytes = MODEL_DTYPE_BYTES.get(dtype, min(MODEL_DTYPE_BYTES.values()))
+    return 2 * KV_PAGE_TOKENS * num_layers * kv_row_bytes(kv_cache_dtype, model_bytes, latent_dim)
+
+
+def kv_budget_bytes(kv_cache_mb: float) -> int:
+    """A --kv-cache-mb value in bytes, as every rank counts it."""
+    return int(kv_cache_mb * 1024 * 1024)
+
+
 def kv_cache_mib(text: str) -> float | None:
     """--kv-cache-mb's value as cgsvc-worker and cgsvc-cli read it: MiB, or None for auto (an
     argparse type: a bad value is named)."""

@@ -26,6 +26,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import math
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -44,6 +45,7 @@ from cgsvc.contract import (
     DEFAULT_ENGINE,
     DTYPE_ALIASES,
     DTYPES,
+    KV_PAGE_TOKENS,
     MAX_KV_CACHE_MB,
     TP_SHARDED,
     ContractError,
@@ -53,6 +55,8 @@ from cgsvc.contract import (
     RunDir,
     StateEvent,
     WorkerReport,
+    kv_budget_bytes,
+    kv_budget_floor,
     parse_event,
     read_report,
     tp_misfits,
@@ -227,11 +231,40 @@ def order_for(plan: PlanSource, ckpt: catalog.ModelFacts, model_path: str, workl
         raise ServiceError.invalid([FieldViolation("model_path", f"no *.safetensors weights in {model_path}: a "
                                                                  "launch needs a checkpoint in hub layout (config.json "
                                                                  "and its model*.safetensors)")])
+    resolved = codec.plan_from_dict(json.loads(plan.plan_json))
+    if too_small := kv_budget_problem(engine, resolved.kv_cache_dtype, ckpt):
+        raise ServiceError.invalid([too_small])
     return LaunchOrder(plan_id=plan.plan_id, plan_json=plan.plan_json, spec_json=plan.spec_json,
                        plan_audit=plan.audit_record, tp=tp,
                        model_path=model_path, workload=workload, dispatcher=dispatcher, wait=wait,
                        request_id=request_id, request_hash=request_hash, engine=engine,
-                       rule_ids=tuple(rule_ids(codec.plan_from_dict(json.loads(plan.plan_json)))))
+                       rule_ids=tuple(rule_ids(resolved)))
+
+
+def kv_budget_problem(engine: EngineSettings, kv_cache_dtype: str, ckpt: catalog.ModelFacts) -> FieldViolation | None:
+    """A KV budget (engine.kv_cache_mb) too small for the cache's two pages on this checkpoint
+    and plan, which every rank would fail on after loading; None when it may fit (the floor
+    takes the smallest dtype auto could settle on, so nothing that runs is refused)."""
+    if not engine.kv_cache_mb or not ckpt.kv_lora_rank:
+        return None
+    latent = ckpt.kv_lora_rank + (ckpt.qk_rope_head_dim or 0)
+    floor = kv_budget_floor(kv_cache_dtype, engine.dtype, ckpt.num_layers, latent)
+    given = kv_budget_bytes(engine.kv_cache_mb)
+    if given >= floor:
+        return None
+    row = floor // (2 * KV_PAGE_TOKENS * ckpt.num_layers)
+    dtype = f"dtype {engine.dtype}{' (16-bit at least)' if engine.dtype == 'auto' else ''}"
+    return FieldViolation("engine.kv_cache_mb", (
+        f"{engine.kv_cache_mb:.12g} MiB is under the 2 KV cache pages a rank needs: at least {mib_up(floor)} MiB "
+        f"({floor} bytes: 2 x {KV_PAGE_TOKENS} tokens x {ckpt.num_layers} layers x {row} bytes, kv_cache_dtype "
+        f"{kv_cache_dtype or 'auto'}, {dtype}), or 0 (auto)"))
+
+
+def mib_up(n: int) -> str:
+    """`n` bytes in MiB to three significant figures, rounded up (a floor said in MiB must hold)."""
+    mib = n / (1 << 20)
+    step = 10.0 ** (math.floor(math.log10(mib)) - 2)
+    return f"{math.ceil(round(mib / step, 9)) * step:.3g}"
 
 
 def request_hash(parts: dict[str, Any]) -> str:

@@ -644,6 +644,15 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
             with pytest.raises(ServiceError) as e:
                 c.create_launch(ckpt, SHORT, spec=KIMI, engine={"kv_cache_mb": value})
             assert [v.field for v in e.value.violations] == ["engine.kv_cache_mb"], (value, e.value)
+        # a budget too small for the cache's two pages on this checkpoint is refused here, not by
+        # every rank after loading (the tiny checkpoint: 4 layers of 96 values a token)
+        for validate_only in (True, False):
+            with pytest.raises(ServiceError) as e:
+                c.create_launch(ckpt, SHORT, spec=KIMI, engine={"kv_cache_mb": 0.001, "dtype": "float32"},
+                                validate_only=validate_only)
+            (small,) = e.value.violations
+            assert small.field == "engine.kv_cache_mb" and "under the 2 KV cache pages a rank needs" in small.description
+            assert "at least 0.0118 MiB (12288 bytes: 2 x 16 tokens x 4 layers x 96 bytes" in small.description, small
         for given, kept in (("FLOAT16", "float16"), ("half", "float16"), ("BF16", "bfloat16"), ("float", "float32")):
             would = c.create_launch(ckpt, SHORT, spec=KIMI, engine={"dtype": given}, validate_only=True).metadata
             assert (would.engine.dtype, would.engine.cpu_decode) == (kept, "eager"), (given, would.engine)

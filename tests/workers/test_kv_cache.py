@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from cgsvc_worker import tp
-from cgsvc_worker.engine import Engine, EngineOptions, PlanMismatch, PlanView
+from cgsvc_worker.engine import DTYPES, Engine, EngineOptions, PlanMismatch, PlanView
 from cgsvc_worker.kv_cache import (
     FP4_BLOCK,
     KVCacheExhausted,
@@ -13,6 +13,8 @@ from cgsvc_worker.kv_cache import (
     LatentKVCache,
     kv_format,
 )
+
+from cgsvc.contract import KV_CACHE_DTYPES, KV_PAGE_TOKENS, kv_budget_floor
 
 CPU = torch.device("cpu")
 
@@ -42,6 +44,21 @@ def test_budget_sizing() -> None:
     assert cache.num_pages == 100_000 // (2 * 16 * 96 * 4)
     with pytest.raises(ValueError, match="at least two"):
         LatentKVCache.from_budget(100, 2, 96, 16, torch.float32, CPU)
+
+
+@pytest.mark.parametrize("kv", KV_CACHE_DTYPES)
+def test_the_services_budget_floor_is_the_workers_two_pages(kv: str) -> None:
+    """The service refuses a --kv-cache-mb below kv_budget_floor before any rank starts: for an
+    explicit dtype it is exactly the smallest budget a rank's cache is made in, and for auto it
+    is at most what either dtype auto settles on needs (nothing that runs is refused)."""
+    layers, latent = 3, 96
+    for dtype in ("float32", "bfloat16"):
+        fmt = kv_format(kv, DTYPES[dtype], latent)
+        floor = kv_budget_floor(kv, dtype, layers, latent)
+        assert LatentKVCache.from_budget(floor, layers, latent, KV_PAGE_TOKENS, fmt, CPU).num_pages == 2
+        with pytest.raises(ValueError, match="at least two"):
+            LatentKVCache.from_budget(floor - 1, layers, latent, KV_PAGE_TOKENS, fmt, CPU)
+        assert kv_budget_floor(kv, "auto", layers, latent) <= floor
 
 
 def _roundtrip(name: str, x: torch.Tensor) -> tuple[LatentKVCache, torch.Tensor]:

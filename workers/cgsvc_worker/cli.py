@@ -26,7 +26,14 @@ import sys
 from collections.abc import Sequence
 
 from cgsvc import __version__
-from cgsvc.contract import CPU_DECODE_MODES, DTYPES, kv_cache_mib, tp_misfits, write_report
+from cgsvc.contract import (
+    CPU_DECODE_MODES,
+    DTYPES,
+    KV_PAGE_TOKENS,
+    kv_cache_mib,
+    tp_misfits,
+    write_report,
+)
 from cgsvc_worker.runtime import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -92,7 +99,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-mb", type=kv_cache_mib, default=None, metavar="MIB|auto",
                    help="KV cache budget per rank, MiB; auto (default): 256 on a CPU, on a GPU half of the memory "
                         "free once the weights are loaded")
-    p.add_argument("--page-size", type=int, default=16, help="tokens per KV cache page (default 16)")
+    p.add_argument("--page-size", type=int, default=KV_PAGE_TOKENS,
+                   help=f"tokens per KV cache page (default {KV_PAGE_TOKENS})")
     p.add_argument("--context-length", type=int, default=0, help="context limit; 0: the model's max_position_embeddings")
     p.add_argument("--cpu-decode", choices=CPU_DECODE_MODES, default="eager",
                    help="how a CPU runs a plan's `full` decode steps, padded to the planned sizes: eager (default; "

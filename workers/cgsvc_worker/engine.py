@@ -23,6 +23,7 @@ from cgsvc.contract import (
     ATTENTION_BACKENDS,
     DECODE_GRAPH_BACKENDS,
     KV_CACHE_DTYPES,
+    KV_PAGE_TOKENS,
     PREFILL_GRAPH_BACKENDS,
 )
 from cgsvc.errors import one_spelling
@@ -105,7 +106,7 @@ class CapturePart:
 class EngineOptions:
     dtype: str = "auto"  # float32, bfloat16, float16, or auto (resolve_dtype)
     kv_cache_bytes: int | None = None  # None: auto (kv_budget)
-    page_size: int = 16
+    page_size: int = KV_PAGE_TOKENS
     allow_compile: bool = True
     max_context: int = 0  # 0: the model's max_position_embeddings
     cpu_decode: str = "eager"  # how a CPU runs planned `full` decode steps: eager | trace | inductor

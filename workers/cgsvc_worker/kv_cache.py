@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cgsvc.contract import KV_CACHE_DTYPES
+from cgsvc.contract import FP4_BLOCK, KV_CACHE_DTYPES, kv_row_bytes
 
 
 class KVCacheExhausted(RuntimeError):
@@ -38,7 +38,6 @@ class KVFormatError(ValueError):
     """A kv_cache_dtype this cache cannot store."""
 
 
-FP4_BLOCK = 16
 # The 16 values of e2m1, by their 4-bit code (sign bit 3).
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 _E2M1_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # round-to-nearest thresholds on |x|
@@ -53,9 +52,7 @@ class KVFormat:
     quantised: bool = False
 
     def row_bytes(self, latent_dim: int) -> int:
-        if self.name == "fp4_e2m1":
-            return latent_dim // 2 + latent_dim // FP4_BLOCK  # packed values + e4m3 block scales
-        return latent_dim * torch.empty((), dtype=self.dtype).element_size()
+        return kv_row_bytes(self.name, torch.empty((), dtype=self.dtype).element_size(), latent_dim)
 
     @property
     def fp8(self) -> bool:

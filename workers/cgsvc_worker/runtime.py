@@ -28,6 +28,7 @@ from cgsvc.contract import (
     StateEvent,
     WorkerReport,
     append_event,
+    kv_budget_bytes,
     write_report,
 )
 
@@ -97,7 +98,7 @@ def load_prompts(ns: argparse.Namespace, vocab: int, context: int) -> list[list[
 def engine_options(ns: argparse.Namespace, allow_compile: bool = True) -> Any:
     from cgsvc_worker.engine import EngineOptions
 
-    kv_bytes = None if ns.kv_cache_mb is None else int(ns.kv_cache_mb * 1024 * 1024)  # None: auto
+    kv_bytes = None if ns.kv_cache_mb is None else kv_budget_bytes(ns.kv_cache_mb)  # None: auto
     return EngineOptions(dtype=ns.dtype, kv_cache_bytes=kv_bytes, page_size=ns.page_size,
                          allow_compile=allow_compile and not getattr(ns, "no_compile", False),
                          max_context=ns.context_length, cpu_decode=ns.cpu_decode, graph_context=ns.graph_context)
