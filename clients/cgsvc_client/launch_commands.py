@@ -6,10 +6,12 @@ import argparse
 import collections
 import dataclasses
 import json
+import math
 import statistics
 import sys
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 from google.protobuf import json_format
 
@@ -58,20 +60,29 @@ def launch_dict(msg: Any) -> dict[str, Any]:
 
 
 class Progress:
-    """A progress bar fed by WatchLaunch (a line per change when not on a terminal)."""
+    """A progress bar fed by WatchLaunch. Off a terminal (a CI log, a pipe), a line: at once when
+    the state or the kind of count changes (sizes captured, prompt tokens, tokens) or the tokens
+    are all out, else a changed bar at most every `every` seconds, so a long capture or run is
+    seen moving without a line per step."""
 
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.last = ""
+    def __init__(self, tty: bool | None = None, out: TextIO | None = None, every: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.out = out or sys.stderr
+        self.tty = self.out.isatty() if tty is None else tty
+        self.every, self.clock = every, clock
+        self.last, self.last_kind, self.printed_at = "", ("", ""), -math.inf
 
     def update(self, launch: Any) -> None:
         line = progress_line(launch)
         if self.tty:
-            print(f"\r{line}", end="" if launch.state not in TERMINAL else "\n", file=sys.stderr, flush=True)
-        elif line != self.last and (launch.state != self.last.split(" ")[0] or launch.state in TERMINAL
-                                    or launch.tokens_done == launch.tokens_total):
-            print(line, file=sys.stderr, flush=True)
-        self.last = line
+            print(f"\r{line}", end="" if launch.state not in TERMINAL else "\n", file=self.out, flush=True)
+            return
+        kind = (launch.state, progress_count(launch)[2])  # the state, and what the bar counts
+        done = bool(launch.tokens_total) and launch.tokens_done == launch.tokens_total
+        if line != self.last and (kind != self.last_kind or done or launch.state in TERMINAL
+                                  or self.clock() - self.printed_at >= self.every):
+            print(line, file=self.out, flush=True)
+            self.last, self.last_kind, self.printed_at = line, kind, self.clock()
 
 
 def prefilling(launch: Any) -> bool:
@@ -94,16 +105,20 @@ def tokens_cell(launch: Any) -> str:
     return cell + (f" (prefill {launch.prompt_tokens_done}/{launch.prompt_tokens_total})" if prefilling(launch) else "")
 
 
-def progress_line(launch: Any) -> str:
-    """A launch's state and a bar: tokens generated, or while its prompts are prefilled before the
-    first token (a long prompt is many steps), prompt tokens prefilled, or while it captures, the
-    sizes captured."""
+def progress_count(launch: Any) -> tuple[int, int, str]:
+    """What a launch's bar counts, as (done, total, what): tokens generated, or while its prompts
+    are prefilled before the first token (a long prompt is many steps), prompt tokens prefilled,
+    or while it captures, the sizes captured."""
     if capturing(launch):
-        done, total, what = launch.capture_done, launch.capture_total, "sizes captured"
-    elif prefilling(launch):
-        done, total, what = launch.prompt_tokens_done, launch.prompt_tokens_total, "prompt tokens prefilled"
-    else:
-        done, total, what = launch.tokens_done, launch.tokens_total or 0, "tokens"
+        return launch.capture_done, launch.capture_total, "sizes captured"
+    if prefilling(launch):
+        return launch.prompt_tokens_done, launch.prompt_tokens_total, "prompt tokens prefilled"
+    return launch.tokens_done, launch.tokens_total or 0, "tokens"
+
+
+def progress_line(launch: Any) -> str:
+    """A launch's state and a bar of progress_count."""
+    done, total, what = progress_count(launch)
     width = 30
     fill = int(width * done / total) if total else 0
     return f"{launch.state:<10} [{'#' * fill}{'.' * (width - fill)}] {done}/{total} {what}"

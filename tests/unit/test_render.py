@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from cgsvc_client.render import workload_text
 
 from cgsvc.v1 import launch_pb2
@@ -46,3 +48,41 @@ def test_a_launch_that_is_capturing_shows_the_sizes_captured() -> None:
     assert progress_line(nothing) == "CAPTURING  [..............................] 0/8 tokens"
     ran = launch_pb2.Launch(state="RUNNING", tokens_done=2, tokens_total=8, capture_done=52, capture_total=52)
     assert progress_line(ran) == "RUNNING    [#######.......................] 2/8 tokens" and tokens_cell(ran) == "2/8"
+
+
+def test_a_wait_off_a_terminal_says_how_far_a_long_phase_has_got_every_few_seconds() -> None:
+    """`launch --wait` in a CI log printed a line per state change only: a capture or a run of
+    minutes left the log silent until it ended. Off a terminal a changed bar is printed at most
+    every `every` seconds, and at once on a state change, a new kind of count, or the end."""
+    import io
+
+    from cgsvc_client.launch_commands import Progress
+
+    now = [0.0]
+    out = io.StringIO()
+    bar = Progress(tty=False, out=out, every=10.0, clock=lambda: now[0])
+
+    def step(at: float, **fields: Any) -> None:
+        now[0] = at
+        bar.update(launch_pb2.Launch(tokens_total=8, **fields))
+
+    step(0, state="LOADING")
+    step(1, state="CAPTURING", capture_total=52)
+    step(5, state="CAPTURING", capture_done=3, capture_total=52)  # 4 s after the last line: not yet
+    step(12, state="CAPTURING", capture_done=13, capture_total=52)
+    step(14, state="CAPTURING", capture_done=13, capture_total=52)  # unchanged: nothing
+    step(30, state="CAPTURING", capture_done=13, capture_total=52)  # unchanged, however long: nothing
+    step(31, state="RUNNING", capture_done=52, capture_total=52, prompt_tokens_total=16)
+    step(32, state="RUNNING", tokens_done=1, prompt_tokens_done=16, prompt_tokens_total=16)  # tokens now
+    step(33, state="RUNNING", tokens_done=2, prompt_tokens_done=16, prompt_tokens_total=16)
+    step(34, state="RUNNING", tokens_done=8, prompt_tokens_done=16, prompt_tokens_total=16)  # all done: at once
+    step(35, state="SUCCEEDED", tokens_done=8, prompt_tokens_done=16, prompt_tokens_total=16)
+    assert out.getvalue().splitlines() == [
+        "LOADING    [..............................] 0/8 tokens",
+        "CAPTURING  [..............................] 0/52 sizes captured",
+        "CAPTURING  [#######.......................] 13/52 sizes captured",
+        "RUNNING    [..............................] 0/16 prompt tokens prefilled",
+        "RUNNING    [###" + "." * 27 + "] 1/8 tokens",
+        "RUNNING    [##############################] 8/8 tokens",
+        "SUCCEEDED  [##############################] 8/8 tokens",
+    ]
