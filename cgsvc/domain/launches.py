@@ -253,11 +253,13 @@ def kv_budget_problem(engine: EngineSettings, kv_cache_dtype: str, ckpt: catalog
     if given >= floor:
         return None
     row = floor // (2 * KV_PAGE_TOKENS * ckpt.num_layers)
-    dtype = f"dtype {engine.dtype}{' (16-bit at least)' if engine.dtype == 'auto' else ''}"
+    stored = f"kv_cache_dtype {kv_cache_dtype or 'auto'}"
+    if kv_cache_dtype in ("", "auto"):  # stored as the model's dtype
+        stored += f", dtype {engine.dtype}{' (16-bit at least)' if engine.dtype == 'auto' else ''}"
     return FieldViolation("engine.kv_cache_mb", (
         f"{engine.kv_cache_mb:.12g} MiB is under the 2 KV cache pages a rank needs: at least {mib_up(floor)} MiB "
-        f"({floor} bytes: 2 x {KV_PAGE_TOKENS} tokens x {ckpt.num_layers} layers x {row} bytes, kv_cache_dtype "
-        f"{kv_cache_dtype or 'auto'}, {dtype}), or 0 (auto)"))
+        f"({floor} bytes: 2 x {KV_PAGE_TOKENS} tokens x {ckpt.num_layers} layers x {row} bytes, {stored}), "
+        "or 0 (auto)"))
 
 
 def mib_up(n: int) -> str:

@@ -153,3 +153,25 @@ def test_a_progress_event_of_an_earlier_worker_has_no_prompt_counts() -> None:
     """A worker of the release before prompt progress writes only tokens: read as 0 of 0."""
     event = parse_event('{"event": "progress", "tokens_done": 3, "tokens_total": 10}')
     assert event == ProgressEvent(3, 10, event.time, 0, 0)  # type: ignore[union-attr]
+
+
+def test_a_kv_budget_below_two_pages_is_refused_with_the_smallest_that_holds_them() -> None:
+    """DeepSeek-V3: 61 layers of 576 values (512 latent + 64 rotary key) a token. A page of 16
+    tokens stored as the model's dtype (auto) is at least 16-bit: 2 pages need 2.15 MiB."""
+    from cgsvc import catalog
+    from cgsvc.contract import EngineSettings
+    from cgsvc.domain.launches import kv_budget_problem
+
+    v3 = catalog.facts_for_spec({"model": {"name": "deepseek-ai/DeepSeek-V3"}})
+    assert v3 is not None
+    small = kv_budget_problem(EngineSettings(kv_cache_mb=2), "auto", v3)
+    assert small is not None and small.field == "engine.kv_cache_mb"
+    assert small.description == ("2 MiB is under the 2 KV cache pages a rank needs: at least 2.15 MiB (2248704 "
+                                 "bytes: 2 x 16 tokens x 61 layers x 1152 bytes, kv_cache_dtype auto, dtype auto "
+                                 "(16-bit at least)), or 0 (auto)")
+    assert kv_budget_problem(EngineSettings(kv_cache_mb=2.15), "auto", v3) is None  # 2.15 MiB holds them
+    wide = kv_budget_problem(EngineSettings(kv_cache_mb=2.15, dtype="float32"), "auto", v3)
+    assert wide is not None and "2 x 16 tokens x 61 layers x 2304 bytes" in wide.description
+    fp8 = kv_budget_problem(EngineSettings(kv_cache_mb=1), "fp8_e4m3", v3)  # a byte a value, whatever the dtype
+    assert fp8 is not None and fp8.description.endswith("576 bytes, kv_cache_dtype fp8_e4m3), or 0 (auto)")
+    assert kv_budget_problem(EngineSettings(kv_cache_mb=0), "auto", v3) is None  # auto: the workers size it
