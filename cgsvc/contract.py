@@ -38,6 +38,11 @@ ATTENTION_BACKENDS = (
 )
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1")
 FIDELITY_STATUSES = ("honoured", "substituted", "not_applicable")
+# Every setting of a plan, as the resolver's rules write them and the workers' plan fidelity
+# reports on each (a test derives the list from cgsvc.plan.Plan).
+PLAN_FIELDS = ("attention_backend.prefill", "attention_backend.decode", "prefill.backend", "prefill.max_num_tokens",
+               "prefill.num_tokens", "decode.backend", "decode.max_bs", "decode.bs", "kv_cache_dtype",
+               "chunked_prefill_size")
 # What the workers split evenly over a TP group's ranks (each rank holds 1/tp of it), as
 # (checkpoint fact, words): a plan whose tp does not divide one cannot run on that checkpoint.
 TP_SHARDED = (("num_attention_heads", "attention heads"), ("vocab_size", "vocabulary rows"),
@@ -127,6 +132,11 @@ def tp_misfits(tp: int, sizes: dict[str, int]) -> list[str]:
     """What of a checkpoint (`sizes`: TP_SHARDED's facts; 0 or absent for none) a TP group of
     `tp` ranks cannot split evenly, in words: "510 vocabulary rows"."""
     return [f"{sizes[fact]} {words}" for fact, words in TP_SHARDED if sizes.get(fact) and sizes[fact] % tp]
+
+
+def substituted(report: dict[str, Any]) -> list[str]:
+    """The plan fields a worker report says ran as something other than planned, in plan order."""
+    return [f["field"] for f in report.get("plan_fidelity") or [] if f.get("status") == "substituted"]
 
 
 def ran_as(report: dict[str, Any]) -> dict[str, dict[str, Any]]:

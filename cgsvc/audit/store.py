@@ -31,6 +31,7 @@ from sqlalchemy.engine import Connection, Engine
 from cgsvc import catalog
 from cgsvc.audit import filters, merkle
 from cgsvc.audit.records import GENESIS, AuditEntry, AuditRecord, chain, utc_now
+from cgsvc.contract import substituted
 from cgsvc.errors import CODE_NUMBERS, clip
 from cgsvc.spec import ATTENTION_BACKENDS, DECODE_GRAPH_BACKENDS, PREFILL_GRAPH_BACKENDS
 
@@ -235,10 +236,26 @@ LAUNCH_COLUMNS_16 = _counts("prompt_tokens_done", "prompt_tokens_total")
 LAUNCH_COLUMNS_17 = (sa.Column("engine_json", sa.Text, nullable=False, server_default="{}"),)
 # Migration 18: sizes captured or compiled before the run, of how many.
 LAUNCH_COLUMNS_18 = _counts("capture_done", "capture_total")
+# Migration 19: the plan fields its report says the workers substituted (substituted_cell), for
+# `substituted = FIELD` and `substituted = "none"`.
+LAUNCH_COLUMNS_19 = (sa.Column("substituted", sa.Text, nullable=False, server_default=""),)
 _ADDED: tuple[sa.Column[Any], ...] = (*LAUNCH_COLUMNS_9, *LAUNCH_COLUMNS_11, *LAUNCH_COLUMNS_16, *LAUNCH_COLUMNS_17,
-                                      *LAUNCH_COLUMNS_18)
+                                      *LAUNCH_COLUMNS_18, *LAUNCH_COLUMNS_19)
 for _column in _ADDED:
     launches.append_column(_column)
+
+
+def substituted_cell(report_json: str) -> str:
+    """launches.substituted for a launch's stored report: "" while there is none (nothing is
+    known), else each plan field the workers substituted between commas (",decode.backend,"),
+    just "," for a launch that ran every field as planned (or as not applicable)."""
+    if not report_json:
+        return ""
+    try:
+        report = json.loads(report_json)
+    except ValueError:
+        return ""
+    return ",".join(["", *substituted(report if isinstance(report, dict) else {}), ""])
 # One launch per (principal, request_id): a retried CreateLaunch finds the launch it started.
 launch_requests = sa.Table(
     "launch_requests", metadata,
@@ -334,6 +351,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      tuple((launches, c) for c in LAUNCH_COLUMNS_17)),
     (18, "sizes captured or compiled before the run (launches.capture_done, capture_total)", (),
      tuple((launches, c) for c in LAUNCH_COLUMNS_18)),
+    (19, "the plan fields each launch's workers substituted, to filter on (launches.substituted)", (),
+     tuple((launches, c) for c in LAUNCH_COLUMNS_19)),
 )
 
 # GPUs and catalog models are matched as a spec names them: in any case, a model by an alias too.
@@ -848,10 +867,20 @@ class AuditStore:
                     self._build_rule_sets(conn)
                 if version == 7:
                     self._migrate_append_path(conn)
+                if version == 19:
+                    self._fill_substituted(conn)
                 conn.execute(schema_migrations.insert().values(
                     version=version, description=description, applied_at=utc_now()))
                 applied_now.append(version)
         return applied_now
+
+    @staticmethod
+    def _fill_substituted(conn: Connection) -> None:
+        """Migration 19: launches.substituted of the launches whose reports are there already."""
+        rows = conn.execute(sa.select(launches.c.launch_id, launches.c.report_json).where(launches.c.report_json != ""))
+        for launch_id, report_json in list(rows):
+            conn.execute(launches.update().where(launches.c.launch_id == launch_id)
+                         .values(substituted=substituted_cell(report_json)))
 
     @staticmethod
     def _build_tree(conn: Connection) -> None:

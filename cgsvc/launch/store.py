@@ -28,18 +28,23 @@ from cgsvc.audit.store import (
     launches,
     plans_where,
     replica_leases,
+    substituted_cell,
     utc_now,
 )
-from cgsvc.contract import EngineSettings
+from cgsvc.contract import PLAN_FIELDS, EngineSettings
 
 # model, gpu and rule_id are the plan's: a launch matches when the plan it ran does
 LAUNCH_STATES = ("PLACING", "LOADING", "CAPTURING", "RUNNING",  # active, in the order a launch moves through them
                  "SUCCEEDED", "FAILED", "CANCELLED", "LOST")  # terminal
 DISPATCHERS = ("local", "ray")
 LAUNCH_PLAN_FIELDS: dict[str, filters.FieldKind] = {"rule_id": "str", "model": MODEL_NAME, "gpu": GPU_NAME}
+# substituted: a plan field its workers ran as something else (its report's plan fidelity), or
+# "none": a launch that ran every field as planned; a launch with no report yet matches neither
+SUBSTITUTED = ("none", *PLAN_FIELDS)
 LAUNCH_FILTER_FIELDS: dict[str, filters.FieldKind] = {
     "state": filters.Closed(LAUNCH_STATES), "plan": "str", "principal": "str",
-    "dispatcher": filters.Closed(DISPATCHERS), "create_time": "time", "model_path": "str", **LAUNCH_PLAN_FIELDS}
+    "dispatcher": filters.Closed(DISPATCHERS), "create_time": "time", "model_path": "str",
+    "substituted": filters.Closed(SUBSTITUTED), **LAUNCH_PLAN_FIELDS}
 _LAUNCH_LOCK = 727375  # PostgreSQL advisory lock key for launch creation
 
 
@@ -96,6 +101,7 @@ def _to_columns(row: LaunchRow) -> dict[str, Any]:
     values["workload_json"] = json.dumps(dataclasses.asdict(row.workload))
     values["devices_json"] = json.dumps(list(row.devices))
     values["engine_json"] = json.dumps(dataclasses.asdict(row.engine))
+    values["substituted"] = substituted_cell(row.report_json)
     return values
 
 
@@ -114,7 +120,18 @@ def _update_values(values: dict[str, Any]) -> dict[str, Any]:
         out["workload_json"] = json.dumps(dataclasses.asdict(out.pop("workload")))
     if "engine" in out:
         out["engine_json"] = json.dumps(dataclasses.asdict(out.pop("engine")))
+    if "report_json" in out:
+        out["substituted"] = substituted_cell(out["report_json"])
     return out
+
+
+def substituted_where(term: filters.Term) -> sa.ColumnElement[bool]:
+    """A `substituted` term as SQL on launches.substituted (substituted_cell's form)."""
+    if term.op not in ("=", "!="):
+        raise filters.FilterError(f"substituted takes = or != (a plan field, or none), got {term.op}")
+    column = launches.c.substituted
+    match = column == "," if term.value == "none" else column.like(f"%,{term.value},%")
+    return match if term.op == "=" else (column != "") & ~match
 
 
 @dataclass(frozen=True)
@@ -192,15 +209,18 @@ class LaunchStore:
 
     def list_rows(self, filter_text: str = "", page_size: int = 0, page_token: str = "",
                   order_by: str = "") -> tuple[list[LaunchRow], str]:
-        terms, of_plan = [], []
+        terms, of_plan, where = [], [], []
         for t in filters.parse_filter(filter_text, LAUNCH_FILTER_FIELDS):
             if t.field in LAUNCH_PLAN_FIELDS:
                 of_plan.append(t)
+            elif t.field == "substituted":
+                where.append(substituted_where(t))
             else:
                 terms.append(filters.Term("plan_id", t.op, str(t.value).removeprefix("plans/"))
                              if t.field == "plan" else t)
         # the launches of every plan that matches (older launches too: their records carry no rules)
-        where = [launches.c.plan_id.in_(plans_where(of_plan))] if of_plan else []
+        if of_plan:
+            where.append(launches.c.plan_id.in_(plans_where(of_plan)))
         rows, token = self.audit.page(launches, terms, filter_text, page_size, page_token, where=where,
                                       newest_first=filters.parse_order(order_by, "create_time"))
         return [_from_columns(r._mapping) for r in rows], token

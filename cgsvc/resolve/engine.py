@@ -14,19 +14,15 @@ from enum import IntEnum
 from typing import Any
 
 from cgsvc.catalog import GpuInfo, ModelFacts
+from cgsvc.contract import PLAN_FIELDS
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.plan import Decision, PlanWarning
 from cgsvc.spec import LaunchSpec
 
 Value = str | int | tuple[int, ...] | None
 
-# Plan keys a rule may write. The phase is the part before the dot, if it names one.
-KEYS = (
-    "attention_backend.prefill", "attention_backend.decode",
-    "prefill.backend", "prefill.max_num_tokens", "prefill.num_tokens",
-    "decode.backend", "decode.max_bs", "decode.bs",
-    "kv_cache_dtype", "chunked_prefill_size",
-)
+# Plan keys a rule may write: every field of a plan. The phase is the part before the dot, if it names one.
+KEYS = PLAN_FIELDS
 
 
 def phase_of(key: str) -> str:

@@ -742,6 +742,14 @@ def test_launches_diff_says_what_differed_in_the_plan_in_what_ran_and_in_what_it
     assert itself["plan"]["changes"] == [] and itself["ran"] == []
     bad = cli("launches", "diff", a, "plans/x", "-o", "json", server=srv.address)
     assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field_violations"][0]["field"] == "b"
+    # the launches whose prefill graphs a CPU substituted (b's tc_piecewise, alike's breakable), and not
+    for text, expected in (('substituted = "prefill.backend"', [b, alike]), ('substituted != "prefill.backend"', [a])):
+        listed = json.loads(cli("launches", "list", "--filter", text, "-o", "json", server=srv.address).stdout)
+        assert [x["name"] for x in listed["launches"]] == expected, (text, listed)
+    # on a CPU every launch substitutes something (attention backends, decode graphs)
+    listed = json.loads(cli("launches", "list", "--filter", 'substituted = "none"', "-o", "json",
+                            server=srv.address).stdout)
+    assert listed["launches"] == [], listed
 
 
 def test_logs_larger_than_one_message_are_read_whole_in_pieces(tmp_path: Path, ckpt: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import threading
 import uuid
@@ -47,7 +48,7 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 18
+    assert store.schema_version() == 19
     assert store.migrate() == []  # idempotent
 
 
@@ -110,19 +111,72 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
             tp=4, model_path="/m", workload_json='{"input_len": 1, "output_len": 1, "requests": 1, "concurrency": 1}',
             create_time="2026-01-01T00:00:00Z", update_time="2026-01-01T00:00:00Z", tokens_done=1, tokens_total=1,
             error="", report_json="", run_dir="/r", handle_json="", owner=""))
-    assert store.migrate() == [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]  # 4 builds the Merkle tree, 5 the rule sets, of the records there
-    assert store.schema_version() == 18
+        conn.execute(old.insert().values(  # one with a report: migration 19 reads what it substituted
+            launch_id="old2", sequence=2, plan_id="p", state="SUCCEEDED", principal="alice", dispatcher="local",
+            tp=4, model_path="/m", workload_json='{"input_len": 1, "output_len": 1, "requests": 1, "concurrency": 1}',
+            create_time="2026-01-01T00:00:01Z", update_time="2026-01-01T00:00:01Z", tokens_done=1, tokens_total=1,
+            error="", report_json=json.dumps(fidelity_report({"decode.backend": "substituted"})), run_dir="/r",
+            handle_json="", owner=""))
+    assert store.migrate() == list(range(3, 20))  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 19
     old = store.get_record(1)
     assert old is not None and old.schema_version == 1 and old.policy == "cgsvc"
     assert ExperimentStore(store).list_rows() == ([], "")
     assert [r.sequence for r in store.list_records('rule_id = "breakable.mla"')[0]] == [1]
-    (row,), _ = LaunchStore(store).list_rows()
+    row = LaunchStore(store).list_rows()[0][0]
+    assert [r.launch_id for r in LaunchStore(store).list_rows('substituted = "decode.backend"')[0]] == ["old2"]
+    assert LaunchStore(store).list_rows('substituted = "none"')[0] == []  # old1 has no report: unknown
     assert row.launch_id == "old1" and row.devices == () and row.request_id == "" and row.placement == ""
     assert (row.prompt_tokens_done, row.prompt_tokens_total) == (0, 0)  # migration 16's columns, for a launch before it
     assert row.cancel_requested_by == ""
     assert row.engine == EngineSettings()  # migration 17's: a launch before it ran every default
     assert (row.capture_done, row.capture_total) == (0, 0)  # migration 18's
     assert store.get_record(1) is not None and store.verify().ok
+
+
+def fidelity_report(status: dict[str, str]) -> dict[str, Any]:
+    """A worker report's plan fidelity: every plan field honoured but those `status` gives."""
+    from cgsvc.contract import PLAN_FIELDS
+
+    return {"plan_fidelity": [{"field": f, "status": status.get(f, "honoured")} for f in PLAN_FIELDS]}
+
+
+def test_launches_are_found_by_the_plan_fields_their_workers_substituted(store: AuditStore) -> None:
+    """"Which launches did not run as planned, and which ran a substituted decode backend?":
+    `substituted = FIELD` finds the launches whose reports say that plan field ran as something
+    else, `substituted = "none"` those that ran every field as planned; a launch with no report
+    yet is in neither, nor in their `!=`. A report that lands later is found from then on."""
+    from cgsvc.launch.store import LaunchRow, LaunchStore, Workload
+
+    launches = LaunchStore(store)
+
+    def made(launch_id: str, report: dict[str, Any] | None) -> None:
+        launches.create(LaunchRow(launch_id, "p1", "SUCCEEDED" if report else "RUNNING", "alice", "local", 1, "/m",
+                                  Workload(8, 8, 1, 1), f"/runs/{launch_id}",
+                                  report_json=json.dumps(report) if report else ""))
+
+    made("both", fidelity_report({"decode.backend": "substituted", "attention_backend.decode": "substituted"}))
+    made("prefill", fidelity_report({"prefill.backend": "substituted", "prefill.num_tokens": "not_applicable"}))
+    made("planned", fidelity_report({"chunked_prefill_size": "not_applicable"}))
+    made("running", None)
+
+    def found(text: str) -> list[str]:
+        return [r.launch_id for r in launches.list_rows(text)[0]]
+
+    assert found('substituted = "decode.backend"') == ["both"]
+    assert found('substituted = "Attention_Backend.Decode"') == ["both"]  # a closed set: any case
+    assert found('substituted = "none"') == ["planned"]
+    assert found('substituted != "none"') == ["both", "prefill"]  # every launch that did not run as planned
+    assert found('substituted != "decode.backend"') == ["prefill", "planned"]
+    assert found('substituted = "prefill.num_tokens"') == []  # not applicable is not a substitution
+    assert found('substituted = "prefill.backend" AND state = "SUCCEEDED"') == ["prefill"]
+    assert launches.update("running", state="SUCCEEDED", report_json=json.dumps(fidelity_report(
+        {"kv_cache_dtype": "substituted"})))
+    assert found('substituted = "kv_cache_dtype"') == ["running"]
+    for text, said in (('substituted = "decode"', "valid: none, attention_backend.prefill"),
+                       ('substituted > "decode.backend"', "substituted takes = or !=")):
+        with pytest.raises(filters.FilterError, match=said):
+            launches.list_rows(text)
 
 
 def test_filters_name_gpus_models_and_states_as_specs_do(store: AuditStore) -> None:

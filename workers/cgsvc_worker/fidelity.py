@@ -5,7 +5,7 @@ Each entry is {"field", "requested", "effective", "status", "reason"}, status on
     substituted     it ran something else; `reason` says what and why
     not_applicable  the field has nothing to act on in this run (a size limit of a phase that
                     runs eagerly, chunking turned off); `reason` says why
-`PLAN_FIELDS` must name every setting of the plan type (tests/workers/test_fidelity.py
+`PLAN_FIELDS` (cgsvc.contract's) must name every setting of the plan type (tests/workers/test_fidelity.py
 derives that list from cgsvc.plan.Plan and fails when a new field has no entry here).
 """
 
@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cgsvc.contract import FIDELITY_STATUSES, FidelityEntry
+from cgsvc.contract import FIDELITY_STATUSES, PLAN_FIELDS, FidelityEntry
 
-PLAN_FIELDS = ("attention_backend.prefill", "attention_backend.decode", "prefill.backend", "prefill.max_num_tokens",
-               "prefill.num_tokens", "decode.backend", "decode.max_bs", "decode.bs", "kv_cache_dtype",
-               "chunked_prefill_size")
+__all__ = ["PLAN_FIELDS", "STATUSES", "entry", "plan_fidelity"]
 STATUSES = FIDELITY_STATUSES
 
 
