@@ -270,10 +270,19 @@ LAUNCH_FIELDS: dict[str, Callable[[Any], Any]] = {
     "model_path": lambda x: x.model_path,
     "engine": lambda x: render.engine_text(x.engine),  # the settings asked for
     "dtype": lambda x: x.report.dtype or "-",  # the dtype that ran
+    "substituted": lambda x: substituted_text(x.report),
     **{f: (lambda name: lambda x: getattr(x.report, name) or "-")(f)
        for f in ("prefill_requested", "prefill_effective", "decode_requested", "decode_effective",
                  "attention_prefill_effective", "attention_decode_effective")},
 }
+
+
+def substituted_text(report: Any) -> str:
+    """The plan fields a launch's workers substituted, as the launch filter's `substituted` names
+    them: "attention_backend.decode,decode.backend", "none", or "-" with no report yet."""
+    if not report.plan_fidelity:
+        return "-"
+    return ",".join(f.field for f in report.plan_fidelity if f.status == "substituted") or "none"
 
 
 def _succeeded(metric: str) -> Callable[[Any], float | None]:

@@ -547,6 +547,10 @@ def test_launches_summary_gives_each_group_its_count_and_median_latencies(srv: S
     assert group["tpot_ms_p50_median"] == pytest.approx(statistics.median(x.report.tpot_ms_p50 for x in done))
     table = cli("launches", "summary", "--by", "state", "-o", "table", server=srv.address).stdout
     assert "SUCCEEDED" in table and "TTFT p50 ms" in table and "2 launches in 1 group;" in table
+    # what a CPU ran other than planned, as the launch filter's `substituted` names the fields
+    (group,) = json.loads(cli("launches", "summary", "--by", "substituted", "-o", "json",
+                              server=srv.address).stdout)["summary"]["groups"]
+    assert group["substituted"] == "attention_backend.prefill,attention_backend.decode,decode.backend", group
 
 
 def test_a_launch_that_generated_no_second_token_reports_no_tpot(srv: ServerProcess, ckpt: str) -> None:
