@@ -134,3 +134,11 @@ def test_dependencies_point_one_way() -> None:
     for path in (ROOT / "clients" / "cgsvc_client").glob("*.py"):
         if path.name != "cli.py":
             assert "cgsvc_client.cli" not in _imports(path), f"{path.name} imports the top-level cli"
+
+
+def test_the_storage_doc_names_the_schema_version_the_code_migrates_to() -> None:
+    """docs/audit.md said "schema version 12" six migrations after 12."""
+    from cgsvc.audit.store import MIGRATIONS
+
+    latest = MIGRATIONS[-1][0]
+    assert f"schema version {latest} " in (ROOT / "docs" / "audit.md").read_text(), latest
