@@ -256,6 +256,8 @@ def substituted_cell(report_json: str) -> str:
     except ValueError:
         return ""
     return ",".join(["", *substituted(report if isinstance(report, dict) else {}), ""])
+
+
 # One launch per (principal, request_id): a retried CreateLaunch finds the launch it started.
 launch_requests = sa.Table(
     "launch_requests", metadata,

@@ -130,7 +130,8 @@ def substituted_where(term: filters.Term) -> sa.ColumnElement[bool]:
     if term.op not in ("=", "!="):
         raise filters.FilterError(f"substituted takes = or != (a plan field, or none), got {term.op}")
     column = launches.c.substituted
-    match = column == "," if term.value == "none" else column.like(f"%,{term.value},%")
+    field = str(term.value).replace("_", "\\_")  # a plan field, matched as written, not as a pattern
+    match = column == "," if term.value == "none" else column.like(f"%,{field},%", escape="\\")
     return match if term.op == "=" else (column != "") & ~match
 
 
