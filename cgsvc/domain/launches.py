@@ -59,6 +59,7 @@ from cgsvc.contract import (
     kv_budget_floor,
     parse_event,
     read_report,
+    substituted,
     tp_misfits,
 )
 from cgsvc.domain.plans import Caller
@@ -294,6 +295,18 @@ LOG_CHUNK_BYTES = 1 << 20  # at most this much of one log in one answer to a fol
 # message of the default 4 MiB beside the rest of the launch). The run directory's report.json
 # keeps every byte.
 REPORT_BYTES = 1 << 20
+
+
+def fidelity_said(report: dict[str, Any]) -> str:
+    """What a succeeded launch's SUCCEEDED record says of its plan fidelity, so that the audit
+    trail says whether the plan ran as planned without the report beside it."""
+    fields = report.get("plan_fidelity") or []
+    if not fields:
+        return ""
+    if not (changed := substituted(report)):
+        return f"every one of the {len(fields)} plan fields ran as planned or had nothing to act on"
+    return (f"the workers substituted {len(changed)} of {len(fields)} plan fields: {', '.join(changed)} "
+            "(launches show has each one's reason)")
 
 
 def stored_report(report: dict[str, Any]) -> dict[str, Any]:
@@ -709,7 +722,8 @@ class Launches:
                                          f"exited with code {code}")
         if report.ok and code in (0, -1):
             done = report.output_tokens or row.tokens_done
-            await self.transition(row, "SUCCEEDED", report_json=json.dumps(stored_report(report.to_dict())),
+            stored = stored_report(report.to_dict())
+            await self.transition(row, "SUCCEEDED", fidelity_said(stored), report_json=json.dumps(stored),
                                   tokens_done=done)
             return
         error = report.error or f"the worker supervisor exited with code {code}"

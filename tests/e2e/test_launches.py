@@ -95,7 +95,11 @@ def test_launch_watch_succeeds_and_matches_offline_run(srv: ServerProcess, ckpt:
         assert sum(r.method == "launch.state" for r in recs) >= 4
         # each state's record is committed before the state is stored: the watcher that saw
         # SUCCEEDED can find its record
-        ended = next(r for r in recs if r.outcome_message == "RUNNING -> SUCCEEDED")
+        ended = next(r for r in recs if r.outcome_message.startswith("RUNNING -> SUCCEEDED"))
+        # and it says whether the plan ran as planned: an auditor reads it without the report
+        assert ended.outcome_message == ("RUNNING -> SUCCEEDED: the workers substituted 3 of 10 plan fields: "
+                                         "attention_backend.prefill, attention_backend.decode, decode.backend "
+                                         "(launches show has each one's reason)"), ended.outcome_message
         assert ended.time.ToDatetime() <= launch.update_time.ToDatetime(), (ended.time, launch.update_time)
         assert all(r.plan_id == launch.plan.split("/")[1] for r in recs)
         assert c.get_audit_record(launch.plan_audit_record).method.endswith("ResolvePlan")
