@@ -18,7 +18,8 @@ interrupted run still leaves what it measured). Sections, in order of what matte
                         dtype a launch gets (--dtype auto: bfloat16 on a GPU)
     prefill_modes       prefill TTFT per graph mode (disabled, breakable, tc_piecewise) against eager
     service_launch      a launch through `cgsvc serve` and `cgsvc-cli launch --wait`, as a user makes
-                        one, for this machine's GPU (or cpu): what its report says ran (also on a CPU)
+                        one, for this machine's GPU (or cpu): what its report says ran, the sizes
+                        its bar counted as captured and its warm-up (also on a CPU)
     fp8_kv              the fp8_e4m3 latent cache through FlashInfer's fp8 MLA kernel against torch_native
 
 Without a GPU it runs what a CPU can (check-graphs by compile) and lists what needs a GPU.
@@ -376,8 +377,15 @@ def service_launch() -> dict[str, Any]:
         server.wait(30)
     report = launch.get("report", {})
     worker = report.get("worker", {})
+    log = data / "srv" / "launches" / str(launch.get("name", "")).removeprefix("launches/") / "logs" / "rank0.log"
+    said = log.read_text().splitlines() if log.exists() else []
     return {"gpu": f"{name} -> spec gpu {gpu}", "launch": launch.get("name"), "state": launch.get("state"),
-            "error": launch.get("error", ""), "exit_code": proc.returncode, "dtype": worker.get("dtype"),
+            "error": launch.get("error", ""), "exit_code": proc.returncode,
+            # sizes the launch counted as captured (its bar's count), the warm-up, and rank 0's words for both
+            "capture": {"done": launch.get("capture_done", 0), "total": launch.get("capture_total", 0)},
+            "timings": worker.get("timings"),
+            "rank0_log": [x for x in said if any(w in x for w in ("capturing", "captured", "warmed up"))][:8],
+            "dtype": worker.get("dtype"),
             "dtype_reason": worker.get("dtype_reason"),
             "kv_cache": {k: worker.get("kv_cache", {}).get(k) for k in ("budget_bytes", "budget_reason", "pages")},
             "notes": worker.get("notes"), "modes": worker.get("modes"), "attention": worker.get("attention"),

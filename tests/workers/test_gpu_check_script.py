@@ -32,6 +32,10 @@ def test_gpu_check_on_a_cpu_lists_what_needs_a_gpu(tmp_path: Path) -> None:
     assert status["service_launch"] == "ok", launch
     assert launch["data"]["state"] == "SUCCEEDED" and launch["data"]["dtype"] == "float32", launch["data"]
     assert launch["data"]["dtype_reason"] == "auto: float32 on cpu (the reference numerics)"
+    # what a GPU run is read for on the capture and the warm-up: the bar's count, the timings, the log
+    capture, timings, said = launch["data"]["capture"], launch["data"]["timings"], launch["data"]["rank0_log"]
+    assert capture["done"] == capture["total"] and timings["warmup_s"] > 0 and "capture_s" in timings, launch["data"]
+    assert any("capturing: " in x for x in said) and any("warmed up in" in x for x in said), said
     assert {n: status[n] for n in GPU_SECTIONS} == {n: "needs a GPU" for n in GPU_SECTIONS}
     cpu = next(s for s in result["sections"] if s["name"] == "check_graphs_cpu")
     assert all(row["capturable"] for row in cpu["data"]["table"])
