@@ -236,26 +236,30 @@ LAUNCH_COLUMNS_16 = _counts("prompt_tokens_done", "prompt_tokens_total")
 LAUNCH_COLUMNS_17 = (sa.Column("engine_json", sa.Text, nullable=False, server_default="{}"),)
 # Migration 18: sizes captured or compiled before the run, of how many.
 LAUNCH_COLUMNS_18 = _counts("capture_done", "capture_total")
-# Migration 19: the plan fields its report says the workers substituted (substituted_cell), for
-# `substituted = FIELD` and `substituted = "none"`.
-LAUNCH_COLUMNS_19 = (sa.Column("substituted", sa.Text, nullable=False, server_default=""),)
+# Migration 19: what its report says the workers ran, to filter on (reported_cells): the plan
+# fields they substituted (`substituted = FIELD`, `substituted = "none"`) and the dtype.
+LAUNCH_COLUMNS_19 = (sa.Column("substituted", sa.Text, nullable=False, server_default=""),
+                     sa.Column("dtype", sa.Text, nullable=False, server_default=""))
 _ADDED: tuple[sa.Column[Any], ...] = (*LAUNCH_COLUMNS_9, *LAUNCH_COLUMNS_11, *LAUNCH_COLUMNS_16, *LAUNCH_COLUMNS_17,
                                       *LAUNCH_COLUMNS_18, *LAUNCH_COLUMNS_19)
 for _column in _ADDED:
     launches.append_column(_column)
 
 
-def substituted_cell(report_json: str) -> str:
-    """launches.substituted for a launch's stored report: "" while there is none (nothing is
-    known), else each plan field the workers substituted between commas (",decode.backend,"),
-    just "," for a launch that ran every field as planned (or as not applicable)."""
-    if not report_json:
-        return ""
-    try:
-        report = json.loads(report_json)
-    except ValueError:
-        return ""
-    return ",".join(["", *substituted(report if isinstance(report, dict) else {}), ""])
+def reported_cells(report_json: str) -> dict[str, str]:
+    """launches.substituted and launches.dtype for a launch's stored report; "" in each while
+    there is none (nothing is known). `substituted`: each plan field the workers substituted
+    between commas (",decode.backend,"), just "," for a launch that ran every field as planned
+    (or as not applicable)."""
+    report: Any = {}
+    if report_json:
+        try:
+            report = json.loads(report_json)
+        except ValueError:
+            report = {}
+    if not report or not isinstance(report, dict):
+        return {"substituted": "", "dtype": ""}
+    return {"substituted": ",".join(["", *substituted(report), ""]), "dtype": str(report.get("dtype") or "")}
 
 
 # One launch per (principal, request_id): a retried CreateLaunch finds the launch it started.
@@ -353,7 +357,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      tuple((launches, c) for c in LAUNCH_COLUMNS_17)),
     (18, "sizes captured or compiled before the run (launches.capture_done, capture_total)", (),
      tuple((launches, c) for c in LAUNCH_COLUMNS_18)),
-    (19, "the plan fields each launch's workers substituted, to filter on (launches.substituted)", (),
+    (19, "what each launch's workers ran, to filter on: the plan fields they substituted, the dtype "
+         "(launches.substituted, launches.dtype)", (),
      tuple((launches, c) for c in LAUNCH_COLUMNS_19)),
 )
 
@@ -870,19 +875,19 @@ class AuditStore:
                 if version == 7:
                     self._migrate_append_path(conn)
                 if version == 19:
-                    self._fill_substituted(conn)
+                    self._fill_reported(conn)
                 conn.execute(schema_migrations.insert().values(
                     version=version, description=description, applied_at=utc_now()))
                 applied_now.append(version)
         return applied_now
 
     @staticmethod
-    def _fill_substituted(conn: Connection) -> None:
-        """Migration 19: launches.substituted of the launches whose reports are there already."""
+    def _fill_reported(conn: Connection) -> None:
+        """Migration 19: launches.substituted and .dtype of the launches whose reports are there already."""
         rows = conn.execute(sa.select(launches.c.launch_id, launches.c.report_json).where(launches.c.report_json != ""))
         for launch_id, report_json in list(rows):
             conn.execute(launches.update().where(launches.c.launch_id == launch_id)
-                         .values(substituted=substituted_cell(report_json)))
+                         .values(**reported_cells(report_json)))
 
     @staticmethod
     def _build_tree(conn: Connection) -> None:

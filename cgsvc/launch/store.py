@@ -28,23 +28,25 @@ from cgsvc.audit.store import (
     launches,
     plans_where,
     replica_leases,
-    substituted_cell,
+    reported_cells,
     utc_now,
 )
-from cgsvc.contract import PLAN_FIELDS, EngineSettings
+from cgsvc.contract import MODEL_DTYPE_BYTES, PLAN_FIELDS, EngineSettings
 
 # model, gpu and rule_id are the plan's: a launch matches when the plan it ran does
 LAUNCH_STATES = ("PLACING", "LOADING", "CAPTURING", "RUNNING",  # active, in the order a launch moves through them
                  "SUCCEEDED", "FAILED", "CANCELLED", "LOST")  # terminal
 DISPATCHERS = ("local", "ray")
 LAUNCH_PLAN_FIELDS: dict[str, filters.FieldKind] = {"rule_id": "str", "model": MODEL_NAME, "gpu": GPU_NAME}
-# substituted: a plan field its workers ran as something else (its report's plan fidelity), or
-# "none": a launch that ran every field as planned; a launch with no report yet matches neither
-SUBSTITUTED = ("none", *PLAN_FIELDS)
+# What its report says the workers ran (a launch with no report yet matches neither = nor !=):
+# substituted, a plan field they ran as something else (its plan fidelity), or "none": every
+# field ran as planned; dtype, the dtype the model ran in.
+LAUNCH_REPORTED_FIELDS: dict[str, filters.FieldKind] = {
+    "substituted": filters.Closed(("none", *PLAN_FIELDS)), "dtype": filters.Closed(tuple(MODEL_DTYPE_BYTES))}
 LAUNCH_FILTER_FIELDS: dict[str, filters.FieldKind] = {
     "state": filters.Closed(LAUNCH_STATES), "plan": "str", "principal": "str",
     "dispatcher": filters.Closed(DISPATCHERS), "create_time": "time", "model_path": "str",
-    "substituted": filters.Closed(SUBSTITUTED), **LAUNCH_PLAN_FIELDS}
+    **LAUNCH_REPORTED_FIELDS, **LAUNCH_PLAN_FIELDS}
 _LAUNCH_LOCK = 727375  # PostgreSQL advisory lock key for launch creation
 
 
@@ -101,7 +103,7 @@ def _to_columns(row: LaunchRow) -> dict[str, Any]:
     values["workload_json"] = json.dumps(dataclasses.asdict(row.workload))
     values["devices_json"] = json.dumps(list(row.devices))
     values["engine_json"] = json.dumps(dataclasses.asdict(row.engine))
-    values["substituted"] = substituted_cell(row.report_json)
+    values.update(reported_cells(row.report_json))
     return values
 
 
@@ -121,17 +123,23 @@ def _update_values(values: dict[str, Any]) -> dict[str, Any]:
     if "engine" in out:
         out["engine_json"] = json.dumps(dataclasses.asdict(out.pop("engine")))
     if "report_json" in out:
-        out["substituted"] = substituted_cell(out["report_json"])
+        out.update(reported_cells(out["report_json"]))
     return out
 
 
-def substituted_where(term: filters.Term) -> sa.ColumnElement[bool]:
-    """A `substituted` term as SQL on launches.substituted (substituted_cell's form)."""
+def reported_where(term: filters.Term) -> sa.ColumnElement[bool]:
+    """A term on what the report says ran, as SQL on its column (reported_cells' form): `!=`
+    matches only launches with a report."""
     if term.op not in ("=", "!="):
-        raise filters.FilterError(f"substituted takes = or != (a plan field, or none), got {term.op}")
-    column = launches.c.substituted
-    field = str(term.value).replace("_", "\\_")  # a plan field, matched as written, not as a pattern
-    match = column == "," if term.value == "none" else column.like(f"%,{field},%", escape="\\")
+        raise filters.FilterError(f"{term.field} takes = or !=, got {term.op}")
+    column = launches.c[term.field]
+    if term.field != "substituted":
+        match = column == term.value
+    elif term.value == "none":
+        match = column == ","
+    else:  # a plan field between commas, its underscores matched as written, not as a pattern
+        field = str(term.value).replace("_", "\\_")
+        match = column.like(f"%,{field},%", escape="\\")
     return match if term.op == "=" else (column != "") & ~match
 
 
@@ -214,8 +222,8 @@ class LaunchStore:
         for t in filters.parse_filter(filter_text, LAUNCH_FILTER_FIELDS):
             if t.field in LAUNCH_PLAN_FIELDS:
                 of_plan.append(t)
-            elif t.field == "substituted":
-                where.append(substituted_where(t))
+            elif t.field in LAUNCH_REPORTED_FIELDS:
+                where.append(reported_where(t))
             else:
                 terms.append(filters.Term("plan_id", t.op, str(t.value).removeprefix("plans/"))
                              if t.field == "plan" else t)

@@ -637,6 +637,10 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
     assert (ran["dtype"]["a"], ran["dtype"]["b"]) == ("float32", "bfloat16"), diff["ran"]
     assert (ran["engine (asked)"]["a"], ran["engine (asked)"]["b"]) == ("dtype auto, KV cache auto, CPU decode eager",
                                                         "dtype bfloat16, KV cache 8 MiB a rank, CPU decode trace")
+    for dtype, expected in (("bfloat16", asked["name"]), ("FLOAT32", auto["name"])):  # the dtype that ran
+        listed = json.loads(cli("launches", "list", "--filter", f'dtype = "{dtype}"', "-o", "json",
+                                server=srv.address).stdout)
+        assert [x["name"] for x in listed["launches"]] == [expected], (dtype, listed)
     # bad settings: each named on its field, with what would do, in one answer; nothing started
     with Client(srv.address) as c:
         before = len(c.list_launches(page_size=100).launches)

@@ -126,6 +126,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     row = LaunchStore(store).list_rows()[0][0]
     assert [r.launch_id for r in LaunchStore(store).list_rows('substituted = "decode.backend"')[0]] == ["old2"]
     assert LaunchStore(store).list_rows('substituted = "none"')[0] == []  # old1 has no report: unknown
+    assert [r.launch_id for r in LaunchStore(store).list_rows('dtype = "float32"')[0]] == ["old2"]
     assert row.launch_id == "old1" and row.devices == () and row.request_id == "" and row.placement == ""
     assert (row.prompt_tokens_done, row.prompt_tokens_total) == (0, 0)  # migration 16's columns, for a launch before it
     assert row.cancel_requested_by == ""
@@ -134,14 +135,15 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     assert store.get_record(1) is not None and store.verify().ok
 
 
-def fidelity_report(status: dict[str, str]) -> dict[str, Any]:
+def fidelity_report(status: dict[str, str], dtype: str = "float32") -> dict[str, Any]:
     """A worker report's plan fidelity: every plan field honoured but those `status` gives."""
     from cgsvc.contract import PLAN_FIELDS
 
-    return {"plan_fidelity": [{"field": f, "status": status.get(f, "honoured")} for f in PLAN_FIELDS]}
+    return {"dtype": dtype,
+            "plan_fidelity": [{"field": f, "status": status.get(f, "honoured")} for f in PLAN_FIELDS]}
 
 
-def test_launches_are_found_by_the_plan_fields_their_workers_substituted(store: AuditStore) -> None:
+def test_launches_are_found_by_what_their_workers_ran(store: AuditStore) -> None:
     """"Which launches did not run as planned, and which ran a substituted decode backend?":
     `substituted = FIELD` finds the launches whose reports say that plan field ran as something
     else, `substituted = "none"` those that ran every field as planned; a launch with no report
@@ -157,7 +159,7 @@ def test_launches_are_found_by_the_plan_fields_their_workers_substituted(store: 
 
     made("both", fidelity_report({"decode.backend": "substituted", "attention_backend.decode": "substituted"}))
     made("prefill", fidelity_report({"prefill.backend": "substituted", "prefill.num_tokens": "not_applicable"}))
-    made("planned", fidelity_report({"chunked_prefill_size": "not_applicable"}))
+    made("planned", fidelity_report({"chunked_prefill_size": "not_applicable"}, dtype="bfloat16"))
     made("running", None)
 
     def found(text: str) -> list[str]:
@@ -170,11 +172,15 @@ def test_launches_are_found_by_the_plan_fields_their_workers_substituted(store: 
     assert found('substituted != "decode.backend"') == ["prefill", "planned"]
     assert found('substituted = "prefill.num_tokens"') == []  # not applicable is not a substitution
     assert found('substituted = "prefill.backend" AND state = "SUCCEEDED"') == ["prefill"]
+    # and the dtype the model ran in, as the report says (not the engine setting asked for)
+    assert found('dtype = "BFloat16"') == ["planned"]
+    assert found('dtype != "bfloat16"') == ["both", "prefill"]  # reported launches only
     assert launches.update("running", state="SUCCEEDED", report_json=json.dumps(fidelity_report(
         {"kv_cache_dtype": "substituted"})))
     assert found('substituted = "kv_cache_dtype"') == ["running"]
     for text, said in (('substituted = "decode"', "valid: none, attention_backend.prefill"),
-                       ('substituted > "decode.backend"', "substituted takes = or !=")):
+                       ('substituted > "decode.backend"', "substituted takes = or !="),
+                       ('dtype = "fp64"', "valid: float32, bfloat16, float16")):
         with pytest.raises(filters.FilterError, match=said):
             launches.list_rows(text)
 
