@@ -340,7 +340,8 @@ def test_a_cancel_that_lands_as_the_last_launch_finishes_still_ends_the_experime
     from cgsvc.launch.store import ExperimentStore
     with Client(srv.address) as c:
         a, b = two_plans(c)
-        exp = c.create_experiment([a, b], ckpt, {**WORKLOAD, "output_len": 100, "requests": 1}, repeats=1)
+        # long enough (about 3 s of decode) for the poll below to see B running; the cancel is a row write
+        exp = c.create_experiment([a, b], ckpt, {**WORKLOAD, "output_len": 40, "requests": 1}, repeats=1)
         wait_experiment(c, exp.name, lambda m: any(r.arm == "B" and r.state == "RUNNING" for r in m.runs))
         store = AuditStore(f"sqlite:///{srv.data_dir / 'cgsvc.db'}")
         try:
