@@ -17,7 +17,7 @@ import contextlib
 import datetime as dt
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cgsvc.errors import did_you_mean, one_spelling
 
@@ -56,9 +56,11 @@ class Term:
 
 @dataclass(frozen=True)
 class Closed:
-    """A string field whose every value is one of `choices`, stored in that spelling."""
+    """A string field whose every value is one of `choices`, stored in that spelling; `aliases`
+    (lower case) are other names of a choice that a request may give it by (bf16: bfloat16)."""
 
     choices: tuple[str, ...]
+    aliases: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -109,10 +111,11 @@ def _spelled(name: str, value: str, kind: Closed | Catalogued) -> tuple[str, tup
     """A string value of a closed or catalogued field: its one spelling, and the other spellings
     that match too."""
     if isinstance(kind, Closed):
-        canonical = one_spelling(value, kind.choices)
+        canonical = one_spelling(kind.aliases.get(value.lower(), value), kind.choices)
         if canonical is None:
+            also = f" (or {', '.join(kind.aliases)})" if kind.aliases else ""
             raise FilterError(f"{name}: unknown value {value[:40]!r}; {did_you_mean(value, kind.choices)}valid: "
-                              f"{', '.join(kind.choices)}")
+                              f"{', '.join(kind.choices)}{also}")
         return canonical, ()
     known = kind.lookup(value) if len(value) <= 200 else None
     return (known, (value,)) if known is not None and known != value else (value, ())

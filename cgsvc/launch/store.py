@@ -31,7 +31,7 @@ from cgsvc.audit.store import (
     reported_cells,
     utc_now,
 )
-from cgsvc.contract import MODEL_DTYPE_BYTES, PLAN_FIELDS, EngineSettings
+from cgsvc.contract import DTYPE_ALIASES, MODEL_DTYPE_BYTES, PLAN_FIELDS, EngineSettings
 
 # model, gpu and rule_id are the plan's: a launch matches when the plan it ran does
 LAUNCH_STATES = ("PLACING", "LOADING", "CAPTURING", "RUNNING",  # active, in the order a launch moves through them
@@ -42,7 +42,7 @@ LAUNCH_PLAN_FIELDS: dict[str, filters.FieldKind] = {"rule_id": "str", "model": M
 # substituted, a plan field they ran as something else (its plan fidelity), or "none": every
 # field ran as planned; dtype, the dtype the model ran in.
 LAUNCH_REPORTED_FIELDS: dict[str, filters.FieldKind] = {
-    "substituted": filters.Closed(("none", *PLAN_FIELDS)), "dtype": filters.Closed(tuple(MODEL_DTYPE_BYTES))}
+    "substituted": filters.Closed(("none", *PLAN_FIELDS)), "dtype": filters.Closed(tuple(MODEL_DTYPE_BYTES), DTYPE_ALIASES)}
 LAUNCH_FILTER_FIELDS: dict[str, filters.FieldKind] = {
     "state": filters.Closed(LAUNCH_STATES), "plan": "str", "principal": "str",
     "dispatcher": filters.Closed(DISPATCHERS), "create_time": "time", "model_path": "str",

@@ -173,14 +173,14 @@ def test_launches_are_found_by_what_their_workers_ran(store: AuditStore) -> None
     assert found('substituted = "prefill.num_tokens"') == []  # not applicable is not a substitution
     assert found('substituted = "prefill.backend" AND state = "SUCCEEDED"') == ["prefill"]
     # and the dtype the model ran in, as the report says (not the engine setting asked for)
-    assert found('dtype = "BFloat16"') == ["planned"]
+    assert found('dtype = "BFloat16"') == found('dtype = "bf16"') == ["planned"]  # as --dtype reads it
     assert found('dtype != "bfloat16"') == ["both", "prefill"]  # reported launches only
     assert launches.update("running", state="SUCCEEDED", report_json=json.dumps(fidelity_report(
         {"kv_cache_dtype": "substituted"})))
     assert found('substituted = "kv_cache_dtype"') == ["running"]
     for text, said in (('substituted = "decode"', "valid: none, attention_backend.prefill"),
                        ('substituted > "decode.backend"', "substituted takes = or !="),
-                       ('dtype = "fp64"', "valid: float32, bfloat16, float16")):
+                       ('dtype = "fp64"', "valid: float32, bfloat16, float16 \\(or half, fp16")):
         with pytest.raises(filters.FilterError, match=said):
             launches.list_rows(text)
 
