@@ -127,9 +127,10 @@ class Experiments:
 
     # ------------------------------------------------------------------ create
     async def create(self, plans: list[str], workload: Workload, model_path: str, repeats: int, dispatcher: str,
-                     caller: Caller, engine: Any = DEFAULT_ENGINE) -> ExperimentRow:
+                     caller: Caller, engine: EngineSettings = DEFAULT_ENGINE) -> ExperimentRow:
         """Check, record and start an experiment; a refusal is audited, then raised. `engine`:
-        the request's EngineSettings message (engine_settings checks it); the defaults if none."""
+        the settings as the request gave them (EngineSettings.read; engine_settings checks and
+        spells them); the defaults if none."""
         try:
             row = await self._create(plans, workload, model_path, repeats, dispatcher, caller, engine)
         except ServiceError as err:
@@ -139,7 +140,7 @@ class Experiments:
         return row
 
     async def _create(self, plans: list[str], workload: Workload, model_path: str, repeats: int, dispatcher: str,
-                      caller: Caller, asked: Any) -> ExperimentRow:
+                      caller: Caller, asked: EngineSettings) -> ExperimentRow:
         problems = workload_problems(workload, model_path)
         dispatcher, wrong = dispatcher_named(dispatcher)
         problems += wrong

@@ -132,10 +132,9 @@ def workload_problems(workload: Workload, model_path: str) -> list[FieldViolatio
     return problems
 
 
-def engine_settings(asked: Any) -> tuple[EngineSettings, list[FieldViolation]]:
-    """A request's engine settings (its EngineSettings message: "" and 0 are each default) in
-    their one spelling, and the violation of each field outside what the workers take."""
-    given = EngineSettings.read(asked)
+def engine_settings(given: EngineSettings) -> tuple[EngineSettings, list[FieldViolation]]:
+    """A request's engine settings as it gave them (EngineSettings.read of its message) in their
+    one spelling, and the violation of each field outside what the workers take."""
     problems = []
     closed = {}
     dtype = DTYPE_ALIASES.get(given.dtype.lower(), given.dtype)

@@ -6,6 +6,7 @@ import os
 from collections.abc import AsyncIterator
 
 from cgsvc import codec
+from cgsvc.contract import EngineSettings
 from cgsvc.domain.experiments import Experiments
 from cgsvc.launch.store import Workload
 from cgsvc.server.interceptors import RequestContext
@@ -24,7 +25,7 @@ class ExperimentService:
         row = await self.experiments.create(
             list(request.plans), Workload(wl.input_len, wl.output_len, wl.requests, wl.concurrency, wl.seed),
             os.path.abspath(request.model_path) if request.model_path else "", request.repeats,
-            request.dispatcher, caller(rc), request.engine)
+            request.dispatcher, caller(rc), EngineSettings.read(request.engine))
         return codec.experiment_proto(row)
 
     async def GetExperiment(self, request: experiment_pb2.GetExperimentRequest,  # noqa: N802

@@ -83,7 +83,7 @@ class LaunchService:
         problems = workload_problems(workload, request.model_path)
         dispatcher, wrong = dispatcher_named(request.dispatcher)
         problems += wrong
-        engine, wrong = engine_settings(request.engine)
+        engine, wrong = engine_settings(EngineSettings.read(request.engine))
         problems += wrong
         if request.WhichOneof("source") is None:
             problems.append(FieldViolation("source", "give spec (resolved now) or plan (plans/ID of a stored plan)"))
