@@ -302,9 +302,9 @@ def fidelity_said(report: dict[str, Any]) -> str:
     fields = report.get("plan_fidelity") or []
     if not fields:
         return ""
-    if not (changed := substituted(report)):
-        return f"every one of the {len(fields)} plan fields ran as planned or had nothing to act on"
-    return (f"the workers substituted {len(changed)} of {len(fields)} plan fields: {', '.join(changed)} "
+    if not (changed := substituted(report)):  # the count first: a listing cuts the rest
+        return f"all {len(fields)} plan fields ran as planned (or had nothing to act on)"
+    return (f"{len(changed)} of {len(fields)} plan fields substituted by the workers: {', '.join(changed)} "
             "(launches show has each one's reason)")
 
 

@@ -97,7 +97,7 @@ def test_launch_watch_succeeds_and_matches_offline_run(srv: ServerProcess, ckpt:
         # SUCCEEDED can find its record
         ended = next(r for r in recs if r.outcome_message.startswith("RUNNING -> SUCCEEDED"))
         # and it says whether the plan ran as planned: an auditor reads it without the report
-        assert ended.outcome_message == ("RUNNING -> SUCCEEDED: the workers substituted 3 of 10 plan fields: "
+        assert ended.outcome_message == ("RUNNING -> SUCCEEDED: 3 of 10 plan fields substituted by the workers: "
                                          "attention_backend.prefill, attention_backend.decode, decode.backend "
                                          "(launches show has each one's reason)"), ended.outcome_message
         assert ended.time.ToDatetime() <= launch.update_time.ToDatetime(), (ended.time, launch.update_time)

@@ -175,3 +175,19 @@ def test_a_kv_budget_below_two_pages_is_refused_with_the_smallest_that_holds_the
     fp8 = kv_budget_problem(EngineSettings(kv_cache_mb=1), "fp8_e4m3", v3)  # a byte a value, whatever the dtype
     assert fp8 is not None and fp8.description.endswith("576 bytes, kv_cache_dtype fp8_e4m3), or 0 (auto)")
     assert kv_budget_problem(EngineSettings(kv_cache_mb=0), "auto", v3) is None  # auto: the workers size it
+
+
+def test_a_succeeded_record_says_what_the_workers_substituted_count_first() -> None:
+    """The SUCCEEDED audit record's words on plan fidelity (the count first: `audit list` cuts a
+    long message), and nothing from a worker whose report has no plan fidelity."""
+    from cgsvc.domain.launches import fidelity_said
+
+    def report(*substituted: str) -> dict[str, Any]:
+        return {"plan_fidelity": [{"field": f, "status": "substituted" if f in substituted else "honoured"}
+                                  for f in ("decode.backend", "decode.bs", "kv_cache_dtype")]}
+
+    assert fidelity_said(report("decode.backend", "kv_cache_dtype")) == (
+        "2 of 3 plan fields substituted by the workers: decode.backend, kv_cache_dtype (launches show has each "
+        "one's reason)")
+    assert fidelity_said(report()) == "all 3 plan fields ran as planned (or had nothing to act on)"
+    assert fidelity_said({}) == ""
