@@ -81,6 +81,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
         LAUNCH_COLUMNS_16,
         LAUNCH_COLUMNS_17,
         LAUNCH_COLUMNS_18,
+        LAUNCH_COLUMNS_19,
         launches,
     )
     from cgsvc.contract import EngineSettings
@@ -90,7 +91,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     store.append(entry(1))
     monkeypatch.undo()
     new = {c.name for c in LAUNCH_COLUMNS_3 + LAUNCH_COLUMNS_9 + LAUNCH_COLUMNS_11 + LAUNCH_COLUMNS_16
-           + LAUNCH_COLUMNS_17 + LAUNCH_COLUMNS_18}
+           + LAUNCH_COLUMNS_17 + LAUNCH_COLUMNS_18 + LAUNCH_COLUMNS_19}
     with store.write_engine.begin() as conn:
         _layout_before_7(store, conn)
         conn.execute(sa.text("DROP TABLE replica_leases"))
