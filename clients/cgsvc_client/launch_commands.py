@@ -188,27 +188,55 @@ def cmd_launch(ns: argparse.Namespace) -> int:
         model = spec.setdefault("model", {})
         if isinstance(model, dict) and not model.get("name") and not model.get("path"):
             model["path"] = ns.checkpoint  # a spec that names no model is for the checkpoint launched
-    if ns.validate_only and ns.wait:
-        raise ServiceError.invalid([FieldViolation("wait", "a --validate-only launch starts nothing to wait for")])
+    check_wait(ns)
     with Client.from_args(ns) as c:
         op = c.create_launch(ns.checkpoint, workload(ns), spec=spec, plan=ns.plan or "",
                              wait_for_resources=ns.wait_for_resources, dispatcher=ns.dispatcher or "",
                              request_id=ns.request_id, policy=ns.policy or "", validate_only=ns.validate_only,
                              engine=engine(ns))
-        launch = op.metadata
-        if ns.validate_only:
-            if render.output_mode(ns) == "json":
-                render.print_json({"validated": launch_dict(launch)})
-            else:
-                print(f"valid: would launch {launch.plan or launch.plan_audit_record} on "
-                      f"{render.counted(launch.tp, launch.dispatcher + ' rank')}; nothing was started (audit "
-                      f"{launch.audit_records[0]})\n")
-                print(report_table(launch))
-            return 0
-        if ns.wait:
-            return wait_for_launch(c, launch, ns)
+        return answer_created(c, op.metadata, ns)
+
+
+def check_wait(ns: argparse.Namespace) -> None:
+    if ns.validate_only and ns.wait:
+        raise ServiceError.invalid([FieldViolation("wait", "a --validate-only launch starts nothing to wait for")])
+
+
+def answer_created(c: Client, launch: Any, ns: argparse.Namespace) -> int:
+    """What `launch` and `launches rerun` print of the launch CreateLaunch made (or checked, with
+    --validate-only), following it to its end with --wait."""
+    if ns.validate_only:
+        if render.output_mode(ns) == "json":
+            render.print_json({"validated": launch_dict(launch)})
+        else:
+            print(f"valid: would launch {launch.plan or launch.plan_audit_record} on "
+                  f"{render.counted(launch.tp, launch.dispatcher + ' rank')}; nothing was started (audit "
+                  f"{launch.audit_records[0]})\n")
+            print(report_table(launch))
+        return 0
+    if ns.wait:
+        return wait_for_launch(c, launch, ns)
     print_launch(launch, ns)
     return 0
+
+
+def launches_rerun(ns: argparse.Namespace) -> int:
+    """The launch again as it was asked for: its stored plan (not resolved again, so the same
+    rules decide it whatever the policy is today), checkpoint, workload, dispatcher and engine
+    settings; then as `launch` goes on (--wait, -o), naming the diff that compares the two."""
+    check_wait(ns)
+    with Client.from_args(ns) as c:
+        was = c.get_launch(resource_name("launches", ns.name))
+        if not was.plan:
+            raise ServiceError("FAILED_PRECONDITION", f"{was.name} has no stored plan to run again")
+        op = c.create_launch(was.model_path, json_format.MessageToDict(was.workload, preserving_proto_field_name=True),
+                             plan=was.plan, wait_for_resources=ns.wait_for_resources, dispatcher=was.dispatcher,
+                             request_id=ns.request_id, validate_only=ns.validate_only,
+                             engine=dataclasses.asdict(EngineSettings.read(was.engine)))
+        if not ns.validate_only:
+            print(f"{op.metadata.name}: {was.name} again; compare them with `cgsvc-cli launches diff {was.name} "
+                  f"{op.metadata.name}`", file=sys.stderr)
+        return answer_created(c, op.metadata, ns)
 
 
 def print_launch(launch: Any, ns: argparse.Namespace) -> None:
@@ -515,6 +543,16 @@ def register(sub: Any) -> None:
                                     "it SUCCEEDED, 4 when it ended otherwise; Ctrl-C stops the waiting, not the launch")
     pw.add_argument("name", help="launches/ID or ID")
     pw.set_defaults(func=launches_wait)
+    pr = ls.add_parser("rerun", help="run a launch again as it was asked for: its stored plan (not resolved "
+                                     "again), checkpoint, workload, dispatcher and engine settings")
+    pr.add_argument("name", help="launches/ID or ID")
+    pr.add_argument("--request-id", help="idempotency key: a retry with the same id returns the same new launch "
+                                          "(default: a fresh id per invocation)")
+    pr.add_argument("--wait", action="store_true", help="follow progress until the new launch ends")
+    pr.add_argument("--wait-for-resources", action="store_true",
+                    help="queue when devices are busy instead of failing")
+    pr.add_argument("--validate-only", action="store_true", help="check it as a launch is checked, start nothing")
+    pr.set_defaults(func=launches_rerun)
     p4 = ls.add_parser("logs", help="the ranks' (and the supervisor's) log tails, asked of the replica that keeps "
                                     "them when the server given says another does")
     p4.add_argument("name", help="launches/ID or ID")
@@ -528,6 +566,6 @@ def register(sub: Any) -> None:
         dest="replicas_command", required=True)
     p5 = rs.add_parser("list", help="list replicas: host, address, release, lease, active launches each supervises")
     p5.set_defaults(func=replicas_list)
-    for parser in (p, pm, p2, p3, pw, p4, p5):
+    for parser in (p, pm, p2, p3, pw, pr, p4, p5):
         add_output(parser)
         add_server(parser, required=True)

@@ -641,6 +641,18 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
         listed = json.loads(cli("launches", "list", "--filter", f'dtype = "{dtype}"', "-o", "json",
                                 server=srv.address).stdout)
         assert [x["name"] for x in listed["launches"]] == [expected], (dtype, listed)
+    # `launches rerun`: the same stored plan, checkpoint, workload, dispatcher and engine settings again
+    again = cli("launches", "rerun", asked["name"].split("/")[1], "--wait", "-o", "json", server=srv.address)
+    assert again.returncode == 0, again.stdout + again.stderr
+    rerun = json.loads(again.stdout)["launch"]
+    assert rerun["name"] != asked["name"] and rerun["state"] == "SUCCEEDED", rerun
+    assert {k: rerun[k] for k in ("plan", "model_path", "workload", "dispatcher", "engine", "tp")} == {
+        k: asked[k] for k in ("plan", "model_path", "workload", "dispatcher", "engine", "tp")}, (rerun, asked)
+    assert f"launches diff {asked['name']} {rerun['name']}" in again.stderr  # the next command, named
+    checked = cli("launches", "rerun", auto["name"], "--validate-only", "-o", "json", server=srv.address)
+    assert checked.returncode == 0 and json.loads(checked.stdout)["validated"]["plan"] == auto["plan"], checked.stdout
+    missing = cli("launches", "rerun", "launches/nope", "-o", "json", server=srv.address)
+    assert missing.returncode != 0 and "NOT_FOUND" in missing.stdout, missing.stdout + missing.stderr
     # bad settings: each named on its field, with what would do, in one answer; nothing started
     with Client(srv.address) as c:
         before = len(c.list_launches(page_size=100).launches)
@@ -681,7 +693,7 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
     summary = json.loads(cli("launches", "summary", "--by", "dtype,engine", "-o", "json",
                              server=srv.address).stdout)["summary"]
     assert sorted((g["dtype"], g["engine"], g["launches"]) for g in summary["groups"]) == [
-        ("bfloat16", "dtype bfloat16, KV cache 8 MiB a rank, CPU decode trace", 1),
+        ("bfloat16", "dtype bfloat16, KV cache 8 MiB a rank, CPU decode trace", 2),  # with its rerun
         ("float32", "dtype auto, KV cache auto, CPU decode eager", 1)], summary
 
 
