@@ -248,7 +248,7 @@ for _column in _ADDED:
 
 def reported_cells(report_json: str) -> dict[str, str]:
     """launches.substituted and launches.dtype for a launch's stored report; "" in each while
-    there is none (nothing is known). `substituted`: each plan field the workers substituted
+    there is none, or it does not say (a group that failed before it ran: nothing is known). `substituted`: each plan field the workers substituted
     between commas (",decode.backend,"), just "," for a launch that ran every field as planned
     (or as not applicable)."""
     report: Any = {}
@@ -259,7 +259,8 @@ def reported_cells(report_json: str) -> dict[str, str]:
             report = {}
     if not report or not isinstance(report, dict):
         return {"substituted": "", "dtype": ""}
-    return {"substituted": ",".join(["", *substituted(report), ""]), "dtype": str(report.get("dtype") or "")}
+    said = ",".join(["", *substituted(report), ""]) if report.get("plan_fidelity") else ""  # a failure may say none
+    return {"substituted": said, "dtype": str(report.get("dtype") or "")}
 
 
 # One launch per (principal, request_id): a retried CreateLaunch finds the launch it started.

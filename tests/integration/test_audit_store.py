@@ -154,7 +154,8 @@ def test_launches_are_found_by_what_their_workers_ran(store: AuditStore) -> None
     launches = LaunchStore(store)
 
     def made(launch_id: str, report: dict[str, Any] | None) -> None:
-        launches.create(LaunchRow(launch_id, "p1", "SUCCEEDED" if report else "RUNNING", "alice", "local", 1, "/m",
+        state = "RUNNING" if not report else "FAILED" if report.get("status") == "failed" else "SUCCEEDED"
+        launches.create(LaunchRow(launch_id, "p1", state, "alice", "local", 1, "/m",
                                   Workload(8, 8, 1, 1), f"/runs/{launch_id}",
                                   report_json=json.dumps(report) if report else ""))
 
@@ -162,6 +163,7 @@ def test_launches_are_found_by_what_their_workers_ran(store: AuditStore) -> None
     made("prefill", fidelity_report({"prefill.backend": "substituted", "prefill.num_tokens": "not_applicable"}))
     made("planned", fidelity_report({"chunked_prefill_size": "not_applicable"}, dtype="bfloat16"))
     made("running", None)
+    made("failed", {"status": "failed", "error": "rank 1 exited", "plan_fidelity": []})  # ran nothing to compare
 
     def found(text: str) -> list[str]:
         return [r.launch_id for r in launches.list_rows(text)[0]]
