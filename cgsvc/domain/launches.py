@@ -426,7 +426,8 @@ class Launches:
     async def audit(self, row: LaunchRow | None, principal: str, method: str, code: str, message: str,
                     caller: Caller | None = None, spec_json: str = "", model: str = "", gpu: str = "",
                     rule_ids: tuple[str, ...] = ()) -> str:
-        policy, version = _plan_policy(row)
+        policy, version, filed = _plan_filing(row)
+        model, gpu = model or filed.get("model", ""), gpu or filed.get("gpu", "")
         entry = AuditEntry(principal=principal, peer=caller.peer if caller else "", method=method,
                            request_id=caller.request_id if caller else "", trace_id=caller.trace_id if caller else "",
                            launch_id=row.launch_id if row else "", plan_id=row.plan_id if row else "",
@@ -909,16 +910,19 @@ def write_plan(run: RunDir, plan_json: str, spec_json: str) -> None:
     run.plan.write_text(json.dumps({"plan": json.loads(plan_json), "spec": json.loads(spec_json)}))
 
 
-def _plan_policy(row: LaunchRow | None) -> tuple[str, str]:
-    """(policy, policy_version) of the plan a launch runs, as written to its run directory;
-    the default policy's when there is no launch or no plan file yet."""
+def _plan_filing(row: LaunchRow | None) -> tuple[str, str, dict[str, Any]]:
+    """(policy, policy_version, the spec's model and gpu) of the plan a launch runs, as written to
+    its run directory, that its records are filed under; the default policy's, and no model or
+    gpu, when there is no launch or no plan file yet."""
     if row is not None:
         try:
-            plan = json.loads(RunDir(Path(row.run_dir)).plan.read_text()).get("plan") or {}
-            return str(plan.get("policy", DEFAULT_POLICY)), str(plan.get("policy_version", ""))
-        except (OSError, ValueError):
+            written = json.loads(RunDir(Path(row.run_dir)).plan.read_text())
+            plan, spec = written.get("plan") or {}, written.get("spec")
+            filed = Auditor.spec_fields(spec) if isinstance(spec, dict) else {}
+            return str(plan.get("policy", DEFAULT_POLICY)), str(plan.get("policy_version", "")), filed
+        except (OSError, ValueError, AttributeError):
             pass
-    return DEFAULT_POLICY, policy_version()
+    return DEFAULT_POLICY, policy_version(), {}
 
 
 def _gpu_plan(run: RunDir) -> bool:

@@ -93,6 +93,9 @@ def test_launch_watch_succeeds_and_matches_offline_run(srv: ServerProcess, ckpt:
         recs = [c.get_audit_record(n) for n in launch.audit_records]
         assert [r.method.rsplit("/", 1)[-1] for r in recs][:1] == ["CreateLaunch"]
         assert sum(r.method == "launch.state" for r in recs) >= 4
+        # each is filed under its plan's model and GPU, as the CreateLaunch record is: `model = X`
+        # finds how a model's launches went, not only that they were asked for
+        assert {(r.model, r.gpu) for r in recs} == {("nvidia/Kimi-K2.6-NVFP4", "GB300")}, recs
         # each state's record is committed before the state is stored: the watcher that saw
         # SUCCEEDED can find its record
         ended = next(r for r in recs if r.outcome_message.startswith("RUNNING -> SUCCEEDED"))
