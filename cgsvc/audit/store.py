@@ -248,9 +248,9 @@ for _column in _ADDED:
 
 def reported_cells(report_json: str) -> dict[str, str]:
     """launches.substituted and launches.dtype for a launch's stored report; "" in each while
-    there is none, or it does not say (a group that failed before it ran: nothing is known). `substituted`: each plan field the workers substituted
-    between commas (",decode.backend,"), just "," for a launch that ran every field as planned
-    (or as not applicable)."""
+    there is none, or it does not say (a group that failed before it ran: nothing is known).
+    `substituted`: each plan field the workers substituted between commas (",decode.backend,"),
+    just "," for a launch that ran every field as planned (or as not applicable)."""
     report: Any = {}
     if report_json:
         try:

@@ -42,7 +42,8 @@ LAUNCH_PLAN_FIELDS: dict[str, filters.FieldKind] = {"rule_id": "str", "model": M
 # substituted, a plan field they ran as something else (its plan fidelity), or "none": every
 # field ran as planned; dtype, the dtype the model ran in.
 LAUNCH_REPORTED_FIELDS: dict[str, filters.FieldKind] = {
-    "substituted": filters.Closed(("none", *PLAN_FIELDS)), "dtype": filters.Closed(tuple(MODEL_DTYPE_BYTES), DTYPE_ALIASES)}
+    "substituted": filters.Closed(("none", *PLAN_FIELDS)),
+    "dtype": filters.Closed(tuple(MODEL_DTYPE_BYTES), DTYPE_ALIASES)}
 LAUNCH_FILTER_FIELDS: dict[str, filters.FieldKind] = {
     "state": filters.Closed(LAUNCH_STATES), "plan": "str", "principal": "str",
     "dispatcher": filters.Closed(DISPATCHERS), "create_time": "time", "model_path": "str",

@@ -5,8 +5,9 @@ Each entry is {"field", "requested", "effective", "status", "reason"}, status on
     substituted     it ran something else; `reason` says what and why
     not_applicable  the field has nothing to act on in this run (a size limit of a phase that
                     runs eagerly, chunking turned off); `reason` says why
-`PLAN_FIELDS` (cgsvc.contract's) must name every setting of the plan type (tests/workers/test_fidelity.py
-derives that list from cgsvc.plan.Plan and fails when a new field has no entry here).
+`PLAN_FIELDS` (cgsvc.contract's) must name every setting of the plan type
+(tests/workers/test_plan_fidelity.py derives that list from cgsvc.plan.Plan and fails when a new
+field has no entry there).
 """
 
 from __future__ import annotations
