@@ -233,7 +233,7 @@ def launch_proto(row: LaunchRow, records: list[str] | None = None, plan_audit_re
         report=report_summary(row.report_json), report_json=row.report_json, audit_records=records or [],
         principal=row.principal, plan_audit_record=plan_audit_record, devices=list(row.devices),
         placement=row.placement, request_id=row.request_id, owner=f"replicas/{row.owner}" if row.owner else "",
-        engine=engine_proto(row.engine))
+        engine=engine_proto(row.engine), rerun_of=f"launches/{row.rerun_of}" if row.rerun_of else "")
 
 
 def engine_proto(engine: EngineSettings) -> launch_pb2.EngineSettings:

@@ -240,8 +240,10 @@ LAUNCH_COLUMNS_18 = _counts("capture_done", "capture_total")
 # fields they substituted (`substituted = FIELD`, `substituted = "none"`) and the dtype.
 LAUNCH_COLUMNS_19 = (sa.Column("substituted", sa.Text, nullable=False, server_default=""),
                      sa.Column("dtype", sa.Text, nullable=False, server_default=""))
+# Migration 20: the launch a launch runs again (CreateLaunch's rerun_of), by ID; "" for none.
+LAUNCH_COLUMNS_20 = (sa.Column("rerun_of", sa.Text, nullable=False, server_default=""),)
 _ADDED: tuple[sa.Column[Any], ...] = (*LAUNCH_COLUMNS_9, *LAUNCH_COLUMNS_11, *LAUNCH_COLUMNS_16, *LAUNCH_COLUMNS_17,
-                                      *LAUNCH_COLUMNS_18, *LAUNCH_COLUMNS_19)
+                                      *LAUNCH_COLUMNS_18, *LAUNCH_COLUMNS_19, *LAUNCH_COLUMNS_20)
 for _column in _ADDED:
     launches.append_column(_column)
 
@@ -361,6 +363,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
     (19, "what each launch's workers ran, to filter on: the plan fields they substituted, the dtype "
          "(launches.substituted, launches.dtype)", (),
      tuple((launches, c) for c in LAUNCH_COLUMNS_19)),
+    (20, "the launch each launch runs again, if any (launches.rerun_of)", (),
+     tuple((launches, c) for c in LAUNCH_COLUMNS_20)),
 )
 
 # GPUs and catalog models are matched as a spec names them: in any case, a model by an alias too.

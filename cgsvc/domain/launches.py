@@ -109,6 +109,7 @@ class LaunchOrder:
     request_hash: str = ""
     rule_ids: tuple[str, ...] = ()  # the plan's: its CreateLaunch record carries them (`rule_id = X` finds it)
     engine: EngineSettings = EngineSettings()
+    rerun_of: str = ""  # the ID of the launch this one runs again
 
 
 # The most requests one launch runs (a bigger benchmark is several launches, or an experiment).
@@ -552,14 +553,16 @@ class Launches:
                         workload=order.workload, run_dir=str(run.path),
                         tokens_total=order.workload.requests * order.workload.output_len,
                         prompt_tokens_total=order.workload.requests * order.workload.input_len, owner=self.instance,
-                        request_id=order.request_id, request_hash=order.request_hash, engine=order.engine)
+                        request_id=order.request_id, request_hash=order.request_hash, engine=order.engine,
+                        rerun_of=order.rerun_of)
         created = await asyncio.to_thread(self.store.create, row)
         if not created.new:
             return created.row, False
         write_plan(run, order.plan_json, order.spec_json)
         engine = f" ({order.engine.text()})" if order.engine != DEFAULT_ENGINE else ""  # the record says what was asked
-        await self.audit_order(created.row, order, caller,
-                               f"launch of {order.plan_audit} on {counted(order.tp, order.dispatcher + ' rank')}{engine}")
+        again = f", rerun of launches/{order.rerun_of}" if order.rerun_of else ""
+        await self.audit_order(created.row, order, caller, f"launch of {order.plan_audit} on "
+                                                           f"{counted(order.tp, order.dispatcher + ' rank')}{engine}{again}")
         self.watched[launch_id] = Watched()
         await self.schedule()
         got = await asyncio.to_thread(self.store.get, launch_id)

@@ -46,7 +46,7 @@ LAUNCH_REPORTED_FIELDS: dict[str, filters.FieldKind] = {
     "dtype": filters.Closed(tuple(MODEL_DTYPE_BYTES), DTYPE_ALIASES)}
 LAUNCH_FILTER_FIELDS: dict[str, filters.FieldKind] = {
     "state": filters.Closed(LAUNCH_STATES), "plan": "str", "principal": "str",
-    "dispatcher": filters.Closed(DISPATCHERS), "create_time": "time", "model_path": "str",
+    "dispatcher": filters.Closed(DISPATCHERS), "create_time": "time", "model_path": "str", "rerun_of": "str",
     **LAUNCH_REPORTED_FIELDS, **LAUNCH_PLAN_FIELDS}
 _LAUNCH_LOCK = 727375  # PostgreSQL advisory lock key for launch creation
 
@@ -93,6 +93,7 @@ class LaunchRow:
     cancel_requested_by: str = ""  # who asked, of any replica, for the launch to be cancelled
     cancel_reason: str = ""  # why, where the service itself asked
     engine: EngineSettings = EngineSettings()  # what the workers were asked to run with
+    rerun_of: str = ""  # the launch this one runs again (its ID), if any
 
     def replace(self, **changes: Any) -> LaunchRow:
         return dataclasses.replace(self, **changes)
@@ -226,8 +227,9 @@ class LaunchStore:
             elif t.field in LAUNCH_REPORTED_FIELDS:
                 where.append(reported_where(t))
             else:
-                terms.append(filters.Term("plan_id", t.op, str(t.value).removeprefix("plans/"))
-                             if t.field == "plan" else t)
+                terms.append(filters.Term("plan_id", t.op, str(t.value).removeprefix("plans/")) if t.field == "plan"
+                             else filters.Term(t.field, t.op, str(t.value).removeprefix("launches/"))
+                             if t.field == "rerun_of" else t)
         # the launches of every plan that matches (older launches too: their records carry no rules)
         if of_plan:
             where.append(launches.c.plan_id.in_(plans_where(of_plan)))

@@ -10,6 +10,7 @@ is refused.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -60,9 +61,12 @@ class LaunchService:
                            rc: RequestContext) -> launch_pb2.Operation:
         who = caller(rc)
         try:
+            rerun_of = ""
+            if request.WhichOneof("source") == "rerun_of":
+                request, rerun_of = await self._rerun(request)
             if request.validate_only:
-                return await self._validate(request, who)
-            row = await self._create(request, who)
+                return await self._validate(request, who, rerun_of)
+            row = await self._create(request, who, rerun_of)
         except ServiceError as err:
             fields = self.plans.auditor.spec_fields(
                 codec.spec_dict_from_proto(request.spec) if request.HasField("spec") else None)
@@ -71,6 +75,28 @@ class LaunchService:
             raise
         msg = await self._proto(row)
         return launch_pb2.Operation(name=f"operations/{row.launch_id}", done=row.state in TERMINAL, metadata=msg)
+
+    async def _rerun(self, request: launch_pb2.CreateLaunchRequest) -> tuple[launch_pb2.CreateLaunchRequest, str]:
+        """A rerun_of request as the request that made the launch it names, with that launch's
+        stored plan as its source, and that launch's ID. The server reads them from the launch,
+        so a rerun is a fact its record states, not a client's claim; INVALID_ARGUMENT names each
+        field the request sets that the earlier launch's own would replace."""
+        launch_id = parse_name(request.rerun_of, "launches", "rerun_of")
+        was = await self.launches.get(launch_id)
+        plan = f"plans/{was.plan_id}"
+        given = {"model_path": bool(request.model_path), "workload": request.workload != launch_pb2.LaunchWorkload(),
+                 "dispatcher": bool(request.dispatcher), "engine": request.engine != launch_pb2.EngineSettings(),
+                 "policy": bool(request.policy)}
+        if named := [field for field, value in given.items() if value]:
+            raise ServiceError.invalid([FieldViolation(
+                field, f"a rerun runs launches/{launch_id} with its own {field}: leave it empty, or launch its plan "
+                       f"with another (`cgsvc-cli launch --plan {plan}`)") for field in named])
+        again = launch_pb2.CreateLaunchRequest(
+            plan=plan, workload=launch_pb2.LaunchWorkload(**dataclasses.asdict(was.workload)),
+            model_path=was.model_path, dispatcher=was.dispatcher, engine=codec.engine_proto(was.engine),
+            request_id=request.request_id, wait_for_resources=request.wait_for_resources,
+            validate_only=request.validate_only)
+        return again, launch_id
 
     def _checked(self, request: launch_pb2.CreateLaunchRequest
                  ) -> tuple[Workload, str, str, dict[str, Any], EngineSettings]:
@@ -86,7 +112,8 @@ class LaunchService:
         engine, wrong = engine_settings(EngineSettings.read(request.engine))
         problems += wrong
         if request.WhichOneof("source") is None:
-            problems.append(FieldViolation("source", "give spec (resolved now) or plan (plans/ID of a stored plan)"))
+            problems.append(FieldViolation("source", "give spec (resolved now), plan (plans/ID of a stored plan) or "
+                                                     "rerun_of (launches/ID of a launch to run again)"))
         source = (codec.spec_dict_from_proto(request.spec) if request.WhichOneof("source") == "spec"
                   else {"plan": request.plan})
         if problems and "plan" not in source:  # the spec's own problems, without recording a resolution
@@ -110,9 +137,11 @@ class LaunchService:
         return PlanSource(recorded.plan_id, resolution.plan_json, resolution.audit_fields["spec_json"],
                           recorded.audit_record)
 
-    async def _validate(self, request: launch_pb2.CreateLaunchRequest, who: Caller) -> launch_pb2.Operation:
+    async def _validate(self, request: launch_pb2.CreateLaunchRequest, who: Caller,
+                        rerun_of: str = "") -> launch_pb2.Operation:
         """CreateLaunch with validate_only: every check a launch gets, one record, nothing stored
-        or started; the answer describes the launch that would be made."""
+        or started; the answer describes the launch that would be made (`rerun_of`: the ID of
+        the launch it would run again)."""
         workload, model_path, dispatcher, source, engine = self._checked(request)
         ckpt = read_checkpoint(model_path, workload, self.plans.model_roots)
         plan = await self._plan(request, who, source, validate_only=True)
@@ -123,29 +152,34 @@ class LaunchService:
                         else f"would wait in PLACING for {order.tp}"))
         record = await self.launches.audit_order(
             None, order, who, f"validate_only: would launch {order.plan_audit} on {counted(order.tp, dispatcher + ' rank')}; "
-                              f"nothing was started ({admitted.free} of {admitted.slots} devices free)")
+                              f"nothing was started ({admitted.free} of {admitted.slots} devices free)"
+                              + (f", rerun of launches/{rerun_of}" if rerun_of else ""))
         would = launch_pb2.Launch(
             plan=f"plans/{plan.plan_id}" if plan.plan_id else "", workload=request.workload, model_path=model_path,
             tp=order.tp, dispatcher=dispatcher, tokens_total=workload.requests * workload.output_len,
             prompt_tokens_total=workload.requests * workload.input_len,
             plan_audit_record=plan.audit_record, audit_records=[record], principal=who.principal,
-            devices=admitted.devices, placement=placement, engine=codec.engine_proto(engine))
+            devices=admitted.devices, placement=placement, engine=codec.engine_proto(engine),
+            rerun_of=f"launches/{rerun_of}" if rerun_of else "")
         return launch_pb2.Operation(done=True, metadata=would)
 
-    async def _create(self, request: launch_pb2.CreateLaunchRequest, who: Caller) -> LaunchRow:
+    async def _create(self, request: launch_pb2.CreateLaunchRequest, who: Caller, rerun_of: str = "") -> LaunchRow:
         workload, model_path, dispatcher, source, engine = self._checked(request)
         parts = {"source": source, "policy": request.policy, "workload": workload.__dict__, "model_path": model_path,
                  "dispatcher": dispatcher, "wait_for_resources": request.wait_for_resources}
         if engine != DEFAULT_ENGINE:  # the defaults hash as before there were settings: a retry still matches
             parts["engine"] = engine.__dict__
+        if rerun_of:  # a rerun is another request than a launch of the same plan asked for in full
+            parts["rerun_of"] = rerun_of
         digest = request_hash(parts)
         if request.request_id:  # a retry of a request that already made a launch: that launch
             earlier = await self._earlier(who, request.request_id, digest)
             if earlier is not None:
                 return earlier
         ckpt = read_checkpoint(model_path, workload, self.plans.model_roots)
-        order = order_for(await self._plan(request, who, source), ckpt, model_path, workload, dispatcher,
-                          request.wait_for_resources, request.request_id, digest, engine)
+        order = dataclasses.replace(order_for(await self._plan(request, who, source), ckpt, model_path, workload,
+                                              dispatcher, request.wait_for_resources, request.request_id, digest,
+                                              engine), rerun_of=rerun_of)
         row, new = await self.launches.create(order, who)
         if not new:  # another call with this request_id got there first (a concurrent retry)
             return self._same_request(row, request.request_id, digest)

@@ -204,8 +204,11 @@ class Client:
     def create_launch(self, model_path: str, workload: dict[str, int], spec: dict[str, Any] | None = None,
                       plan: str = "", wait_for_resources: bool = False, dispatcher: str = "",
                       request_id: str | None = None, policy: str = "",
-                      validate_only: bool = False, engine: dict[str, Any] | None = None) -> launch_pb2.Operation:
-        """`engine`: EngineSettings' fields (dtype, kv_cache_mb, cpu_decode); absent ones default."""
+                      validate_only: bool = False, engine: dict[str, Any] | None = None,
+                      rerun_of: str = "") -> launch_pb2.Operation:
+        """`engine`: EngineSettings' fields (dtype, kv_cache_mb, cpu_decode); absent ones default.
+        The source is `spec`, else `rerun_of` (launches/ID: that launch again, which the server
+        reads; give no model_path, workload, dispatcher or engine with it), else `plan`."""
         req = launch_pb2.CreateLaunchRequest(model_path=model_path, workload=launch_pb2.LaunchWorkload(**workload),
                                              wait_for_resources=wait_for_resources, dispatcher=dispatcher,
                                              request_id=request_id or uuid.uuid4().hex, policy=policy,
@@ -213,6 +216,8 @@ class Client:
                                              engine=launch_pb2.EngineSettings(**(engine or {})))
         if spec is not None:
             req.spec.CopyFrom(codec.spec_proto_from_dict(spec))
+        elif rerun_of:
+            req.rerun_of = rerun_of
         else:
             req.plan = plan
         return self.call(self.launches.CreateLaunch, req, timeout=max(self.timeout, 60))  # type: ignore[no-any-return]

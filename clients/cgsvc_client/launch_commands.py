@@ -128,6 +128,8 @@ def report_table(launch: Any) -> str:
     r = launch.report
     rows = [("launch", f"{launch.name} ({launch.state})" if launch.name else "none made (validate_only)"),
             ("plan", f"{launch.plan or 'resolved for the check, not stored'} (audit {launch.plan_audit_record})"),
+            *([("rerun of", f"{launch.rerun_of} (`cgsvc-cli launches diff {launch.rerun_of} {launch.name}`)"
+                if launch.name else launch.rerun_of)] if launch.rerun_of else []),
             ("workers", f"{render.counted(launch.tp, 'rank')}, {launch.dispatcher} dispatcher, {launch.model_path}"),
             ("workload", render.workload_text(launch.workload)),
             ("engine", f"{render.engine_text(launch.engine)} (as asked)"),
@@ -226,16 +228,11 @@ def launches_rerun(ns: argparse.Namespace) -> int:
     settings; then as `launch` goes on (--wait, -o), naming the diff that compares the two."""
     check_wait(ns)
     with Client.from_args(ns) as c:
-        was = c.get_launch(resource_name("launches", ns.name))
-        if not was.plan:
-            raise ServiceError("FAILED_PRECONDITION", f"{was.name} has no stored plan to run again")
-        op = c.create_launch(was.model_path, json_format.MessageToDict(was.workload, preserving_proto_field_name=True),
-                             plan=was.plan, wait_for_resources=ns.wait_for_resources, dispatcher=was.dispatcher,
-                             request_id=ns.request_id, validate_only=ns.validate_only,
-                             engine=dataclasses.asdict(EngineSettings.read(was.engine)))
+        op = c.create_launch("", {}, rerun_of=resource_name("launches", ns.name), request_id=ns.request_id,
+                             wait_for_resources=ns.wait_for_resources, validate_only=ns.validate_only)
         if not ns.validate_only:
-            print(f"{op.metadata.name}: {was.name} again; compare them with `cgsvc-cli launches diff {was.name} "
-                  f"{op.metadata.name}`", file=sys.stderr)
+            was, now = op.metadata.rerun_of, op.metadata.name
+            print(f"{now}: {was} again; compare them with `cgsvc-cli launches diff {was} {now}`", file=sys.stderr)
         return answer_created(c, op.metadata, ns)
 
 

@@ -652,6 +652,28 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
     assert {k: rerun[k] for k in ("plan", "model_path", "workload", "dispatcher", "engine", "tp")} == {
         k: asked[k] for k in ("plan", "model_path", "workload", "dispatcher", "engine", "tp")}, (rerun, asked)
     assert f"launches diff {asked['name']} {rerun['name']}" in again.stderr  # the next command, named
+    # ... done by the server from the stored launch, so the rerun is a fact it records, not a claim
+    assert rerun["rerun_of"] == asked["name"], rerun
+    with Client(srv.address) as c:
+        made = c.get_audit_record(rerun["audit_records"][0])
+        assert made.outcome_message.endswith(f"rerun of {asked['name']}"), made.outcome_message
+        assert made.launch_id == rerun["name"].split("/")[1], made
+        for name in (asked["name"], asked["name"].split("/")[1]):  # every rerun of a launch, by name or ID
+            found = c.list_launches(filter=f'rerun_of = "{name}"').launches
+            assert [x.name for x in found] == [rerun["name"]], (name, found)
+        assert [x.name for x in c.list_launches(filter='rerun_of = ""').launches if x.name == rerun["name"]] == []
+        # a rerun runs what the launch ran: anything else asked beside it is refused by name
+        with pytest.raises(ServiceError) as e:
+            c.create_launch(ckpt, SHORT, rerun_of=asked["name"], dispatcher="local", engine={"dtype": "float32"})
+        said = {v.field: v.description for v in e.value.violations}
+        assert e.value.code == "INVALID_ARGUMENT" and set(said) == {
+            "model_path", "workload", "dispatcher", "engine"}, said
+        assert f"launch --plan {asked['plan']}" in said["workload"], said
+        with pytest.raises(ServiceError) as e:
+            c.create_launch("", {}, rerun_of="plans/" + asked["plan"].split("/")[1])
+        assert e.value.code == "INVALID_ARGUMENT" and [v.field for v in e.value.violations] == ["rerun_of"], e.value
+    rerun_shown = cli("launches", "show", rerun["name"], "-o", "table", server=srv.address).stdout
+    assert f"rerun of        {asked['name']}" in rerun_shown, rerun_shown
     checked = cli("launches", "rerun", auto["name"], "--validate-only", "-o", "json", server=srv.address)
     assert checked.returncode == 0 and json.loads(checked.stdout)["validated"]["plan"] == auto["plan"], checked.stdout
     missing = cli("launches", "rerun", "launches/nope", "-o", "json", server=srv.address)

@@ -48,7 +48,7 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 19
+    assert store.schema_version() == 20
     assert store.migrate() == []  # idempotent
 
 
@@ -82,6 +82,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
         LAUNCH_COLUMNS_17,
         LAUNCH_COLUMNS_18,
         LAUNCH_COLUMNS_19,
+        LAUNCH_COLUMNS_20,
         launches,
     )
     from cgsvc.contract import EngineSettings
@@ -91,7 +92,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     store.append(entry(1))
     monkeypatch.undo()
     new = {c.name for c in LAUNCH_COLUMNS_3 + LAUNCH_COLUMNS_9 + LAUNCH_COLUMNS_11 + LAUNCH_COLUMNS_16
-           + LAUNCH_COLUMNS_17 + LAUNCH_COLUMNS_18 + LAUNCH_COLUMNS_19}
+           + LAUNCH_COLUMNS_17 + LAUNCH_COLUMNS_18 + LAUNCH_COLUMNS_19 + LAUNCH_COLUMNS_20}
     with store.write_engine.begin() as conn:
         _layout_before_7(store, conn)
         conn.execute(sa.text("DROP TABLE replica_leases"))
@@ -118,8 +119,8 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
             create_time="2026-01-01T00:00:01Z", update_time="2026-01-01T00:00:01Z", tokens_done=1, tokens_total=1,
             error="", report_json=json.dumps(fidelity_report({"decode.backend": "substituted"})), run_dir="/r",
             handle_json="", owner=""))
-    assert store.migrate() == list(range(3, 20))  # 4 builds the Merkle tree, 5 the rule sets, of the records there
-    assert store.schema_version() == 19
+    assert store.migrate() == list(range(3, 21))  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 20
     old = store.get_record(1)
     assert old is not None and old.schema_version == 1 and old.policy == "cgsvc"
     assert ExperimentStore(store).list_rows() == ([], "")
@@ -133,6 +134,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     assert row.cancel_requested_by == ""
     assert row.engine == EngineSettings()  # migration 17's: a launch before it ran every default
     assert (row.capture_done, row.capture_total) == (0, 0)  # migration 18's
+    assert row.rerun_of == "" and LaunchStore(store).list_rows('rerun_of = "launches/old1"')[0] == []  # 20's
     assert store.get_record(1) is not None and store.verify().ok
 
 
