@@ -207,7 +207,8 @@ def cmd_launches_diff(ns: argparse.Namespace) -> int:
         note = "; ".join(f"{x.name} {'ended' if x.state in LAUNCH_ENDED else 'is'} {x.state}: nothing it measured "
                          "to compare" for x in launches if x.state != "SUCCEEDED")
     sides = [{"launch": x.name, "state": x.state, "plan": x.plan, "policy": p.policy,
-              "policy_version": p.policy_version, "plan_hash": p.plan_hash} for x, p in zip(launches, plans, strict=True)]
+              "policy_version": p.policy_version, "plan_hash": p.plan_hash, "rerun_of": x.rerun_of}
+             for x, p in zip(launches, plans, strict=True)]
     result = {"a": sides[0], "b": sides[1],
               "plan": {"changes": [{"field": f, "a": x, "b": y} for f, x, y in cmp.changes],
                        "rules": {"only_a": list(cmp.only_a), "only_b": list(cmp.only_b)}},
@@ -224,7 +225,8 @@ def cmd_launches_diff(ns: argparse.Namespace) -> int:
 
 def launches_diff_table(d: dict[str, Any], cmp: Any, plans: list[Plan]) -> str:
     lines = [f"{label}: {x['launch']} ({x['state']}; {x['plan']}, {x['policy']} {x['policy_version']}, plan "
-             f"{x['plan_hash'][:12]})" for label, x in (("a", d["a"]), ("b", d["b"]))]
+             f"{x['plan_hash'][:12]}{'; rerun of ' + x['rerun_of'] if x['rerun_of'] else ''})"
+             for label, x in (("a", d["a"]), ("b", d["b"]))]
     if cmp.same:
         lines.append("\nthe plans: no differences in their fields")
     else:

@@ -38,7 +38,8 @@ from cgsvc_client.client import Client
 
 
 def as_dict(msg: Message) -> dict[str, Any]:
-    return json_format.MessageToDict(msg, preserving_proto_field_name=True)
+    """A message as `-o json` prints it: proto field names, 64-bit integers as numbers."""
+    return codec.int64_as_numbers(msg, json_format.MessageToDict(msg, preserving_proto_field_name=True))
 
 
 def plans_list(ns: argparse.Namespace) -> int:

@@ -674,6 +674,9 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
         assert e.value.code == "INVALID_ARGUMENT" and [v.field for v in e.value.violations] == ["rerun_of"], e.value
     rerun_shown = cli("launches", "show", rerun["name"], "-o", "table", server=srv.address).stdout
     assert f"rerun of        {asked['name']}" in rerun_shown, rerun_shown
+    # the diff it names: the same plan, run the same way (devices aside), so --exit-code answers 0
+    compared = cli("launches", "diff", asked["name"], rerun["name"], "--exit-code", "-o", "table", server=srv.address)
+    assert compared.returncode == 0 and f"; rerun of {asked['name']})" in compared.stdout, compared.stdout
     checked = cli("launches", "rerun", auto["name"], "--validate-only", "-o", "json", server=srv.address)
     assert checked.returncode == 0 and json.loads(checked.stdout)["validated"]["plan"] == auto["plan"], checked.stdout
     missing = cli("launches", "rerun", "launches/nope", "-o", "json", server=srv.address)
