@@ -24,6 +24,7 @@ from cgsvc_client.args import (
     NO_ANSWER,
     CliError,
     Measure,
+    add_explain,
     add_follow,
     add_listing,
     add_output,
@@ -34,6 +35,7 @@ from cgsvc_client.args import (
     add_workload,
     build_spec,
     engine,
+    explained_field,
     follow,
     list_filter,
     listing,
@@ -344,9 +346,31 @@ def launches_summary(ns: argparse.Namespace) -> int:
 
 
 def launches_show(ns: argparse.Namespace) -> int:
+    explain = explained_field(ns.explain) if ns.explain else None
     with Client.from_args(ns) as c:
         launch = c.get_launch(resource_name("launches", ns.name))
-    print_launch(launch, ns)
+        if explain is None:
+            print_launch(launch, ns)
+            return 0
+        plan = c.get_plan(launch.plan)
+    decisions = codec.plan_from_proto(plan).decisions_for(explain)
+    ran = next((f for f in launch.report.plan_fidelity if f.field == explain), None)
+    if render.output_mode(ns) == "json":
+        render.print_json({"explain": {
+            "field": explain, "launch": launch.name, "state": launch.state, "plan": plan.name,
+            "audit_record": plan.audit_record, "decisions": [d.to_dict() for d in decisions],
+            "ran": None if ran is None else {"status": ran.status, "requested": json.loads(ran.requested or "null"),
+                                             "effective": json.loads(ran.effective or "null"), "reason": ran.reason}}})
+        return 0
+    print(f"{launch.name} ({launch.state})  plan {plan.name}  audit {plan.audit_record}\n")
+    print(render.plan_table(codec.plan_from_proto(plan), render.Style(sys.stdout.isatty()), explain))
+    if ran is not None:
+        said = f" ({ran.reason})" if ran.reason else ""
+        print(f"\nwhat ran: {ran.status}: {ran.requested} -> {ran.effective}{said}")
+    else:
+        why = ("it ended without the workers' report of what ran" if launch.state in LAUNCH_ENDED
+               else "the workers report what ran of each plan field when their run ends")
+        print(f"\nwhat ran: not reported ({launch.state}: {why})")
     return 0
 
 
@@ -530,8 +554,10 @@ def register(sub: Any) -> None:
                                         "throughput of each group's succeeded launches")
     add_summary(pm, "prefill_effective,decode_effective", LAUNCH_FIELDS, LAUNCH_FILTER_EXAMPLE)
     pm.set_defaults(func=launches_summary)
-    p2 = ls.add_parser("show", help="show one launch: state, devices, report and plan fidelity")
+    p2 = ls.add_parser("show", help="show one launch: state, devices, report and plan fidelity; with --explain, "
+                                    "why a plan field was planned as it was and what the workers ran")
     p2.add_argument("name", help="launches/ID or ID")
+    add_explain(p2)
     p2.set_defaults(func=launches_show)
     p3 = ls.add_parser("cancel", help="stop a launch's worker group")
     p3.add_argument("name", help="launches/ID or ID")

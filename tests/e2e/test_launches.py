@@ -191,6 +191,12 @@ def test_cancel_stops_every_rank(srv: ServerProcess, ckpt: str) -> None:
         assert waited.returncode == 4, waited.stdout + waited.stderr  # ended, and not SUCCEEDED
         assert json.loads(waited.stdout)["launch"]["state"] == "CANCELLED" and "CANCELLED" in waited.stderr
         assert rows["workload"] == "1 request x 12 in / 400 out, concurrency 1, seed 3", rows
+        # a cancelled group reports no fidelity: --explain gives the plan's side and says so
+        why = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "launches", "show", name, "--explain",
+                              "prefill.backend", "--server", srv.address, "-o", "table"],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert "decisions for prefill.backend:" in why.stdout and "breakable.mla" in why.stdout, why.stdout
+        assert "what ran: not reported (CANCELLED" in why.stdout, why.stdout
         with pytest.raises(ServiceError) as e:
             c.cancel_launch(name)
         assert e.value.code == "FAILED_PRECONDITION"
@@ -632,6 +638,19 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
     assert lines["engine"].endswith("dtype bfloat16, KV cache 8 MiB a rank, CPU decode trace (as asked)"), shown
     assert lines["dtype"].endswith("bfloat16 (asked for: --dtype bfloat16)"), shown
     assert "8 MiB a rank (" in lines["KV cache"], shown
+    # why it ran decode as it did, in one answer: the rules that planned the field, then what the workers did
+    why = json.loads(cli("launches", "show", auto["name"], "--explain", "Decode.Backend", "-o", "json",
+                         server=srv.address).stdout)["explain"]
+    assert (why["field"], why["launch"], why["plan"]) == ("decode.backend", auto["name"], auto["plan"]), why
+    assert why["decisions"] and all(d["field"] == "decode.backend" for d in why["decisions"]), why["decisions"]
+    assert why["decisions"][-1]["after"] == "full", why["decisions"]  # what the plan asked for ...
+    assert (why["ran"]["status"], why["ran"]["effective"]) == ("substituted", "static_eager"), why["ran"]  # ... ran
+    assert why["ran"]["reason"] == decode["reason"], why["ran"]
+    told = cli("launches", "show", auto["name"], "--explain", "decode.backend", "-o", "table", server=srv.address)
+    assert told.returncode == 0 and "decisions for decode.backend:" in told.stdout, told.stdout
+    assert 'what ran: substituted: "full" -> "static_eager" (' in told.stdout, told.stdout
+    typo = cli("launches", "show", auto["name"], "--explain", "decode.bakend", "-o", "json", server=srv.address)
+    assert typo.returncode == 2 and "decode.backend" in typo.stdout, typo.stdout  # named, with the nearest
     auto_shown = cli("launches", "show", auto["name"], "-o", "table", server=srv.address).stdout
     assert "engine          dtype auto, KV cache auto, CPU decode eager (as asked)" in auto_shown, auto_shown
     diff = json.loads(cli("launches", "diff", auto["name"], asked["name"], "-o", "json",
