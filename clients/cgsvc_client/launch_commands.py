@@ -230,8 +230,8 @@ def launches_rerun(ns: argparse.Namespace) -> int:
     settings; then as `launch` goes on (--wait, -o), naming the diff that compares the two."""
     check_wait(ns)
     with Client.from_args(ns) as c:
-        op = c.create_launch("", {}, rerun_of=resource_name("launches", ns.name), request_id=ns.request_id,
-                             wait_for_resources=ns.wait_for_resources, validate_only=ns.validate_only)
+        op = c.rerun_launch(resource_name("launches", ns.name), request_id=ns.request_id,
+                            wait_for_resources=ns.wait_for_resources, validate_only=ns.validate_only)
         if not ns.validate_only:
             was, now = op.metadata.rerun_of, op.metadata.name
             print(f"{now}: {was} again; compare them with `cgsvc-cli launches diff {was} {now}`", file=sys.stderr)

@@ -664,7 +664,8 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
                                 server=srv.address).stdout)
         assert [x["name"] for x in listed["launches"]] == [expected], (dtype, listed)
     # `launches rerun`: the same stored plan, checkpoint, workload, dispatcher and engine settings again
-    again = cli("launches", "rerun", asked["name"].split("/")[1], "--wait", "-o", "json", server=srv.address)
+    again = cli("launches", "rerun", asked["name"].split("/")[1], "--wait", "--request-id", "rerun-once", "-o", "json",
+                server=srv.address)
     assert again.returncode == 0, again.stdout + again.stderr
     rerun = json.loads(again.stdout)["launch"]
     assert rerun["name"] != asked["name"] and rerun["state"] == "SUCCEEDED", rerun
@@ -681,6 +682,12 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
             found = c.list_launches(filter=f'rerun_of = "{name}"').launches
             assert [x.name for x in found] == [rerun["name"]], (name, found)
         assert [x.name for x in c.list_launches(filter='rerun_of = ""').launches if x.name == rerun["name"]] == []
+        # a retry of the rerun is that rerun; the same launch asked for in full is another request
+        assert c.rerun_launch(asked["name"], request_id="rerun-once").metadata.name == rerun["name"]
+        with pytest.raises(ServiceError) as e:
+            c.create_launch(asked["model_path"], asked["workload"], plan=asked["plan"], dispatcher="local",
+                            engine=asked["engine"], request_id="rerun-once")
+        assert [v.field for v in e.value.violations] == ["request_id"], e.value
         # a rerun runs what the launch ran: anything else asked beside it is refused by name
         with pytest.raises(ServiceError) as e:
             c.create_launch(ckpt, SHORT, rerun_of=asked["name"], dispatcher="local", engine={"dtype": "float32"})
