@@ -328,7 +328,8 @@ def experiment_proto(row: ExperimentRow) -> experiment_pb2.Experiment:
         workload=launch_pb2.LaunchWorkload(**req["workload"]), model_path=req["model_path"], repeats=req["repeats"],
         dispatcher=req["dispatcher"], runs=[experiment_pb2.ExperimentRun(**r) for r in row.runs], error=row.error,
         verdict=str(row.result.get("verdict", "")), audit_records=list(row.audit_records), principal=row.principal,
-        cancel_requested_by=row.cancel_requested_by, engine=engine_proto(EngineSettings.read(req.get("engine", {}))))
+        cancel_requested_by=row.cancel_requested_by, engine=engine_proto(EngineSettings.read(req.get("engine", {}))),
+        rerun_of=f"experiments/{row.rerun_of}" if row.rerun_of else "")
     msg.result.update(row.result)
     if row.create_time:
         msg.create_time.CopyFrom(timestamp(row.create_time))

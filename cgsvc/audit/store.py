@@ -290,7 +290,9 @@ experiments = sa.Table(
 )
 # Migration 15: a cancel asked of any replica, for the one that runs the experiment to act on.
 EXPERIMENT_COLUMNS_15 = (sa.Column("cancel_requested_by", sa.Text, nullable=False, server_default=""),)
-for _column in EXPERIMENT_COLUMNS_15:
+# Migration 21: the experiment an experiment runs again (CreateExperiment's rerun_of), by ID; "" for none.
+EXPERIMENT_COLUMNS_21 = (sa.Column("rerun_of", sa.Text, nullable=False, server_default=""),)
+for _column in EXPERIMENT_COLUMNS_15 + EXPERIMENT_COLUMNS_21:
     experiments.append_column(_column)
 # One lease per server instance (migration 10), renewed while the server runs, on the database's
 # clock (db_epoch): on a shared database a replica whose lease has lapsed is taken to be gone, and
@@ -365,6 +367,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      tuple((launches, c) for c in LAUNCH_COLUMNS_19)),
     (20, "the launch each launch runs again, if any (launches.rerun_of)", (),
      tuple((launches, c) for c in LAUNCH_COLUMNS_20)),
+    (21, "the experiment each experiment runs again, if any (experiments.rerun_of)", (),
+     tuple((experiments, c) for c in EXPERIMENT_COLUMNS_21)),
 )
 
 # GPUs and catalog models are matched as a spec names them: in any case, a model by an alias too.

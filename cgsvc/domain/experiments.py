@@ -127,20 +127,44 @@ class Experiments:
 
     # ------------------------------------------------------------------ create
     async def create(self, plans: list[str], workload: Workload, model_path: str, repeats: int, dispatcher: str,
-                     caller: Caller, engine: EngineSettings = DEFAULT_ENGINE) -> ExperimentRow:
+                     caller: Caller, engine: EngineSettings = DEFAULT_ENGINE, rerun_of: str = "") -> ExperimentRow:
         """Check, record and start an experiment; a refusal is audited, then raised. `engine`:
         the settings as the request gave them (EngineSettings.read; engine_settings checks and
-        spells them); the defaults if none."""
+        spells them); the defaults if none. `rerun_of` ("experiments/ID"): that experiment's
+        request again, every other argument left empty."""
         try:
-            row = await self._create(plans, workload, model_path, repeats, dispatcher, caller, engine)
+            if rerun_of:
+                rerun_of, (plans, workload, model_path, repeats, dispatcher, engine) = await self._rerun(
+                    rerun_of, plans, workload, model_path, repeats, dispatcher, engine)
+            row = await self._create(plans, workload, model_path, repeats, dispatcher, caller, engine, rerun_of)
         except ServiceError as err:
             await self.audit(CREATE_EXPERIMENT_METHOD, caller.principal, err.code, err.message, caller)
             raise
         self.tasks[row.experiment_id] = asyncio.create_task(self.run(row.experiment_id, caller))
         return row
 
+    async def _rerun(self, name: str, plans: list[str], workload: Workload, model_path: str, repeats: int,
+                     dispatcher: str, engine: EngineSettings
+                     ) -> tuple[str, tuple[list[str], Workload, str, int, str, EngineSettings]]:
+        """The ID of the experiment `name` runs again, and its request: INVALID_ARGUMENT naming
+        each argument also given, which its own would replace; NOT_FOUND when there is none."""
+        prefix = "experiments/"
+        experiment_id = name.removeprefix(prefix)
+        if not name.startswith(prefix) or not experiment_id or "/" in experiment_id:
+            raise ServiceError.invalid([FieldViolation("rerun_of", f"must look like experiments/ID, got {name!r}")])
+        was = await self.get(experiment_id)
+        given = {"plans": bool(plans), "workload": any(dataclasses.astuple(workload)), "model_path": bool(model_path),
+                 "repeats": bool(repeats), "dispatcher": bool(dispatcher), "engine": engine != DEFAULT_ENGINE}
+        if named := [field for field, value in given.items() if value]:
+            raise ServiceError.invalid([FieldViolation(
+                field, f"a rerun runs {name} with its own {field}: leave it empty, or run its plans with another "
+                       f"(`cgsvc-cli experiment run {' '.join(was.request['plans'])}`)") for field in named])
+        req = was.request
+        return experiment_id, (list(req["plans"]), Workload(**req["workload"]), req["model_path"], int(req["repeats"]),
+                               req["dispatcher"], EngineSettings.read(req.get("engine", {})))
+
     async def _create(self, plans: list[str], workload: Workload, model_path: str, repeats: int, dispatcher: str,
-                      caller: Caller, asked: EngineSettings) -> ExperimentRow:
+                      caller: Caller, asked: EngineSettings, rerun_of: str = "") -> ExperimentRow:
         problems = workload_problems(workload, model_path)
         dispatcher, wrong = dispatcher_named(dispatcher)
         problems += wrong
@@ -168,13 +192,14 @@ class Experiments:
         experiment_id = new_id()
         request = {"plans": plans, "workload": dataclasses.asdict(workload), "model_path": model_path,
                    "repeats": repeats, "dispatcher": dispatcher, "engine": dataclasses.asdict(engine)}
+        again = f", rerun of experiments/{rerun_of}" if rerun_of else ""
         record = await self.audit(CREATE_EXPERIMENT_METHOD, caller.principal, "OK",
-                                  f"{plans[0]} (A) vs {plans[1]} (B), {repeats} launches per arm, interleaved",
+                                  f"{plans[0]} (A) vs {plans[1]} (B), {repeats} launches per arm, interleaved{again}",
                                   caller, experiment_id)
         row = ExperimentRow(experiment_id=experiment_id, state="RUNNING", principal=caller.principal,
                             request=request, result=result_of(
                                 ExperimentRow(experiment_id, "RUNNING", caller.principal, request), _empty_samples()),
-                            audit_records=(record,), owner=self.instance)
+                            audit_records=(record,), owner=self.instance, rerun_of=rerun_of)
         return await asyncio.to_thread(self.store.create, row)
 
     # ------------------------------------------------------------------ run

@@ -324,7 +324,7 @@ def _holds_work(active: Sequence[str]) -> sa.ColumnElement[bool]:
 
 EXPERIMENT_STATES = ("RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
 EXPERIMENT_FILTER_FIELDS: dict[str, filters.FieldKind] = {
-    "state": filters.Closed(EXPERIMENT_STATES), "principal": "str", "create_time": "time"}
+    "state": filters.Closed(EXPERIMENT_STATES), "principal": "str", "create_time": "time", "rerun_of": "str"}
 
 
 @dataclass(frozen=True)
@@ -344,6 +344,7 @@ class ExperimentRow:
     update_time: str = ""
     sequence: int = 0
     cancel_requested_by: str = ""  # who asked, of any replica, for it to stop ("": nobody)
+    rerun_of: str = ""  # the experiment this one runs again (its ID), if any
 
 
 def _experiment_from(m: Any) -> ExperimentRow:
@@ -352,7 +353,7 @@ def _experiment_from(m: Any) -> ExperimentRow:
                          result=json.loads(m["result_json"] or "{}"), error=m["error"],
                          audit_records=tuple(json.loads(m["audit_records_json"] or "[]")), owner=m["owner"],
                          create_time=m["create_time"], update_time=m["update_time"], sequence=int(m["sequence"]),
-                         cancel_requested_by=m["cancel_requested_by"])
+                         cancel_requested_by=m["cancel_requested_by"], rerun_of=m["rerun_of"])
 
 
 class ExperimentStore:
@@ -371,7 +372,7 @@ class ExperimentStore:
                 experiment_id=row.experiment_id, sequence=row.sequence, state=row.state, principal=row.principal,
                 create_time=now, update_time=now, request_json=json.dumps(row.request),
                 launches_json=json.dumps(list(row.runs)), result_json=json.dumps(row.result), error=row.error,
-                audit_records_json=json.dumps(list(row.audit_records)), owner=row.owner))
+                audit_records_json=json.dumps(list(row.audit_records)), owner=row.owner, rerun_of=row.rerun_of))
         return row
 
     def update(self, row: ExperimentRow) -> ExperimentRow | None:
@@ -411,7 +412,8 @@ class ExperimentStore:
 
     def list_rows(self, filter_text: str = "", page_size: int = 0,
                   page_token: str = "", order_by: str = "") -> tuple[list[ExperimentRow], str]:
-        terms = filters.parse_filter(filter_text, EXPERIMENT_FILTER_FIELDS)
+        terms = [filters.Term(t.field, t.op, str(t.value).removeprefix("experiments/")) if t.field == "rerun_of" else t
+                 for t in filters.parse_filter(filter_text, EXPERIMENT_FILTER_FIELDS)]
         rows, token = self.audit.page(experiments, terms, filter_text, page_size, page_token,
                                       newest_first=filters.parse_order(order_by, "create_time"))
         return [_experiment_from(r._mapping) for r in rows], token

@@ -18,20 +18,22 @@ class CancelExperimentRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class CreateExperimentRequest(_message.Message):
-    __slots__ = ("plans", "workload", "model_path", "repeats", "dispatcher", "engine")
+    __slots__ = ("plans", "workload", "model_path", "repeats", "dispatcher", "engine", "rerun_of")
     PLANS_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     REPEATS_FIELD_NUMBER: _ClassVar[int]
     DISPATCHER_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    RERUN_OF_FIELD_NUMBER: _ClassVar[int]
     plans: _containers.RepeatedScalarFieldContainer[str]
     workload: _launch_pb2.LaunchWorkload
     model_path: str
     repeats: int
     dispatcher: str
     engine: _launch_pb2.EngineSettings
-    def __init__(self, plans: _Optional[_Iterable[str]] = ..., workload: _Optional[_Union[_launch_pb2.LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., repeats: _Optional[int] = ..., dispatcher: _Optional[str] = ..., engine: _Optional[_Union[_launch_pb2.EngineSettings, _Mapping]] = ...) -> None: ...
+    rerun_of: str
+    def __init__(self, plans: _Optional[_Iterable[str]] = ..., workload: _Optional[_Union[_launch_pb2.LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., repeats: _Optional[int] = ..., dispatcher: _Optional[str] = ..., engine: _Optional[_Union[_launch_pb2.EngineSettings, _Mapping]] = ..., rerun_of: _Optional[str] = ...) -> None: ...
 
 class ExperimentRun(_message.Message):
     __slots__ = ("arm", "repeat", "launch", "state")
@@ -46,7 +48,7 @@ class ExperimentRun(_message.Message):
     def __init__(self, arm: _Optional[str] = ..., repeat: _Optional[int] = ..., launch: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
 
 class Experiment(_message.Message):
-    __slots__ = ("name", "state", "plans", "workload", "model_path", "repeats", "dispatcher", "runs", "error", "result", "verdict", "create_time", "update_time", "audit_records", "principal", "cancel_requested_by", "engine")
+    __slots__ = ("name", "state", "plans", "workload", "model_path", "repeats", "dispatcher", "runs", "error", "result", "verdict", "create_time", "update_time", "audit_records", "principal", "cancel_requested_by", "engine", "rerun_of")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PLANS_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +66,7 @@ class Experiment(_message.Message):
     PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     CANCEL_REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    RERUN_OF_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     plans: _containers.RepeatedScalarFieldContainer[str]
@@ -81,7 +84,8 @@ class Experiment(_message.Message):
     principal: str
     cancel_requested_by: str
     engine: _launch_pb2.EngineSettings
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., plans: _Optional[_Iterable[str]] = ..., workload: _Optional[_Union[_launch_pb2.LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., repeats: _Optional[int] = ..., dispatcher: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[ExperimentRun, _Mapping]]] = ..., error: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., verdict: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., audit_records: _Optional[_Iterable[str]] = ..., principal: _Optional[str] = ..., cancel_requested_by: _Optional[str] = ..., engine: _Optional[_Union[_launch_pb2.EngineSettings, _Mapping]] = ...) -> None: ...
+    rerun_of: str
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., plans: _Optional[_Iterable[str]] = ..., workload: _Optional[_Union[_launch_pb2.LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., repeats: _Optional[int] = ..., dispatcher: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[ExperimentRun, _Mapping]]] = ..., error: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., verdict: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., audit_records: _Optional[_Iterable[str]] = ..., principal: _Optional[str] = ..., cancel_requested_by: _Optional[str] = ..., engine: _Optional[_Union[_launch_pb2.EngineSettings, _Mapping]] = ..., rerun_of: _Optional[str] = ...) -> None: ...
 
 class GetExperimentRequest(_message.Message):
     __slots__ = ("name",)

@@ -201,8 +201,9 @@ EXIT_CODES = """exit codes (every command):
   2  refused as bad input: INVALID_ARGUMENT or FAILED_PRECONDITION, a malformed file, a bad command line
   3  a check failed: audit verify (the chain, or the log against a checkpoint), audit prove
      (plans diff --exit-code: the comparison itself failed)
-  4  launch --wait, experiment run (unless --detach), launches wait, experiments wait: it ended in a state other than SUCCEEDED
-  130  Ctrl-C (launch --wait, experiment run, launches|experiments wait: it stopped waiting; the launch or experiment goes on)
+  4  launch --wait (launches rerun --wait too), experiment run and experiments rerun (unless --detach), launches wait,
+     experiments wait: it ended in a state other than SUCCEEDED
+  130  Ctrl-C (launch --wait, experiment run, launches|experiments wait, either rerun while it waits: it stopped waiting; the launch or experiment goes on)
 with -o json the failure is {"error": {"code", "message", "field_violations"}} on stdout (a bad command line too)"""
 
 OPTIONS_AND_ENVIRONMENT = """--server, --token, --tls-ca, --tls-cert, --tls-key, --timeout and -o may also come before the command.

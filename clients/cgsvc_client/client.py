@@ -296,12 +296,21 @@ class Client:
 
     # ------------------------------------------------------------------ experiments
     def create_experiment(self, plans: list[str], model_path: str, workload: dict[str, int], repeats: int,
-                          dispatcher: str = "", engine: dict[str, Any] | None = None) -> experiment_pb2.Experiment:
+                          dispatcher: str = "", engine: dict[str, Any] | None = None,
+                          rerun_of: str = "") -> experiment_pb2.Experiment:
+        """`rerun_of` (experiments/ID): that experiment again, which the server reads; give no
+        plans, model_path, workload, repeats, dispatcher or engine with it (rerun_experiment)."""
         req = experiment_pb2.CreateExperimentRequest(plans=plans, model_path=model_path, repeats=repeats,
                                                      workload=launch_pb2.LaunchWorkload(**workload),
                                                      dispatcher=dispatcher,
-                                                     engine=launch_pb2.EngineSettings(**(engine or {})))
+                                                     engine=launch_pb2.EngineSettings(**(engine or {})),
+                                                     rerun_of=rerun_of)
         return self.call(self.experiments.CreateExperiment, req, timeout=max(self.timeout, 60))  # type: ignore[no-any-return]
+
+    def rerun_experiment(self, name: str) -> experiment_pb2.Experiment:
+        """Run experiment `name` (experiments/ID) again as it was asked for, to see whether its
+        result holds: the server reads its request; the new experiment's rerun_of names it."""
+        return self.create_experiment([], "", {}, 0, rerun_of=name)
 
     def get_experiment(self, name: str) -> experiment_pb2.Experiment:
         return self.call(self.experiments.GetExperiment,  # type: ignore[no-any-return]

@@ -323,6 +323,8 @@ def experiment_table(d: dict[str, Any], style: render.Style) -> str:
                          f"({d['model_path']})"),
             ("engine", render.engine_text(d.get("engine") or {})),
             ("runs", ", ".join(f"{r['arm']}{r['repeat']} {r['launch']} {r['state']}" for r in runs) or "-")]
+    if d.get("rerun_of"):
+        rows.insert(1, ("rerun of", d["rerun_of"]))
     if d.get("cancel_requested_by") and d["state"] == "RUNNING":
         rows.append(("cancel", f"asked by {d['cancel_requested_by']}: it ends once its current launch has stopped"))
     if d.get("error"):
@@ -401,6 +403,19 @@ def wait_for_experiment(c: Client, msg: Any, ns: argparse.Namespace) -> int:
     msg = c.get_experiment(msg.name)
     _print_experiment(msg, ns)
     return 0 if msg.state == "SUCCEEDED" else 4
+
+
+def cmd_experiments_rerun(ns: argparse.Namespace) -> int:
+    """The experiment again as it was asked for (the server reads its plans, workload, checkpoint,
+    repeats, dispatcher and engine settings), followed as `experiment run` follows one."""
+    with Client.from_args(ns) as c:
+        msg = c.rerun_experiment(resource_name("experiments", ns.name))
+        print(f"{msg.name}: {msg.rerun_of} again ({msg.plans[0]} (A) vs {msg.plans[1]} (B), {msg.repeats} launches "
+              f"per arm); `cgsvc-cli experiments show` each to compare their verdicts", file=sys.stderr, flush=True)
+        if not ns.detach:
+            return wait_for_experiment(c, msg, ns)
+    _print_experiment(msg, ns)
+    return 0
 
 
 def cmd_experiments_wait(ns: argparse.Namespace) -> int:
@@ -523,6 +538,13 @@ def register(sub: Any) -> None:
                                      "when it SUCCEEDED, 4 when it ended otherwise; Ctrl-C stops the waiting only")
     ew.add_argument("name", help="experiments/ID or ID")
     ew.set_defaults(func=cmd_experiments_wait)
-    for parser in (el, es, ec, ew):
+    er = exs.add_parser("rerun", help="run an experiment again as it was asked for (its plans, workload, checkpoint, "
+                                      "repeats, dispatcher, engine settings), to see whether its result holds; "
+                                      "followed to the end as experiment run is")
+    er.add_argument("name", help="experiments/ID or ID")
+    er.add_argument("--detach", action="store_true", help="answer once it has started (follow it with experiments "
+                                                          "wait)")
+    er.set_defaults(func=cmd_experiments_rerun)
+    for parser in (el, es, ec, ew, er):
         add_output(parser)
         add_server(parser, required=True)

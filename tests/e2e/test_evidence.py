@@ -328,6 +328,31 @@ def test_a_cancelled_experiment_stops_its_launch_ends_cancelled_and_keeps_what_i
         assert len(refused) == 1  # the refusal is audited too
     runs = cli(srv, "experiments", "list", "--filter", 'state = "cancelled"', "-o", "json")
     assert [x["name"] for x in json.loads(runs.stdout)["experiments"]] == [exp.name]
+    # run it again as it was asked for: the server reads its request, and the new one names the old
+    rerun = cli(srv, "experiments", "rerun", exp.name.split("/")[1], "--detach", "-o", "json")
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    again = json.loads(rerun.stdout)["experiment"]
+    assert again["name"] != exp.name and again["rerun_of"] == exp.name, again
+    kept = ("plans", "workload", "model_path", "repeats", "dispatcher", "engine")
+    assert {k: again[k] for k in kept} == {k: json.loads(runs.stdout)["experiments"][0][k] for k in kept}, again
+    assert f"{again['name']}: {exp.name} again" in rerun.stderr, rerun.stderr
+    with Client(srv.address) as c:
+        made = c.get_audit_record(again["audit_records"][0])
+        assert made.outcome_message.endswith(f", rerun of {exp.name}"), made.outcome_message
+        assert [x.name for x in c.list_experiments(filter=f'rerun_of = "{exp.name}"').experiments] == [again["name"]]
+        c.cancel_experiment(again["name"])
+        assert wait_experiment(c, again["name"], lambda m: m.state != "RUNNING").state == "CANCELLED"
+        # a rerun runs what the experiment ran: anything else asked beside it is refused by name
+        with pytest.raises(ServiceError) as e:
+            c.create_experiment([a, b], ckpt, WORKLOAD, repeats=1, rerun_of=exp.name)
+        assert e.value.code == "INVALID_ARGUMENT" and {v.field for v in e.value.violations} == {
+            "plans", "model_path", "workload", "repeats"}, e.value
+        for name, code in (("experiments/nope", "NOT_FOUND"), (a, "INVALID_ARGUMENT")):
+            with pytest.raises(ServiceError) as e:
+                c.create_experiment([], "", {}, repeats=0, rerun_of=name)
+            assert e.value.code == code, (name, e.value)
+    shown = cli(srv, "experiments", "show", again["name"], "-o", "table").stdout
+    assert f"rerun of    {exp.name}" in shown, shown
 
 
 def test_a_cancel_that_lands_as_the_last_launch_finishes_still_ends_the_experiment_cancelled(

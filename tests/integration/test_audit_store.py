@@ -48,7 +48,7 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 20
+    assert store.schema_version() == 21
     assert store.migrate() == []  # idempotent
 
 
@@ -67,6 +67,24 @@ def test_migration_15_adds_the_cancel_column_to_existing_experiments(store: Audi
     assert [r.cancel_requested_by for r in experiments.list_rows()[0]] == ["", ""]
     assert experiments.request_cancel("e1", "bob") and not experiments.request_cancel("e2", "bob")
     assert experiments.get("e1").cancel_requested_by == "bob"  # type: ignore[union-attr]
+
+
+def test_migration_21_adds_the_rerun_column_to_existing_experiments(store: AuditStore) -> None:
+    """Experiments of schema 20 (no rerun_of) read as runs of their own; a rerun is then found by
+    the one it runs again, by name or bare ID."""
+    from cgsvc.launch.store import ExperimentRow, ExperimentStore
+
+    experiments = ExperimentStore(store)
+    experiments.create(ExperimentRow("e1", "SUCCEEDED", "alice", {"plans": []}))
+    with store.write_engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE experiments DROP COLUMN rerun_of"))
+        conn.execute(sa.text("DELETE FROM schema_migrations WHERE version = 21"))
+    assert store.migrate() == [21]
+    assert [r.rerun_of for r in experiments.list_rows()[0]] == [""]
+    experiments.create(ExperimentRow("e2", "RUNNING", "alice", {"plans": []}, rerun_of="e1"))
+    for name in ("experiments/e1", "e1"):
+        assert [r.experiment_id for r in experiments.list_rows(f'rerun_of = "{name}"')[0]] == ["e2"]
+    assert [r.experiment_id for r in experiments.list_rows('rerun_of = ""')[0]] == ["e1"]
 
 
 def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,8 +137,8 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
             create_time="2026-01-01T00:00:01Z", update_time="2026-01-01T00:00:01Z", tokens_done=1, tokens_total=1,
             error="", report_json=json.dumps(fidelity_report({"decode.backend": "substituted"})), run_dir="/r",
             handle_json="", owner=""))
-    assert store.migrate() == list(range(3, 21))  # 4 builds the Merkle tree, 5 the rule sets, of the records there
-    assert store.schema_version() == 20
+    assert store.migrate() == list(range(3, 22))  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 21
     old = store.get_record(1)
     assert old is not None and old.schema_version == 1 and old.policy == "cgsvc"
     assert ExperimentStore(store).list_rows() == ([], "")
