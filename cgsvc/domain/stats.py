@@ -144,6 +144,39 @@ def brief_part(metric: str, diff: dict[str, Any], launches: dict[str, Any] | Non
                            "spans_zero": "cannot tell", "launches_disagree": "cannot tell (launches disagree)"}[call]
 
 
+METRICS = ("ttft_ms", "tpot_ms")
+DECISIVE = ("slower", "faster")  # the calls that say something about B against A
+
+
+def metric_call(result: dict[str, Any], metric: str) -> dict[str, Any]:
+    """What a stored result says of one metric: its call (as _call names it), the difference's
+    mean and interval, and the call in a few words."""
+    diff = (result.get("difference") or {}).get(metric) or {"mean": None, "ci": None}
+    launches = diff.get("launch_level")
+    return {"call": _call(diff, launches), "mean": diff.get("mean"), "ci": diff.get("ci"),
+            "brief": brief_part(metric.split("_")[0].upper(), diff, launches)}
+
+
+def agreement(a: str, b: str) -> str:
+    """Whether two calls on one metric agree: held (both say B is faster, or both slower),
+    flipped (one says faster, the other slower), neither can tell, or only one tells."""
+    if a in DECISIVE and b in DECISIVE:
+        return "held" if a == b else "flipped"
+    if a in DECISIVE or b in DECISIVE:
+        return "only a tells" if a in DECISIVE else "only b tells"
+    return "neither can tell"
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """Two experiments' results, metric by metric: each one's call and whether they agree (an
+    experiment and its rerun: did the verdict hold?)."""
+    out = []
+    for metric in METRICS:
+        ca, cb = metric_call(a, metric), metric_call(b, metric)
+        out.append({"metric": metric, "a": ca, "b": cb, "agreement": agreement(ca["call"], cb["call"])})
+    return out
+
+
 def _relative(diff: dict[str, Any]) -> str:
     return f" ({diff['relative'] * 100:+.0f} %)" if diff["relative"] is not None else ""
 

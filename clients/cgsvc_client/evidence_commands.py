@@ -319,7 +319,7 @@ def experiment_table(d: dict[str, Any], style: render.Style) -> str:
     runs = d.get("runs", [])
     rows = [("experiment", f"{d['name']} ({d['state']})"),
             ("arms", f"A {d['plans'][0]}   B {d['plans'][1]}"),
-            ("workload", f"{render.workload_text(wl)}; {d['repeats']} launches per arm on {d['dispatcher']} "
+            ("workload", f"{render.workload_text(wl)}; {render.counted(d['repeats'], 'launch')} per arm on {d['dispatcher']} "
                          f"({d['model_path']})"),
             ("engine", render.engine_text(d.get("engine") or {})),
             ("runs", ", ".join(f"{r['arm']}{r['repeat']} {r['launch']} {r['state']}" for r in runs) or "-")]
@@ -369,7 +369,7 @@ def cmd_experiment_run(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
         msg = c.create_experiment(plans, os.path.abspath(ns.checkpoint), workload(ns), ns.repeats,
                                   ns.dispatcher or "", engine(ns))
-        print(f"{msg.name}: {plans[0]} (A) vs {plans[1]} (B), {ns.repeats} launches per arm, interleaved",
+        print(f"{msg.name}: {plans[0]} (A) vs {plans[1]} (B), {render.counted(ns.repeats, 'launch')} per arm, interleaved",
               file=sys.stderr, flush=True)
         if not ns.detach:
             return wait_for_experiment(c, msg, ns)
@@ -410,8 +410,9 @@ def cmd_experiments_rerun(ns: argparse.Namespace) -> int:
     repeats, dispatcher and engine settings), followed as `experiment run` follows one."""
     with Client.from_args(ns) as c:
         msg = c.rerun_experiment(resource_name("experiments", ns.name))
-        print(f"{msg.name}: {msg.rerun_of} again ({msg.plans[0]} (A) vs {msg.plans[1]} (B), {msg.repeats} launches "
-              f"per arm); `cgsvc-cli experiments show` each to compare their verdicts", file=sys.stderr, flush=True)
+        print(f"{msg.name}: {msg.rerun_of} again ({msg.plans[0]} (A) vs {msg.plans[1]} (B), "
+              f"{render.counted(msg.repeats, 'launch')} per arm); `cgsvc-cli experiments diff {msg.rerun_of} {msg.name}` holds their verdicts side by side",
+              file=sys.stderr, flush=True)
         if not ns.detach:
             return wait_for_experiment(c, msg, ns)
     _print_experiment(msg, ns)
@@ -460,6 +461,60 @@ def cmd_experiments_list(ns: argparse.Namespace) -> int:
                         d.get("create_time", ""), brief_verdict(d)) for d in items], token, "experiments",
                       list_filter(ns)))
     return 0
+
+
+EXPERIMENT_REQUEST = ("plans", "workload", "model_path", "repeats", "dispatcher", "engine")
+METRIC_NAMES = {"ttft_ms": "TTFT", "tpot_ms": "TPOT"}
+
+
+def cmd_experiments_diff(ns: argparse.Namespace) -> int:
+    """Two experiments (an experiment and its rerun, typically) side by side: whether each asked
+    for the same thing, and metric by metric whether their calls agree."""
+    from cgsvc.domain import stats  # numpy: only this command needs it
+
+    names = []
+    for side in ("a", "b"):
+        raw = getattr(ns, side)
+        name = resource_name("experiments", raw)
+        if not name.startswith("experiments/"):
+            raise bad(side, f"give experiments/ID or the bare ID, got {raw!r}")
+        names.append(name)
+    with Client.from_args(ns) as c:
+        a, b = (codec.experiment_dict(c.get_experiment(n)) for n in names)
+    differs = [f for f in EXPERIMENT_REQUEST if a.get(f) != b.get(f)]
+    metrics = stats.compare(a.get("result") or {}, b.get("result") or {})
+    sides = [{"experiment": x["name"], "state": x["state"], "plans": x["plans"], "repeats": x["repeats"],
+              "rerun_of": x.get("rerun_of", ""), "ran_alike": (x.get("result") or {}).get("ran_alike", [])}
+             for x in (a, b)]
+    result = {"a": sides[0], "b": sides[1], "request_differs": differs, "metrics": metrics}
+    if render.output_mode(ns) == "json":
+        render.print_json({"diff": result})
+    else:
+        print(experiments_diff_table(result))
+    return 1 if ns.exit_code and any(m["agreement"] not in ("held", "neither can tell") for m in metrics) else 0
+
+
+def experiments_diff_table(d: dict[str, Any]) -> str:
+    lines = [f"{label}: {x['experiment']} ({x['state']}; {x['plans'][0]} (A) vs {x['plans'][1]} (B), "
+             f"{render.counted(x['repeats'], 'launch')} per arm{'; rerun of ' + x['rerun_of'] if x['rerun_of'] else ''})"
+             for label, x in (("a", d["a"]), ("b", d["b"]))]
+    lines.append("the same request" if not d["request_differs"] else
+                 f"the requests differ in: {', '.join(d['request_differs'])}")
+
+    def said(m: dict[str, Any]) -> str:
+        return m["brief"].split(" ", 1)[1]  # the call, without the metric's name
+
+    lines.append("\n" + render.table(["metric", "a says", "b says", "agreement"],
+                                     [(METRIC_NAMES.get(m["metric"], m["metric"]), said(m["a"]), said(m["b"]),
+                                       m["agreement"]) for m in d["metrics"]]))
+    for label, x in (("a", d["a"]), ("b", d["b"])):
+        if x["ran_alike"]:
+            lines.append(f"\nin {label}, A and B ran alike (their plans differ only in {', '.join(x['ran_alike'])}, which "
+                         "the workers substituted away or did not apply): its calls are the machine's, not the plans'")
+    if any(m["agreement"] == "flipped" for m in d["metrics"]):
+        lines.append("\na verdict that flips between runs of one request is the machine's noise, not the plans': "
+                     "add repeats")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------- registration
@@ -545,6 +600,13 @@ def register(sub: Any) -> None:
     er.add_argument("--detach", action="store_true", help="answer once it has started (follow it with experiments "
                                                           "wait)")
     er.set_defaults(func=cmd_experiments_rerun)
-    for parser in (el, es, ec, ew, er):
+    ed = exs.add_parser("diff", help="two experiments side by side (an experiment and its rerun): whether they asked "
+                                     "for the same thing, and per metric whether their verdicts agree")
+    ed.add_argument("a", help="experiments/ID (or the bare ID): the first")
+    ed.add_argument("b", help="experiments/ID (or the bare ID): the one to hold against it")
+    ed.add_argument("--exit-code", action="store_true",
+                    help="exit 1 when a metric's verdict did not hold (flipped, or only one can tell), 0 when not")
+    ed.set_defaults(func=cmd_experiments_diff)
+    for parser in (el, es, ec, ew, er, ed):
         add_output(parser)
         add_server(parser, required=True)

@@ -259,6 +259,19 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
     shown = cli(srv, "experiments", "show", exp["name"], "-o", "table").stdout
     assert "B - A" in shown and "verdict:" in shown
     assert "engine      dtype auto, KV cache 16 MiB a rank, CPU decode eager" in shown, shown
+    # `experiments diff`: did a verdict hold? An experiment against itself holds on every metric
+    held = cli(srv, "experiments", "diff", exp["name"], exp["name"].split("/")[1], "--exit-code", "-o", "json")
+    assert held.returncode == 0, held.stdout + held.stderr
+    d = json.loads(held.stdout)["diff"]
+    assert d["request_differs"] == [] and [m["metric"] for m in d["metrics"]] == ["ttft_ms", "tpot_ms"], d
+    for m in d["metrics"]:
+        assert m["a"] == m["b"] and m["agreement"] in ("held", "neither can tell"), m
+        assert m["a"]["brief"] in res["verdict_brief"], (m, res["verdict_brief"])
+    told = cli(srv, "experiments", "diff", exp["name"], exp["name"], "-o", "table").stdout
+    assert "the same request" in told and "agreement" in told, told
+    assert d["a"]["ran_alike"] == res["ran_alike"] and "in a, A and B ran alike" in told, told  # read as noise
+    wrong = cli(srv, "experiments", "diff", exp["name"], "plans/x", "-o", "json")
+    assert wrong.returncode == 2 and '"field": "b"' in wrong.stdout, wrong.stdout
 
 
 def wait_experiment(c: Client, name: str, pred: Any, timeout: float = 300) -> Any:

@@ -129,3 +129,27 @@ def test_the_brief_verdict_is_the_verdicts_call_in_a_few_words() -> None:
                         means)
     assert odd["verdict_brief"].startswith("TTFT cannot tell (launches disagree); ")
     assert len(out["verdict_brief"]) < 80
+
+
+def _result(a: list[float], b: list[float]) -> dict[str, object]:
+    """A stored result whose TTFT arms are `a` and `b`, and whose TPOT arms are equal."""
+    return stats.analyse({"A": {"ttft_ms": a, "tpot_ms": [5.0] * 4}, "B": {"ttft_ms": b, "tpot_ms": [5.0] * 4}})
+
+
+def test_two_experiments_calls_are_compared_metric_by_metric() -> None:
+    """`experiments diff`: whether a verdict held when the experiment ran again."""
+    r = random.Random(11)
+    slow = [100 + r.gauss(0, 2) for _ in range(20)]
+    fast = [50 + r.gauss(0, 2) for _ in range(20)]
+    noise = [100 + r.gauss(0, 30) for _ in range(6)]
+    b_faster, again, b_slower, unclear = _result(slow, fast), _result(slow, fast), _result(fast, slow), _result(
+        noise, [100 + r.gauss(0, 30) for _ in range(6)])
+    held = {m["metric"]: m for m in stats.compare(b_faster, again)}
+    assert held["ttft_ms"]["agreement"] == "held" and held["ttft_ms"]["a"]["call"] == "faster", held
+    assert held["ttft_ms"]["a"]["brief"].startswith("TTFT B faster ") and held["ttft_ms"]["b"]["ci"][1] < 0
+    assert held["tpot_ms"]["agreement"] == "neither can tell" and held["tpot_ms"]["a"]["call"] == "equal", held
+    assert {m["metric"]: m["agreement"] for m in stats.compare(b_faster, b_slower)}["ttft_ms"] == "flipped"
+    assert {m["metric"]: m["agreement"] for m in stats.compare(b_faster, unclear)}["ttft_ms"] == "only a tells"
+    assert {m["metric"]: m["agreement"] for m in stats.compare(unclear, b_slower)}["ttft_ms"] == "only b tells"
+    nothing = stats.compare({}, b_faster)[0]  # a result with nothing measured yet
+    assert (nothing["a"]["call"], nothing["agreement"]) == ("no_samples", "only b tells"), nothing
