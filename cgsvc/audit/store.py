@@ -272,6 +272,15 @@ launch_requests = sa.Table(
     sa.Column("request_id", sa.Text, primary_key=True),
     sa.Column("launch_id", sa.Text, nullable=False),
 )
+# One experiment per (principal, request_id) (migration 22): a retried CreateExperiment finds the
+# experiment it started; request_hash tells a retry from another request under the same key.
+experiment_requests = sa.Table(
+    "experiment_requests", metadata,
+    sa.Column("principal", sa.Text, primary_key=True),
+    sa.Column("request_id", sa.Text, primary_key=True),
+    sa.Column("experiment_id", sa.Text, nullable=False),
+    sa.Column("request_hash", sa.Text, nullable=False),
+)
 # A/B experiments (migration 6): two plans run as interleaved launches, and what they measured.
 experiments = sa.Table(
     "experiments", metadata,
@@ -369,6 +378,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      tuple((launches, c) for c in LAUNCH_COLUMNS_20)),
     (21, "the experiment each experiment runs again, if any (experiments.rerun_of)", (),
      tuple((experiments, c) for c in EXPERIMENT_COLUMNS_21)),
+    (22, "idempotent CreateExperiment: the experiment a (principal, request id) made (experiment_requests)",
+     (experiment_requests,), ()),
 )
 
 # GPUs and catalog models are matched as a spec names them: in any case, a model by an alias too.

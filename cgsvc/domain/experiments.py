@@ -37,6 +37,7 @@ from cgsvc.domain.launches import (
     engine_settings,
     order_for,
     read_checkpoint,
+    request_hash,
     workload_problems,
 )
 from cgsvc.domain.plans import Caller, Plans
@@ -127,20 +128,39 @@ class Experiments:
 
     # ------------------------------------------------------------------ create
     async def create(self, plans: list[str], workload: Workload, model_path: str, repeats: int, dispatcher: str,
-                     caller: Caller, engine: EngineSettings = DEFAULT_ENGINE, rerun_of: str = "") -> ExperimentRow:
+                     caller: Caller, engine: EngineSettings = DEFAULT_ENGINE, rerun_of: str = "",
+                     request_id: str = "") -> ExperimentRow:
         """Check, record and start an experiment; a refusal is audited, then raised. `engine`:
         the settings as the request gave them (EngineSettings.read; engine_settings checks and
         spells them); the defaults if none. `rerun_of` ("experiments/ID"): that experiment's
-        request again, every other argument left empty."""
+        request again, every other argument left empty. `request_id`: a retry of the request
+        that made an experiment is answered with that experiment (nothing new starts)."""
         try:
             if rerun_of:
                 rerun_of, (plans, workload, model_path, repeats, dispatcher, engine) = await self._rerun(
                     rerun_of, plans, workload, model_path, repeats, dispatcher, engine)
-            row = await self._create(plans, workload, model_path, repeats, dispatcher, caller, engine, rerun_of)
+            row, new = await self._create(plans, workload, model_path, repeats, dispatcher, caller, engine, rerun_of,
+                                          request_id)
         except ServiceError as err:
             await self.audit(CREATE_EXPERIMENT_METHOD, caller.principal, err.code, err.message, caller)
             raise
-        self.tasks[row.experiment_id] = asyncio.create_task(self.run(row.experiment_id, caller))
+        if new:
+            self.tasks[row.experiment_id] = asyncio.create_task(self.run(row.experiment_id, caller))
+        return row
+
+    async def _earlier(self, found: tuple[ExperimentRow, str] | None, request_id: str, digest: str,
+                       caller: Caller) -> ExperimentRow | None:
+        """The experiment an earlier request with this request_id made (audited as a replay),
+        None if there is none; INVALID_ARGUMENT when that request was another."""
+        if found is None:
+            return None
+        row, made_by = found
+        if made_by != digest:
+            raise ServiceError.invalid([FieldViolation(
+                "request_id", f"{request_id!r} already created experiments/{row.experiment_id} with a different "
+                              "request; use a new request_id for a new experiment")])
+        await self.audit(CREATE_EXPERIMENT_METHOD, caller.principal, "OK", f"replay of request_id {request_id!r}",
+                         caller, row.experiment_id)
         return row
 
     async def _rerun(self, name: str, plans: list[str], workload: Workload, model_path: str, repeats: int,
@@ -164,7 +184,8 @@ class Experiments:
                                req["dispatcher"], EngineSettings.read(req.get("engine", {})))
 
     async def _create(self, plans: list[str], workload: Workload, model_path: str, repeats: int, dispatcher: str,
-                      caller: Caller, asked: EngineSettings, rerun_of: str = "") -> ExperimentRow:
+                      caller: Caller, asked: EngineSettings, rerun_of: str = "",
+                      request_id: str = "") -> tuple[ExperimentRow, bool]:
         problems = workload_problems(workload, model_path)
         dispatcher, wrong = dispatcher_named(dispatcher)
         problems += wrong
@@ -176,6 +197,13 @@ class Experiments:
             problems.append(FieldViolation("repeats", f"launches per arm, 1 to {MAX_REPEATS}; got {repeats}"))
         if problems:
             raise ServiceError.invalid(problems)
+        request = {"plans": plans, "workload": dataclasses.asdict(workload), "model_path": model_path,
+                   "repeats": repeats, "dispatcher": dispatcher, "engine": dataclasses.asdict(engine)}
+        digest = request_hash({**request, "rerun_of": rerun_of}) if request_id else ""
+        if request_id and (earlier := await self._earlier(
+                await asyncio.to_thread(self.store.by_request, caller.principal, request_id), request_id, digest,
+                caller)):
+            return earlier, False
         ids = []
         for i, name in enumerate(plans):
             prefix = "plans/"
@@ -190,8 +218,6 @@ class Experiments:
             raise ServiceError("FAILED_PRECONDITION", f"dispatcher {dispatcher!r} is not configured on this server",
                                [FieldViolation("dispatcher", f"one of {', '.join(self.launches.dispatchers)}")])
         experiment_id = new_id()
-        request = {"plans": plans, "workload": dataclasses.asdict(workload), "model_path": model_path,
-                   "repeats": repeats, "dispatcher": dispatcher, "engine": dataclasses.asdict(engine)}
         again = f", rerun of experiments/{rerun_of}" if rerun_of else ""
         record = await self.audit(CREATE_EXPERIMENT_METHOD, caller.principal, "OK",
                                   f"{plans[0]} (A) vs {plans[1]} (B), {repeats} launches per arm, interleaved{again}",
@@ -200,7 +226,15 @@ class Experiments:
                             request=request, result=result_of(
                                 ExperimentRow(experiment_id, "RUNNING", caller.principal, request), _empty_samples()),
                             audit_records=(record,), owner=self.instance, rerun_of=rerun_of)
-        return await asyncio.to_thread(self.store.create, row)
+        made, new, conflicts = await asyncio.to_thread(self.store.create_once, row, request_id, digest)
+        if not new:  # a concurrent retry got there first: this one's record names an experiment never made
+            await self.audit(CREATE_EXPERIMENT_METHOD, caller.principal, "OK",
+                             f"not made: request_id {request_id!r} made experiments/{made.experiment_id} first",
+                             caller, experiment_id)
+            earlier = await self._earlier((made, "" if conflicts else digest), request_id, digest, caller)
+            assert earlier is not None
+            return earlier, False
+        return made, True
 
     # ------------------------------------------------------------------ run
     async def _save(self, row: ExperimentRow) -> ExperimentRow:

@@ -23,6 +23,7 @@ from cgsvc.audit.store import (
     MODEL_NAME,
     AuditStore,
     db_epoch,
+    experiment_requests,
     experiments,
     launch_requests,
     launches,
@@ -362,9 +363,20 @@ class ExperimentStore:
         self.write_engine, self.read_engine = audit.write_engine, audit.read_engine
 
     def create(self, row: ExperimentRow) -> ExperimentRow:
+        return self.create_once(row)[0]
+
+    def create_once(self, row: ExperimentRow, request_id: str = "",
+                    request_hash: str = "") -> tuple[ExperimentRow, bool, bool]:
+        """Insert a new experiment with the next sequence number; when (principal, request_id)
+        already named one, that one instead. Returns the row, whether it is new, and whether the
+        earlier one was asked for with a different request."""
         with self.write_engine.begin() as conn:
             if self.audit.dialect == "postgresql":
                 conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_LAUNCH_LOCK + 1})")
+            if request_id:
+                found = self._by_request(conn, row.principal, request_id)
+                if found is not None:
+                    return found[0], False, found[1] != request_hash
             seq = conn.execute(sa.select(sa.func.coalesce(sa.func.max(experiments.c.sequence), 0))).scalar_one()
             now = utc_now()
             row = dataclasses.replace(row, sequence=int(seq) + 1, create_time=now, update_time=now)
@@ -373,7 +385,24 @@ class ExperimentStore:
                 create_time=now, update_time=now, request_json=json.dumps(row.request),
                 launches_json=json.dumps(list(row.runs)), result_json=json.dumps(row.result), error=row.error,
                 audit_records_json=json.dumps(list(row.audit_records)), owner=row.owner, rerun_of=row.rerun_of))
-        return row
+            if request_id:
+                conn.execute(experiment_requests.insert().values(
+                    principal=row.principal, request_id=request_id, experiment_id=row.experiment_id,
+                    request_hash=request_hash))
+        return row, True, False
+
+    def by_request(self, principal: str, request_id: str) -> tuple[ExperimentRow, str] | None:
+        """The experiment an earlier CreateExperiment of (principal, request_id) made, and the
+        hash of that request; None if none did."""
+        with self.read_engine.begin() as conn:
+            return self._by_request(conn, principal, request_id)
+
+    @staticmethod
+    def _by_request(conn: Any, principal: str, request_id: str) -> tuple[ExperimentRow, str] | None:
+        row = conn.execute(sa.select(experiments, experiment_requests.c.request_hash).join(
+            experiment_requests, experiment_requests.c.experiment_id == experiments.c.experiment_id).where(
+            experiment_requests.c.principal == principal, experiment_requests.c.request_id == request_id)).first()
+        return (_experiment_from(row._mapping), row.request_hash) if row is not None else None
 
     def update(self, row: ExperimentRow) -> ExperimentRow | None:
         """Store the row's state, runs, result, error and records, while `row.owner` owns the

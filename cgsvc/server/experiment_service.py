@@ -25,7 +25,7 @@ class ExperimentService:
         row = await self.experiments.create(
             list(request.plans), Workload(wl.input_len, wl.output_len, wl.requests, wl.concurrency, wl.seed),
             os.path.abspath(request.model_path) if request.model_path else "", request.repeats,
-            request.dispatcher, caller(rc), EngineSettings.read(request.engine), request.rerun_of)
+            request.dispatcher, caller(rc), EngineSettings.read(request.engine), request.rerun_of, request.request_id)
         return codec.experiment_proto(row)
 
     async def GetExperiment(self, request: experiment_pb2.GetExperimentRequest,  # noqa: N802

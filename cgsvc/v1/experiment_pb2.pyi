@@ -18,7 +18,7 @@ class CancelExperimentRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class CreateExperimentRequest(_message.Message):
-    __slots__ = ("plans", "workload", "model_path", "repeats", "dispatcher", "engine", "rerun_of")
+    __slots__ = ("plans", "workload", "model_path", "repeats", "dispatcher", "engine", "rerun_of", "request_id")
     PLANS_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class CreateExperimentRequest(_message.Message):
     DISPATCHER_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     RERUN_OF_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     plans: _containers.RepeatedScalarFieldContainer[str]
     workload: _launch_pb2.LaunchWorkload
     model_path: str
@@ -33,7 +34,8 @@ class CreateExperimentRequest(_message.Message):
     dispatcher: str
     engine: _launch_pb2.EngineSettings
     rerun_of: str
-    def __init__(self, plans: _Optional[_Iterable[str]] = ..., workload: _Optional[_Union[_launch_pb2.LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., repeats: _Optional[int] = ..., dispatcher: _Optional[str] = ..., engine: _Optional[_Union[_launch_pb2.EngineSettings, _Mapping]] = ..., rerun_of: _Optional[str] = ...) -> None: ...
+    request_id: str
+    def __init__(self, plans: _Optional[_Iterable[str]] = ..., workload: _Optional[_Union[_launch_pb2.LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., repeats: _Optional[int] = ..., dispatcher: _Optional[str] = ..., engine: _Optional[_Union[_launch_pb2.EngineSettings, _Mapping]] = ..., rerun_of: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ExperimentRun(_message.Message):
     __slots__ = ("arm", "repeat", "launch", "state")

@@ -48,6 +48,7 @@ SERVICE_CONFIG = json.dumps({"methodConfig": [{
              {"service": "cgsvc.v1.LaunchService", "method": "ListLaunches"},
              {"service": "cgsvc.v1.LaunchService", "method": "ListReplicas"},
              {"service": "cgsvc.v1.LaunchService", "method": "CreateLaunch"},
+             {"service": "cgsvc.v1.ExperimentService", "method": "CreateExperiment"},  # idempotent by request_id
              {"service": "cgsvc.v1.ExperimentService", "method": "GetExperiment"},
              {"service": "cgsvc.v1.ExperimentService", "method": "ListExperiments"}],
     "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
@@ -297,20 +298,22 @@ class Client:
     # ------------------------------------------------------------------ experiments
     def create_experiment(self, plans: list[str], model_path: str, workload: dict[str, int], repeats: int,
                           dispatcher: str = "", engine: dict[str, Any] | None = None,
-                          rerun_of: str = "") -> experiment_pb2.Experiment:
+                          rerun_of: str = "", request_id: str | None = None) -> experiment_pb2.Experiment:
         """`rerun_of` (experiments/ID): that experiment again, which the server reads; give no
-        plans, model_path, workload, repeats, dispatcher or engine with it (rerun_experiment)."""
+        plans, model_path, workload, repeats, dispatcher or engine with it (rerun_experiment).
+        `request_id`: the idempotency key (a fresh one per call by default, so that a retried
+        call starts one experiment)."""
         req = experiment_pb2.CreateExperimentRequest(plans=plans, model_path=model_path, repeats=repeats,
                                                      workload=launch_pb2.LaunchWorkload(**workload),
                                                      dispatcher=dispatcher,
                                                      engine=launch_pb2.EngineSettings(**(engine or {})),
-                                                     rerun_of=rerun_of)
+                                                     rerun_of=rerun_of, request_id=request_id or uuid.uuid4().hex)
         return self.call(self.experiments.CreateExperiment, req, timeout=max(self.timeout, 60))  # type: ignore[no-any-return]
 
-    def rerun_experiment(self, name: str) -> experiment_pb2.Experiment:
+    def rerun_experiment(self, name: str, request_id: str | None = None) -> experiment_pb2.Experiment:
         """Run experiment `name` (experiments/ID) again as it was asked for, to see whether its
         result holds: the server reads its request; the new experiment's rerun_of names it."""
-        return self.create_experiment([], "", {}, 0, rerun_of=name)
+        return self.create_experiment([], "", {}, 0, rerun_of=name, request_id=request_id)
 
     def get_experiment(self, name: str) -> experiment_pb2.Experiment:
         return self.call(self.experiments.GetExperiment,  # type: ignore[no-any-return]

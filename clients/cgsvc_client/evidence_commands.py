@@ -368,7 +368,7 @@ def cmd_experiment_run(ns: argparse.Namespace) -> int:
                            f"got {len(plans)}")
     with Client.from_args(ns) as c:
         msg = c.create_experiment(plans, os.path.abspath(ns.checkpoint), workload(ns), ns.repeats,
-                                  ns.dispatcher or "", engine(ns))
+                                  ns.dispatcher or "", engine(ns), request_id=ns.request_id)
         print(f"{msg.name}: {plans[0]} (A) vs {plans[1]} (B), {render.counted(ns.repeats, 'launch')} per arm, interleaved",
               file=sys.stderr, flush=True)
         if not ns.detach:
@@ -409,7 +409,7 @@ def cmd_experiments_rerun(ns: argparse.Namespace) -> int:
     """The experiment again as it was asked for (the server reads its plans, workload, checkpoint,
     repeats, dispatcher and engine settings), followed as `experiment run` follows one."""
     with Client.from_args(ns) as c:
-        msg = c.rerun_experiment(resource_name("experiments", ns.name))
+        msg = c.rerun_experiment(resource_name("experiments", ns.name), request_id=ns.request_id)
         print(f"{msg.name}: {msg.rerun_of} again ({msg.plans[0]} (A) vs {msg.plans[1]} (B), "
               f"{render.counted(msg.repeats, 'launch')} per arm); `cgsvc-cli experiments diff {msg.rerun_of} {msg.name}` holds their verdicts side by side",
               file=sys.stderr, flush=True)
@@ -573,6 +573,8 @@ def register(sub: Any) -> None:
     add_workload(run)
     run.add_argument("--repeats", type=int, default=3, help="launches per arm (default 3)")
     run.add_argument("--detach", action="store_true", help="answer once it has started (follow it with experiments show)")
+    run.add_argument("--request-id", help="idempotency key: a retry with the same id answers with the experiment the "
+                                          "first started, starting nothing (default: a fresh id per invocation)")
     add_output(run)
     add_server(run, required=True)
     run.set_defaults(func=cmd_experiment_run)
@@ -599,6 +601,8 @@ def register(sub: Any) -> None:
     er.add_argument("name", help="experiments/ID or ID")
     er.add_argument("--detach", action="store_true", help="answer once it has started (follow it with experiments "
                                                           "wait)")
+    er.add_argument("--request-id", help="idempotency key: a retry with the same id answers with the rerun the first "
+                                         "started (default: a fresh id per invocation)")
     er.set_defaults(func=cmd_experiments_rerun)
     ed = exs.add_parser("diff", help="two experiments side by side (an experiment and its rerun): whether they asked "
                                      "for the same thing, and per metric whether their verdicts agree")

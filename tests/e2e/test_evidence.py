@@ -311,7 +311,16 @@ def test_a_cancelled_experiment_stops_its_launch_ends_cancelled_and_keeps_what_i
     or as an auditor, is refused."""
     with Client(srv.address) as c:
         a, b = two_plans(c)
-        exp = c.create_experiment([a, b], ckpt, {**WORKLOAD, "output_len": 100, "requests": 1}, repeats=3)
+        long = {**WORKLOAD, "output_len": 100, "requests": 1}
+        exp = c.create_experiment([a, b], ckpt, long, repeats=3, request_id="cancel-me")
+        # a retry (the answer lost, say) is that experiment, not a second one on the same devices ...
+        assert c.create_experiment([a, b], ckpt, long, repeats=3, request_id="cancel-me").name == exp.name
+        with pytest.raises(ServiceError) as e:  # ... and the key is not taken for another request
+            c.create_experiment([a, b], ckpt, long, repeats=2, request_id="cancel-me")
+        assert [v.field for v in e.value.violations] == ["request_id"] and exp.name in e.value.message, e.value
+        replays = c.list_audit_records('method = "CreateExperiment" AND request_id = "cancel-me"').records
+        assert [r.outcome_code for r in replays] == [0, 0, 3], replays  # made, replayed, refused
+        assert replays[1].outcome_message.startswith(f"{exp.name}: replay of request_id 'cancel-me'"), replays[1]
         running = wait_experiment(c, exp.name, lambda m: any(r.arm == "B" and r.state == "RUNNING" for r in m.runs))
         victim = running.runs[-1].launch
         asked = cli(srv, "experiments", "cancel", exp.name.split("/")[1], "-o", "json")

@@ -48,7 +48,7 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 21
+    assert store.schema_version() == 22
     assert store.migrate() == []  # idempotent
 
 
@@ -85,6 +85,25 @@ def test_migration_21_adds_the_rerun_column_to_existing_experiments(store: Audit
     for name in ("experiments/e1", "e1"):
         assert [r.experiment_id for r in experiments.list_rows(f'rerun_of = "{name}"')[0]] == ["e2"]
     assert [r.experiment_id for r in experiments.list_rows('rerun_of = ""')[0]] == ["e1"]
+
+
+def test_an_experiment_is_made_once_per_principal_and_request_id(store: AuditStore) -> None:
+    """The store's side of an idempotent CreateExperiment: a second insert under the same
+    (principal, request_id) gets the first experiment, and says whether it asked for another."""
+    from cgsvc.launch.store import ExperimentRow, ExperimentStore
+
+    experiments = ExperimentStore(store)
+    first, new, _ = experiments.create_once(ExperimentRow("e1", "RUNNING", "alice", {"plans": []}), "r1", "h1")
+    assert new and first.sequence == 1
+    again, new, conflicts = experiments.create_once(ExperimentRow("e2", "RUNNING", "alice", {"plans": []}), "r1", "h1")
+    assert (again.experiment_id, new, conflicts) == ("e1", False, False)
+    other = experiments.create_once(ExperimentRow("e3", "RUNNING", "alice", {"plans": []}), "r1", "h2")
+    assert (other[0].experiment_id, other[1], other[2]) == ("e1", False, True)
+    bob, new, _ = experiments.create_once(ExperimentRow("e4", "RUNNING", "bob", {"plans": []}), "r1", "h1")
+    assert new and bob.experiment_id == "e4"  # a key is the principal's own
+    assert experiments.by_request("alice", "r1") == (experiments.get("e1"), "h1")
+    assert experiments.by_request("alice", "r2") is None
+    assert [r.experiment_id for r in experiments.list_rows()[0]] == ["e1", "e4"]
 
 
 def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,8 +156,8 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
             create_time="2026-01-01T00:00:01Z", update_time="2026-01-01T00:00:01Z", tokens_done=1, tokens_total=1,
             error="", report_json=json.dumps(fidelity_report({"decode.backend": "substituted"})), run_dir="/r",
             handle_json="", owner=""))
-    assert store.migrate() == list(range(3, 22))  # 4 builds the Merkle tree, 5 the rule sets, of the records there
-    assert store.schema_version() == 21
+    assert store.migrate() == list(range(3, 23))  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 22
     old = store.get_record(1)
     assert old is not None and old.schema_version == 1 and old.policy == "cgsvc"
     assert ExperimentStore(store).list_rows() == ([], "")
