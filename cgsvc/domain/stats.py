@@ -167,9 +167,27 @@ def agreement(a: str, b: str) -> str:
     return "neither can tell"
 
 
-def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+def reversed_difference(diff: dict[str, Any]) -> dict[str, Any]:
+    """A difference B - A as A - B: what an experiment that ran the same plans with its arms the
+    other way round says of them (the interval's ends negated and swapped; relative to the other arm)."""
+    def flip(d: dict[str, Any] | None) -> dict[str, Any] | None:
+        if d is None:
+            return None
+        mean, ci, rel = d.get("mean"), d.get("ci"), d.get("relative")
+        return {**d, "mean": None if mean is None else -mean, "ci": None if ci is None else [-ci[1], -ci[0]],
+                "relative": None if rel is None or rel == -1 else -rel / (1 + rel)}
+    flipped = flip(diff)
+    assert flipped is not None
+    flipped["launch_level"] = flip(diff.get("launch_level"))
+    return flipped
+
+
+def compare(a: dict[str, Any], b: dict[str, Any], swapped: bool = False) -> list[dict[str, Any]]:
     """Two experiments' results, metric by metric: each one's call and whether they agree (an
-    experiment and its rerun: did the verdict hold?)."""
+    experiment and its rerun: did the verdict hold?). `swapped`: b ran a's plans with its arms
+    the other way round (b's A is a's B), so b's differences are read reversed."""
+    if swapped:
+        b = {**b, "difference": {m: reversed_difference(d) for m, d in (b.get("difference") or {}).items()}}
     out = []
     for metric in METRICS:
         ca, cb = metric_call(a, metric), metric_call(b, metric)

@@ -481,12 +481,13 @@ def cmd_experiments_diff(ns: argparse.Namespace) -> int:
         names.append(name)
     with Client.from_args(ns) as c:
         a, b = (codec.experiment_dict(c.get_experiment(n)) for n in names)
-    differs = [f for f in EXPERIMENT_REQUEST if a.get(f) != b.get(f)]
-    metrics = stats.compare(a.get("result") or {}, b.get("result") or {})
+    swapped = a["plans"] != b["plans"] and a["plans"] == b["plans"][::-1]  # b's A is a's B: read b reversed
+    differs = [f for f in EXPERIMENT_REQUEST if a.get(f) != b.get(f) and not (f == "plans" and swapped)]
+    metrics = stats.compare(a.get("result") or {}, b.get("result") or {}, swapped=swapped)
     sides = [{"experiment": x["name"], "state": x["state"], "plans": x["plans"], "repeats": x["repeats"],
               "rerun_of": x.get("rerun_of", ""), "ran_alike": (x.get("result") or {}).get("ran_alike", [])}
              for x in (a, b)]
-    result = {"a": sides[0], "b": sides[1], "request_differs": differs, "metrics": metrics}
+    result = {"a": sides[0], "b": sides[1], "arms_swapped": swapped, "request_differs": differs, "metrics": metrics}
     if render.output_mode(ns) == "json":
         render.print_json({"diff": result})
     else:
@@ -500,6 +501,9 @@ def experiments_diff_table(d: dict[str, Any]) -> str:
              for label, x in (("a", d["a"]), ("b", d["b"]))]
     lines.append("the same request" if not d["request_differs"] else
                  f"the requests differ in: {', '.join(d['request_differs'])}")
+    if d["arms_swapped"]:
+        lines.append("b ran a's plans with the arms the other way round: its calls below are read reversed, as a's "
+                     "A and B")
 
     def said(m: dict[str, Any]) -> str:
         return m["brief"].split(" ", 1)[1]  # the call, without the metric's name

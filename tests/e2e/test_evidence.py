@@ -264,6 +264,7 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
     assert held.returncode == 0, held.stdout + held.stderr
     d = json.loads(held.stdout)["diff"]
     assert d["request_differs"] == [] and [m["metric"] for m in d["metrics"]] == ["ttft_ms", "tpot_ms"], d
+    assert d["arms_swapped"] is False, d
     for m in d["metrics"]:
         assert m["a"] == m["b"] and m["agreement"] in ("held", "neither can tell"), m
         assert m["a"]["brief"] in res["verdict_brief"], (m, res["verdict_brief"])

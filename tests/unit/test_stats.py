@@ -153,3 +153,15 @@ def test_two_experiments_calls_are_compared_metric_by_metric() -> None:
     assert {m["metric"]: m["agreement"] for m in stats.compare(unclear, b_slower)}["ttft_ms"] == "only b tells"
     nothing = stats.compare({}, b_faster)[0]  # a result with nothing measured yet
     assert (nothing["a"]["call"], nothing["agreement"]) == ("no_samples", "only b tells"), nothing
+
+
+def test_an_experiment_with_its_arms_swapped_is_compared_with_its_calls_reversed() -> None:
+    """B faster in `a` is A faster in `b` when b ran a's plans the other way round: that held."""
+    r = random.Random(5)
+    slow = [100 + r.gauss(0, 2) for _ in range(20)]
+    fast = [50 + r.gauss(0, 2) for _ in range(20)]
+    one, swapped = _result(slow, fast), _result(fast, slow)
+    (ttft, _) = stats.compare(one, swapped, swapped=True)
+    assert (ttft["b"]["call"], ttft["agreement"]) == ("faster", "held"), ttft
+    assert ttft["b"]["mean"] < 0 and ttft["b"]["ci"][1] < 0 and ttft["b"]["brief"].startswith("TTFT B faster"), ttft
+    assert stats.compare(one, swapped)[0]["agreement"] == "flipped"  # read as given, it flips
