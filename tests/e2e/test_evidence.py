@@ -271,6 +271,15 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
     told = cli(srv, "experiments", "diff", exp["name"], exp["name"], "-o", "table").stdout
     assert "the same request" in told and "agreement" in told, told
     assert d["a"]["ran_alike"] == res["ran_alike"] and "in a, A and B ran alike" in told, told  # read as noise
+    # the same plans with the arms the other way round: read reversed, so that "held" means the same plan won
+    other = cli(srv, "experiment", "run", b, a, "--model-path", ckpt, "--input-len", "12", "--output-len", "4",
+                "--requests", "2", "--repeats", "1", "--seed", "5", "--kv-cache-mb", "16", "-o", "json")
+    assert other.returncode == 0, other.stdout + other.stderr
+    turned = json.loads(other.stdout)["experiment"]
+    d = json.loads(cli(srv, "experiments", "diff", exp["name"], turned["name"], "-o", "json").stdout)["diff"]
+    assert d["arms_swapped"] is True and d["request_differs"] == ["workload", "repeats"], d
+    as_given = turned["result"]["difference"]["ttft_ms"]
+    assert d["metrics"][0]["b"]["mean"] == pytest.approx(-as_given["mean"]), (d["metrics"][0], as_given)
     wrong = cli(srv, "experiments", "diff", exp["name"], "plans/x", "-o", "json")
     assert wrong.returncode == 2 and '"field": "b"' in wrong.stdout, wrong.stdout
 
