@@ -223,6 +223,8 @@ def report_summary(report_json: str) -> launch_pb2.LaunchReport:
 
 
 def launch_proto(row: LaunchRow, records: list[str] | None = None, plan_audit_record: str = "") -> launch_pb2.Launch:
+    from cgsvc.launch.store import labels_of  # (the store imports this module)
+
     return launch_pb2.Launch(
         name=f"launches/{row.launch_id}", plan=f"plans/{row.plan_id}", state=row.state,
         workload=launch_pb2.LaunchWorkload(**asdict(row.workload)), model_path=row.model_path, tp=row.tp,
@@ -233,7 +235,8 @@ def launch_proto(row: LaunchRow, records: list[str] | None = None, plan_audit_re
         report=report_summary(row.report_json), report_json=row.report_json, audit_records=records or [],
         principal=row.principal, plan_audit_record=plan_audit_record, devices=list(row.devices),
         placement=row.placement, request_id=row.request_id, owner=f"replicas/{row.owner}" if row.owner else "",
-        engine=engine_proto(row.engine), rerun_of=f"launches/{row.rerun_of}" if row.rerun_of else "")
+        engine=engine_proto(row.engine), rerun_of=f"launches/{row.rerun_of}" if row.rerun_of else "",
+        labels=labels_of(row.labels))
 
 
 def engine_proto(engine: EngineSettings) -> launch_pb2.EngineSettings:

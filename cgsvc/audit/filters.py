@@ -72,7 +72,21 @@ class Catalogued:
     lookup: Callable[[str], str | None]
 
 
-FieldKind = str | Closed | Catalogued  # "str", "int", "time", or one of the above (strings)
+FieldKind = str | Closed | Catalogued  # "str", "int", "time", "labels" (labels.KEY), or one of the above
+
+# A label (a launch's caller-given name, `labels.KEY = VALUE`): what a key and a value may hold.
+LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
+LABEL_FORM = "1 to 63 lower-case letters, digits, _ or -, starting with a lower-case letter"
+
+
+def label_problem(key: str, value: str) -> str:
+    """What is wrong with a label, or "" (keys: LABEL_FORM; values: up to 63 of the same)."""
+    if not LABEL_KEY.fullmatch(key):
+        return f"a label key is {LABEL_FORM}; got {key[:70]!r}"
+    if not LABEL_VALUE.fullmatch(value):
+        return f"a label value is up to 63 lower-case letters, digits, _ or -; got {value[:70]!r}"
+    return ""
 
 TIME_FORM = "an RFC 3339 time with an offset (2026-12-06T08:00:00Z)"
 
@@ -133,14 +147,21 @@ def parse_filter(text: str, fields: Mapping[str, FieldKind]) -> list[Term]:
         if i + 3 > len(toks):
             raise FilterError("expected FIELD OP VALUE, e.g. model = \"deepseek-ai/DeepSeek-V3\"")
         (k1, name), (k2, op), (k3, raw) = toks[i:i + 3]
-        if k1 != "word" or name not in fields:
-            raise FilterError(f"unknown field {name!r}; filterable fields: {', '.join(sorted(fields))}")
+        kind = fields.get(name) if name != "labels" else None
+        if kind is None and name.startswith("labels.") and fields.get("labels") == "labels":
+            kind = "labels"
+        if k1 != "word" or kind is None:
+            known = sorted("labels.KEY" if f == "labels" else f for f in fields)
+            raise FilterError(f"unknown field {name!r}; filterable fields: {', '.join(known)}")
         if k2 != "op":
             raise FilterError(f"expected an operator after {name!r}; one of {' '.join(OPS)}")
         if k3 not in ("str", "word"):
             raise FilterError(f"expected a value after {name} {op}")
         value: str | int = raw[1:-1].replace('\\"', '"') if k3 == "str" else raw
-        if fields[name] == "int":
+        if kind == "labels":
+            if problem := label_problem(name.removeprefix("labels."), str(value)):
+                raise FilterError(f"{name}: {problem}")
+        elif fields[name] == "int":
             number: int | None = None
             with contextlib.suppress(ValueError):
                 number = int(value) if len(str(value)) <= 20 else None
@@ -152,8 +173,8 @@ def parse_filter(text: str, fields: Mapping[str, FieldKind]) -> list[Term]:
                 raise FilterError(f"{name}: {TIME_FORM}; got {str(value)[:40]!r}")
             value = moment
         also: tuple[str, ...] = ()
-        if isinstance(fields[name], Closed | Catalogued):
-            value, also = _spelled(name, str(value), fields[name])  # type: ignore[arg-type]
+        if isinstance(kind, Closed | Catalogued):
+            value, also = _spelled(name, str(value), kind)
         terms.append(Term(name, op, value, also))
         if len(terms) > MAX_TERMS:
             raise FilterError(f"at most {MAX_TERMS} terms joined by AND")

@@ -242,8 +242,11 @@ LAUNCH_COLUMNS_19 = (sa.Column("substituted", sa.Text, nullable=False, server_de
                      sa.Column("dtype", sa.Text, nullable=False, server_default=""))
 # Migration 20: the launch a launch runs again (CreateLaunch's rerun_of), by ID; "" for none.
 LAUNCH_COLUMNS_20 = (sa.Column("rerun_of", sa.Text, nullable=False, server_default=""),)
+# Migration 23: the caller's labels, each key=value between commas, sorted by key (",team=infra,"),
+# "" for none: `labels.team = "infra"` is one LIKE on the row (keys and values hold no , or =).
+LAUNCH_COLUMNS_23 = (sa.Column("labels", sa.Text, nullable=False, server_default=""),)
 _ADDED: tuple[sa.Column[Any], ...] = (*LAUNCH_COLUMNS_9, *LAUNCH_COLUMNS_11, *LAUNCH_COLUMNS_16, *LAUNCH_COLUMNS_17,
-                                      *LAUNCH_COLUMNS_18, *LAUNCH_COLUMNS_19, *LAUNCH_COLUMNS_20)
+                                      *LAUNCH_COLUMNS_18, *LAUNCH_COLUMNS_19, *LAUNCH_COLUMNS_20, *LAUNCH_COLUMNS_23)
 for _column in _ADDED:
     launches.append_column(_column)
 
@@ -380,6 +383,7 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      tuple((experiments, c) for c in EXPERIMENT_COLUMNS_21)),
     (22, "idempotent CreateExperiment: the experiment a (principal, request id) made (experiment_requests)",
      (experiment_requests,), ()),
+    (23, "the caller's labels of each launch (launches.labels)", (), tuple((launches, c) for c in LAUNCH_COLUMNS_23)),
 )
 
 # GPUs and catalog models are matched as a spec names them: in any case, a model by an alias too.

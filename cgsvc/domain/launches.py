@@ -29,7 +29,7 @@ import json
 import math
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ import structlog
 
 from cgsvc import __version__, catalog, codec
 from cgsvc.audit.auditor import Auditor
+from cgsvc.audit.filters import label_problem
 from cgsvc.audit.records import AuditEntry
 from cgsvc.audit.store import StoredPlan, utc_now
 from cgsvc.contract import (
@@ -110,6 +111,7 @@ class LaunchOrder:
     rule_ids: tuple[str, ...] = ()  # the plan's: its CreateLaunch record carries them (`rule_id = X` finds it)
     engine: EngineSettings = EngineSettings()
     rerun_of: str = ""  # the ID of the launch this one runs again
+    labels: str = ""  # the caller's labels, as the store keeps them (labels_cell)
 
 
 # The most requests one launch runs (a bigger benchmark is several launches, or an experiment).
@@ -130,6 +132,18 @@ def workload_problems(workload: Workload, model_path: str) -> list[FieldViolatio
         problems.append(FieldViolation("workload.concurrency", "must be 0 (all at once) or positive"))
     if not model_path:
         problems.append(FieldViolation("model_path", "required: the checkpoint directory the workers load"))
+    return problems
+
+
+MAX_LABELS = 64
+
+
+def label_problems(labels: Mapping[str, str]) -> list[FieldViolation]:
+    """What is wrong with a launch's labels, each on its own field (labels.KEY)."""
+    problems = [FieldViolation(f"labels.{key}" if key else "labels", problem)
+                for key, value in sorted(labels.items()) if (problem := label_problem(key, value))]
+    if len(labels) > MAX_LABELS:
+        problems.append(FieldViolation("labels", f"at most {MAX_LABELS} labels, got {len(labels)}"))
     return problems
 
 
@@ -554,7 +568,7 @@ class Launches:
                         tokens_total=order.workload.requests * order.workload.output_len,
                         prompt_tokens_total=order.workload.requests * order.workload.input_len, owner=self.instance,
                         request_id=order.request_id, request_hash=order.request_hash, engine=order.engine,
-                        rerun_of=order.rerun_of)
+                        rerun_of=order.rerun_of, labels=order.labels)
         created = await asyncio.to_thread(self.store.create, row)
         if not created.new:
             return created.row, False

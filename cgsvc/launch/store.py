@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,7 @@ LAUNCH_REPORTED_FIELDS: dict[str, filters.FieldKind] = {
 LAUNCH_FILTER_FIELDS: dict[str, filters.FieldKind] = {
     "state": filters.Closed(LAUNCH_STATES), "plan": "str", "principal": "str",
     "dispatcher": filters.Closed(DISPATCHERS), "create_time": "time", "model_path": "str", "rerun_of": "str",
+    "labels": "labels",
     **LAUNCH_REPORTED_FIELDS, **LAUNCH_PLAN_FIELDS}
 _LAUNCH_LOCK = 727375  # PostgreSQL advisory lock key for launch creation
 
@@ -95,9 +96,30 @@ class LaunchRow:
     cancel_reason: str = ""  # why, where the service itself asked
     engine: EngineSettings = EngineSettings()  # what the workers were asked to run with
     rerun_of: str = ""  # the launch this one runs again (its ID), if any
+    labels: str = ""  # the caller's labels as stored (labels_cell): ",team=infra,ticket=inc-42,"; "" for none
 
     def replace(self, **changes: Any) -> LaunchRow:
         return dataclasses.replace(self, **changes)
+
+
+def labels_cell(labels: Mapping[str, str]) -> str:
+    """Labels as launches.labels keeps them: each key=value between commas, by key; "" for none."""
+    return ",".join(["", *(f"{k}={labels[k]}" for k in sorted(labels)), ""]) if labels else ""
+
+
+def labels_of(cell: str) -> dict[str, str]:
+    """launches.labels back as a mapping (labels_cell's inverse)."""
+    return dict(pair.split("=", 1) for pair in cell.strip(",").split(",")) if cell.strip(",") else {}
+
+
+def label_where(term: filters.Term) -> sa.ColumnElement[bool]:
+    """`labels.KEY = VALUE` (or !=) as SQL on launches.labels: the pair between commas, its
+    underscores matched as written, not as a pattern."""
+    if term.op not in ("=", "!="):
+        raise filters.FilterError(f"{term.field} takes = or !=, got {term.op}")
+    pair = f"{term.field.removeprefix('labels.')}={term.value}".replace("_", "\\_")
+    match = launches.c.labels.like(f"%,{pair},%", escape="\\")
+    return match if term.op == "=" else ~match
 
 
 def _to_columns(row: LaunchRow) -> dict[str, Any]:
@@ -225,6 +247,8 @@ class LaunchStore:
         for t in filters.parse_filter(filter_text, LAUNCH_FILTER_FIELDS):
             if t.field in LAUNCH_PLAN_FIELDS:
                 of_plan.append(t)
+            elif t.field.startswith("labels."):
+                where.append(label_where(t))
             elif t.field in LAUNCH_REPORTED_FIELDS:
                 where.append(reported_where(t))
             else:

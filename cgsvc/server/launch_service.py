@@ -26,6 +26,7 @@ from cgsvc.domain.launches import (
     PlanSource,
     dispatcher_named,
     engine_settings,
+    label_problems,
     order_for,
     read_checkpoint,
     read_log,
@@ -35,7 +36,7 @@ from cgsvc.domain.launches import (
 from cgsvc.domain.plans import Caller, Plans, resolve_spec
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.launch.dispatch import HOST, RunHandle
-from cgsvc.launch.store import LaunchRow, Workload
+from cgsvc.launch.store import LaunchRow, Workload, labels_cell, labels_of
 from cgsvc.server.interceptors import RequestContext
 from cgsvc.server.services import MESSAGE_BYTES, caller, list_page, parse_name, room
 from cgsvc.text import counted
@@ -95,7 +96,8 @@ class LaunchService:
             plan=plan, workload=launch_pb2.LaunchWorkload(**dataclasses.asdict(was.workload)),
             model_path=was.model_path, dispatcher=was.dispatcher, engine=codec.engine_proto(was.engine),
             request_id=request.request_id, wait_for_resources=request.wait_for_resources,
-            validate_only=request.validate_only)
+            validate_only=request.validate_only,  # labels name a launch, not what ran: given ones replace A's
+            labels=dict(request.labels) if request.labels else labels_of(was.labels))
         return again, launch_id
 
     def _checked(self, request: launch_pb2.CreateLaunchRequest
@@ -110,7 +112,7 @@ class LaunchService:
         dispatcher, wrong = dispatcher_named(request.dispatcher)
         problems += wrong
         engine, wrong = engine_settings(EngineSettings.read(request.engine))
-        problems += wrong
+        problems += wrong + label_problems(request.labels)
         if request.WhichOneof("source") is None:
             problems.append(FieldViolation("source", "give spec (resolved now), plan (plans/ID of a stored plan) or "
                                                      "rerun_of (launches/ID of a launch to run again)"))
@@ -160,7 +162,7 @@ class LaunchService:
             prompt_tokens_total=workload.requests * workload.input_len,
             plan_audit_record=plan.audit_record, audit_records=[record], principal=who.principal,
             devices=admitted.devices, placement=placement, engine=codec.engine_proto(engine),
-            rerun_of=f"launches/{rerun_of}" if rerun_of else "")
+            rerun_of=f"launches/{rerun_of}" if rerun_of else "", labels=request.labels)
         return launch_pb2.Operation(done=True, metadata=would)
 
     async def _create(self, request: launch_pb2.CreateLaunchRequest, who: Caller, rerun_of: str = "") -> LaunchRow:
@@ -171,6 +173,8 @@ class LaunchService:
             parts["engine"] = engine.__dict__
         if rerun_of:  # a rerun is another request than a launch of the same plan asked for in full
             parts["rerun_of"] = rerun_of
+        if request.labels:
+            parts["labels"] = labels_cell(request.labels)
         digest = request_hash(parts)
         if request.request_id:  # a retry of a request that already made a launch: that launch
             earlier = await self._earlier(who, request.request_id, digest)
@@ -179,7 +183,7 @@ class LaunchService:
         ckpt = read_checkpoint(model_path, workload, self.plans.model_roots)
         order = dataclasses.replace(order_for(await self._plan(request, who, source), ckpt, model_path, workload,
                                               dispatcher, request.wait_for_resources, request.request_id, digest,
-                                              engine), rerun_of=rerun_of)
+                                              engine), rerun_of=rerun_of, labels=labels_cell(request.labels))
         row, new = await self.launches.create(order, who)
         if not new:  # another call with this request_id got there first (a concurrent retry)
             return self._same_request(row, request.request_id, digest)

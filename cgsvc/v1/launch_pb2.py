@@ -26,7 +26,7 @@ from cgsvc.v1 import launch_spec_pb2 as cgsvc_dot_v1_dot_launch__spec__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63gsvc/v1/launch.proto\x12\x08\x63gsvc.v1\x1a\x1a\x63gsvc/v1/launch_spec.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n\x0eLaunchWorkload\x12\x11\n\tinput_len\x18\x01 \x01(\x05\x12\x12\n\noutput_len\x18\x02 \x01(\x05\x12\x10\n\x08requests\x18\x03 \x01(\x05\x12\x13\n\x0b\x63oncurrency\x18\x04 \x01(\x05\x12\x0c\n\x04seed\x18\x05 \x01(\x05\"H\n\x0e\x45ngineSettings\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\x13\n\x0bkv_cache_mb\x18\x02 \x01(\x01\x12\x12\n\ncpu_decode\x18\x03 \x01(\t\"c\n\x0cPlanFidelity\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12\x11\n\trequested\x18\x02 \x01(\t\x12\x11\n\teffective\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\xe6\x04\n\x0cLaunchReport\x12\x13\n\x0bttft_ms_p50\x18\x01 \x01(\x01\x12\x13\n\x0bttft_ms_p99\x18\x02 \x01(\x01\x12\x18\n\x0btpot_ms_p50\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0btpot_ms_p99\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x10throughput_tok_s\x18\x05 \x01(\x01\x12\x15\n\routput_tokens\x18\x06 \x01(\x05\x12\x19\n\x11prefill_requested\x18\x07 \x01(\t\x12\x19\n\x11prefill_effective\x18\x08 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_requested\x18\t \x01(\t\x12\x18\n\x10\x64\x65\x63ode_effective\x18\n \x01(\t\x12#\n\x1b\x61ttention_prefill_effective\x18\x0b \x01(\t\x12\"\n\x1a\x61ttention_decode_effective\x18\x0c \x01(\t\x12\x17\n\x0f\x63\x61pture_seconds\x18\r \x01(\x01\x12\x15\n\rcapture_bytes\x18\x0e \x01(\x03\x12\x1a\n\x12kv_bytes_per_token\x18\x0f \x01(\x03\x12\x15\n\rsubstitutions\x18\x10 \x03(\t\x12-\n\rplan_fidelity\x18\x11 \x03(\x0b\x32\x16.cgsvc.v1.PlanFidelity\x12\r\n\x05\x64type\x18\x12 \x01(\t\x12\x14\n\x0c\x64type_reason\x18\x13 \x01(\t\x12\x1d\n\x15kv_cache_budget_bytes\x18\x14 \x01(\x03\x12\x1e\n\x16kv_cache_budget_reason\x18\x15 \x01(\tB\x0e\n\x0c_tpot_ms_p50B\x0e\n\x0c_tpot_ms_p99\"\x9a\x05\n\x06Launch\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04plan\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12*\n\x08workload\x18\x04 \x01(\x0b\x32\x18.cgsvc.v1.LaunchWorkload\x12\x12\n\nmodel_path\x18\x05 \x01(\t\x12\n\n\x02tp\x18\x06 \x01(\x05\x12\x12\n\ndispatcher\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0btokens_done\x18\n \x01(\x03\x12\x14\n\x0ctokens_total\x18\x0b \x01(\x03\x12\r\n\x05\x65rror\x18\x0c \x01(\t\x12&\n\x06report\x18\r \x01(\x0b\x32\x16.cgsvc.v1.LaunchReport\x12\x13\n\x0breport_json\x18\x0e \x01(\t\x12\x19\n\x11plan_audit_record\x18\x0f \x01(\t\x12\x15\n\raudit_records\x18\x10 \x03(\t\x12\x11\n\tprincipal\x18\x11 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x12 \x03(\t\x12\x11\n\tplacement\x18\x13 \x01(\t\x12\x12\n\nrequest_id\x18\x14 \x01(\t\x12\r\n\x05owner\x18\x15 \x01(\t\x12\x1a\n\x12prompt_tokens_done\x18\x16 \x01(\x03\x12\x1b\n\x13prompt_tokens_total\x18\x17 \x01(\x03\x12(\n\x06\x65ngine\x18\x18 \x01(\x0b\x32\x18.cgsvc.v1.EngineSettings\x12\x14\n\x0c\x63\x61pture_done\x18\x19 \x01(\x03\x12\x15\n\rcapture_total\x18\x1a \x01(\x03\x12\x10\n\x08rerun_of\x18\x1b \x01(\t\"\xd2\x01\n\x07Replica\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1d\n\x15seconds_since_renewal\x18\x04 \x01(\x01\x12\x0e\n\x06lapsed\x18\x05 \x01(\x08\x12\x17\n\x0f\x61\x63tive_launches\x18\x06 \x01(\x05\x12\x11\n\tanswering\x18\x07 \x01(\x08\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\t \x01(\t\"\x15\n\x13ListReplicasRequest\"R\n\x14ListReplicasResponse\x12#\n\x08replicas\x18\x01 \x03(\x0b\x32\x11.cgsvc.v1.Replica\x12\x15\n\rlease_seconds\x18\x02 \x01(\x01\"\xbe\x02\n\x13\x43reateLaunchRequest\x12$\n\x04spec\x18\x01 \x01(\x0b\x32\x14.cgsvc.v1.LaunchSpecH\x00\x12\x0e\n\x04plan\x18\x02 \x01(\tH\x00\x12\x12\n\x08rerun_of\x18\x0b \x01(\tH\x00\x12*\n\x08workload\x18\x03 \x01(\x0b\x32\x18.cgsvc.v1.LaunchWorkload\x12\x12\n\nmodel_path\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x12\n\ndispatcher\x18\x06 \x01(\t\x12\x1a\n\x12wait_for_resources\x18\x07 \x01(\x08\x12\x0e\n\x06policy\x18\x08 \x01(\t\x12\x15\n\rvalidate_only\x18\t \x01(\x08\x12(\n\x06\x65ngine\x18\n \x01(\x0b\x32\x18.cgsvc.v1.EngineSettingsB\x08\n\x06source\"v\n\tOperation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\"\n\x08metadata\x18\x03 \x01(\x0b\x32\x10.cgsvc.v1.Launch\x12\x12\n\nerror_code\x18\x04 \x01(\x05\x12\x15\n\rerror_message\x18\x05 \x01(\t\" \n\x10GetLaunchRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"^\n\x13ListLaunchesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06\x66ilter\x18\x03 \x01(\t\x12\x10\n\x08order_by\x18\x04 \x01(\t\"S\n\x14ListLaunchesResponse\x12\"\n\x08launches\x18\x01 \x03(\x0b\x32\x10.cgsvc.v1.Launch\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"#\n\x13\x43\x61ncelLaunchRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\"\n\x12WatchLaunchRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"=\n\x0bLaunchEvent\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12 \n\x06launch\x18\x02 \x01(\x0b\x32\x10.cgsvc.v1.Launch\"\xc4\x01\n\x14GetLaunchLogsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\ntail_lines\x18\x03 \x01(\x05\x12G\n\rafter_offsets\x18\x04 \x03(\x0b\x32\x30.cgsvc.v1.GetLaunchLogsRequest.AfterOffsetsEntry\x1a\x33\n\x11\x41\x66terOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"G\n\x07RankLog\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x12\n\nend_offset\x18\x03 \x01(\x03\x12\x0c\n\x04size\x18\x04 \x01(\x03\"<\n\nLaunchLogs\x12\x1f\n\x04logs\x18\x01 \x03(\x0b\x32\x11.cgsvc.v1.RankLog\x12\r\n\x05state\x18\x02 \x01(\t2\xfa\x03\n\rLaunchService\x12\x42\n\x0c\x43reateLaunch\x12\x1d.cgsvc.v1.CreateLaunchRequest\x1a\x13.cgsvc.v1.Operation\x12\x39\n\tGetLaunch\x12\x1a.cgsvc.v1.GetLaunchRequest\x1a\x10.cgsvc.v1.Launch\x12M\n\x0cListLaunches\x12\x1d.cgsvc.v1.ListLaunchesRequest\x1a\x1e.cgsvc.v1.ListLaunchesResponse\x12?\n\x0c\x43\x61ncelLaunch\x12\x1d.cgsvc.v1.CancelLaunchRequest\x1a\x10.cgsvc.v1.Launch\x12\x44\n\x0bWatchLaunch\x12\x1c.cgsvc.v1.WatchLaunchRequest\x1a\x15.cgsvc.v1.LaunchEvent0\x01\x12\x45\n\rGetLaunchLogs\x12\x1e.cgsvc.v1.GetLaunchLogsRequest\x1a\x14.cgsvc.v1.LaunchLogs\x12M\n\x0cListReplicas\x12\x1d.cgsvc.v1.ListReplicasRequest\x1a\x1e.cgsvc.v1.ListReplicasResponseB\x1cZ\x1a\x63gsvc/gen/cgsvc/v1;cgsvcv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63gsvc/v1/launch.proto\x12\x08\x63gsvc.v1\x1a\x1a\x63gsvc/v1/launch_spec.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n\x0eLaunchWorkload\x12\x11\n\tinput_len\x18\x01 \x01(\x05\x12\x12\n\noutput_len\x18\x02 \x01(\x05\x12\x10\n\x08requests\x18\x03 \x01(\x05\x12\x13\n\x0b\x63oncurrency\x18\x04 \x01(\x05\x12\x0c\n\x04seed\x18\x05 \x01(\x05\"H\n\x0e\x45ngineSettings\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\x13\n\x0bkv_cache_mb\x18\x02 \x01(\x01\x12\x12\n\ncpu_decode\x18\x03 \x01(\t\"c\n\x0cPlanFidelity\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12\x11\n\trequested\x18\x02 \x01(\t\x12\x11\n\teffective\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\xe6\x04\n\x0cLaunchReport\x12\x13\n\x0bttft_ms_p50\x18\x01 \x01(\x01\x12\x13\n\x0bttft_ms_p99\x18\x02 \x01(\x01\x12\x18\n\x0btpot_ms_p50\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0btpot_ms_p99\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x10throughput_tok_s\x18\x05 \x01(\x01\x12\x15\n\routput_tokens\x18\x06 \x01(\x05\x12\x19\n\x11prefill_requested\x18\x07 \x01(\t\x12\x19\n\x11prefill_effective\x18\x08 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_requested\x18\t \x01(\t\x12\x18\n\x10\x64\x65\x63ode_effective\x18\n \x01(\t\x12#\n\x1b\x61ttention_prefill_effective\x18\x0b \x01(\t\x12\"\n\x1a\x61ttention_decode_effective\x18\x0c \x01(\t\x12\x17\n\x0f\x63\x61pture_seconds\x18\r \x01(\x01\x12\x15\n\rcapture_bytes\x18\x0e \x01(\x03\x12\x1a\n\x12kv_bytes_per_token\x18\x0f \x01(\x03\x12\x15\n\rsubstitutions\x18\x10 \x03(\t\x12-\n\rplan_fidelity\x18\x11 \x03(\x0b\x32\x16.cgsvc.v1.PlanFidelity\x12\r\n\x05\x64type\x18\x12 \x01(\t\x12\x14\n\x0c\x64type_reason\x18\x13 \x01(\t\x12\x1d\n\x15kv_cache_budget_bytes\x18\x14 \x01(\x03\x12\x1e\n\x16kv_cache_budget_reason\x18\x15 \x01(\tB\x0e\n\x0c_tpot_ms_p50B\x0e\n\x0c_tpot_ms_p99\"\xf7\x05\n\x06Launch\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04plan\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12*\n\x08workload\x18\x04 \x01(\x0b\x32\x18.cgsvc.v1.LaunchWorkload\x12\x12\n\nmodel_path\x18\x05 \x01(\t\x12\n\n\x02tp\x18\x06 \x01(\x05\x12\x12\n\ndispatcher\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0btokens_done\x18\n \x01(\x03\x12\x14\n\x0ctokens_total\x18\x0b \x01(\x03\x12\r\n\x05\x65rror\x18\x0c \x01(\t\x12&\n\x06report\x18\r \x01(\x0b\x32\x16.cgsvc.v1.LaunchReport\x12\x13\n\x0breport_json\x18\x0e \x01(\t\x12\x19\n\x11plan_audit_record\x18\x0f \x01(\t\x12\x15\n\raudit_records\x18\x10 \x03(\t\x12\x11\n\tprincipal\x18\x11 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x12 \x03(\t\x12\x11\n\tplacement\x18\x13 \x01(\t\x12\x12\n\nrequest_id\x18\x14 \x01(\t\x12\r\n\x05owner\x18\x15 \x01(\t\x12\x1a\n\x12prompt_tokens_done\x18\x16 \x01(\x03\x12\x1b\n\x13prompt_tokens_total\x18\x17 \x01(\x03\x12(\n\x06\x65ngine\x18\x18 \x01(\x0b\x32\x18.cgsvc.v1.EngineSettings\x12\x14\n\x0c\x63\x61pture_done\x18\x19 \x01(\x03\x12\x15\n\rcapture_total\x18\x1a \x01(\x03\x12\x10\n\x08rerun_of\x18\x1b \x01(\t\x12,\n\x06labels\x18\x1c \x03(\x0b\x32\x1c.cgsvc.v1.Launch.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd2\x01\n\x07Replica\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1d\n\x15seconds_since_renewal\x18\x04 \x01(\x01\x12\x0e\n\x06lapsed\x18\x05 \x01(\x08\x12\x17\n\x0f\x61\x63tive_launches\x18\x06 \x01(\x05\x12\x11\n\tanswering\x18\x07 \x01(\x08\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\t \x01(\t\"\x15\n\x13ListReplicasRequest\"R\n\x14ListReplicasResponse\x12#\n\x08replicas\x18\x01 \x03(\x0b\x32\x11.cgsvc.v1.Replica\x12\x15\n\rlease_seconds\x18\x02 \x01(\x01\"\xa8\x03\n\x13\x43reateLaunchRequest\x12$\n\x04spec\x18\x01 \x01(\x0b\x32\x14.cgsvc.v1.LaunchSpecH\x00\x12\x0e\n\x04plan\x18\x02 \x01(\tH\x00\x12\x12\n\x08rerun_of\x18\x0b \x01(\tH\x00\x12*\n\x08workload\x18\x03 \x01(\x0b\x32\x18.cgsvc.v1.LaunchWorkload\x12\x12\n\nmodel_path\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x12\n\ndispatcher\x18\x06 \x01(\t\x12\x1a\n\x12wait_for_resources\x18\x07 \x01(\x08\x12\x0e\n\x06policy\x18\x08 \x01(\t\x12\x15\n\rvalidate_only\x18\t \x01(\x08\x12(\n\x06\x65ngine\x18\n \x01(\x0b\x32\x18.cgsvc.v1.EngineSettings\x12\x39\n\x06labels\x18\x0c \x03(\x0b\x32).cgsvc.v1.CreateLaunchRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06source\"v\n\tOperation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\"\n\x08metadata\x18\x03 \x01(\x0b\x32\x10.cgsvc.v1.Launch\x12\x12\n\nerror_code\x18\x04 \x01(\x05\x12\x15\n\rerror_message\x18\x05 \x01(\t\" \n\x10GetLaunchRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"^\n\x13ListLaunchesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06\x66ilter\x18\x03 \x01(\t\x12\x10\n\x08order_by\x18\x04 \x01(\t\"S\n\x14ListLaunchesResponse\x12\"\n\x08launches\x18\x01 \x03(\x0b\x32\x10.cgsvc.v1.Launch\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"#\n\x13\x43\x61ncelLaunchRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\"\n\x12WatchLaunchRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"=\n\x0bLaunchEvent\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12 \n\x06launch\x18\x02 \x01(\x0b\x32\x10.cgsvc.v1.Launch\"\xc4\x01\n\x14GetLaunchLogsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\ntail_lines\x18\x03 \x01(\x05\x12G\n\rafter_offsets\x18\x04 \x03(\x0b\x32\x30.cgsvc.v1.GetLaunchLogsRequest.AfterOffsetsEntry\x1a\x33\n\x11\x41\x66terOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"G\n\x07RankLog\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x12\n\nend_offset\x18\x03 \x01(\x03\x12\x0c\n\x04size\x18\x04 \x01(\x03\"<\n\nLaunchLogs\x12\x1f\n\x04logs\x18\x01 \x03(\x0b\x32\x11.cgsvc.v1.RankLog\x12\r\n\x05state\x18\x02 \x01(\t2\xfa\x03\n\rLaunchService\x12\x42\n\x0c\x43reateLaunch\x12\x1d.cgsvc.v1.CreateLaunchRequest\x1a\x13.cgsvc.v1.Operation\x12\x39\n\tGetLaunch\x12\x1a.cgsvc.v1.GetLaunchRequest\x1a\x10.cgsvc.v1.Launch\x12M\n\x0cListLaunches\x12\x1d.cgsvc.v1.ListLaunchesRequest\x1a\x1e.cgsvc.v1.ListLaunchesResponse\x12?\n\x0c\x43\x61ncelLaunch\x12\x1d.cgsvc.v1.CancelLaunchRequest\x1a\x10.cgsvc.v1.Launch\x12\x44\n\x0bWatchLaunch\x12\x1c.cgsvc.v1.WatchLaunchRequest\x1a\x15.cgsvc.v1.LaunchEvent0\x01\x12\x45\n\rGetLaunchLogs\x12\x1e.cgsvc.v1.GetLaunchLogsRequest\x1a\x14.cgsvc.v1.LaunchLogs\x12M\n\x0cListReplicas\x12\x1d.cgsvc.v1.ListReplicasRequest\x1a\x1e.cgsvc.v1.ListReplicasResponseB\x1cZ\x1a\x63gsvc/gen/cgsvc/v1;cgsvcv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,6 +34,10 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cgsvc.v1.launch_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z\032cgsvc/gen/cgsvc/v1;cgsvcv1'
+  _globals['_LAUNCH_LABELSENTRY']._loaded_options = None
+  _globals['_LAUNCH_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_CREATELAUNCHREQUEST_LABELSENTRY']._loaded_options = None
+  _globals['_CREATELAUNCHREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_GETLAUNCHLOGSREQUEST_AFTEROFFSETSENTRY']._loaded_options = None
   _globals['_GETLAUNCHLOGSREQUEST_AFTEROFFSETSENTRY']._serialized_options = b'8\001'
   _globals['_LAUNCHWORKLOAD']._serialized_start=96
@@ -45,37 +49,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LAUNCHREPORT']._serialized_start=382
   _globals['_LAUNCHREPORT']._serialized_end=996
   _globals['_LAUNCH']._serialized_start=999
-  _globals['_LAUNCH']._serialized_end=1665
-  _globals['_REPLICA']._serialized_start=1668
-  _globals['_REPLICA']._serialized_end=1878
-  _globals['_LISTREPLICASREQUEST']._serialized_start=1880
-  _globals['_LISTREPLICASREQUEST']._serialized_end=1901
-  _globals['_LISTREPLICASRESPONSE']._serialized_start=1903
-  _globals['_LISTREPLICASRESPONSE']._serialized_end=1985
-  _globals['_CREATELAUNCHREQUEST']._serialized_start=1988
-  _globals['_CREATELAUNCHREQUEST']._serialized_end=2306
-  _globals['_OPERATION']._serialized_start=2308
-  _globals['_OPERATION']._serialized_end=2426
-  _globals['_GETLAUNCHREQUEST']._serialized_start=2428
-  _globals['_GETLAUNCHREQUEST']._serialized_end=2460
-  _globals['_LISTLAUNCHESREQUEST']._serialized_start=2462
-  _globals['_LISTLAUNCHESREQUEST']._serialized_end=2556
-  _globals['_LISTLAUNCHESRESPONSE']._serialized_start=2558
-  _globals['_LISTLAUNCHESRESPONSE']._serialized_end=2641
-  _globals['_CANCELLAUNCHREQUEST']._serialized_start=2643
-  _globals['_CANCELLAUNCHREQUEST']._serialized_end=2678
-  _globals['_WATCHLAUNCHREQUEST']._serialized_start=2680
-  _globals['_WATCHLAUNCHREQUEST']._serialized_end=2714
-  _globals['_LAUNCHEVENT']._serialized_start=2716
-  _globals['_LAUNCHEVENT']._serialized_end=2777
-  _globals['_GETLAUNCHLOGSREQUEST']._serialized_start=2780
-  _globals['_GETLAUNCHLOGSREQUEST']._serialized_end=2976
-  _globals['_GETLAUNCHLOGSREQUEST_AFTEROFFSETSENTRY']._serialized_start=2925
-  _globals['_GETLAUNCHLOGSREQUEST_AFTEROFFSETSENTRY']._serialized_end=2976
-  _globals['_RANKLOG']._serialized_start=2978
-  _globals['_RANKLOG']._serialized_end=3049
-  _globals['_LAUNCHLOGS']._serialized_start=3051
-  _globals['_LAUNCHLOGS']._serialized_end=3111
-  _globals['_LAUNCHSERVICE']._serialized_start=3114
-  _globals['_LAUNCHSERVICE']._serialized_end=3620
+  _globals['_LAUNCH']._serialized_end=1758
+  _globals['_LAUNCH_LABELSENTRY']._serialized_start=1713
+  _globals['_LAUNCH_LABELSENTRY']._serialized_end=1758
+  _globals['_REPLICA']._serialized_start=1761
+  _globals['_REPLICA']._serialized_end=1971
+  _globals['_LISTREPLICASREQUEST']._serialized_start=1973
+  _globals['_LISTREPLICASREQUEST']._serialized_end=1994
+  _globals['_LISTREPLICASRESPONSE']._serialized_start=1996
+  _globals['_LISTREPLICASRESPONSE']._serialized_end=2078
+  _globals['_CREATELAUNCHREQUEST']._serialized_start=2081
+  _globals['_CREATELAUNCHREQUEST']._serialized_end=2505
+  _globals['_CREATELAUNCHREQUEST_LABELSENTRY']._serialized_start=1713
+  _globals['_CREATELAUNCHREQUEST_LABELSENTRY']._serialized_end=1758
+  _globals['_OPERATION']._serialized_start=2507
+  _globals['_OPERATION']._serialized_end=2625
+  _globals['_GETLAUNCHREQUEST']._serialized_start=2627
+  _globals['_GETLAUNCHREQUEST']._serialized_end=2659
+  _globals['_LISTLAUNCHESREQUEST']._serialized_start=2661
+  _globals['_LISTLAUNCHESREQUEST']._serialized_end=2755
+  _globals['_LISTLAUNCHESRESPONSE']._serialized_start=2757
+  _globals['_LISTLAUNCHESRESPONSE']._serialized_end=2840
+  _globals['_CANCELLAUNCHREQUEST']._serialized_start=2842
+  _globals['_CANCELLAUNCHREQUEST']._serialized_end=2877
+  _globals['_WATCHLAUNCHREQUEST']._serialized_start=2879
+  _globals['_WATCHLAUNCHREQUEST']._serialized_end=2913
+  _globals['_LAUNCHEVENT']._serialized_start=2915
+  _globals['_LAUNCHEVENT']._serialized_end=2976
+  _globals['_GETLAUNCHLOGSREQUEST']._serialized_start=2979
+  _globals['_GETLAUNCHLOGSREQUEST']._serialized_end=3175
+  _globals['_GETLAUNCHLOGSREQUEST_AFTEROFFSETSENTRY']._serialized_start=3124
+  _globals['_GETLAUNCHLOGSREQUEST_AFTEROFFSETSENTRY']._serialized_end=3175
+  _globals['_RANKLOG']._serialized_start=3177
+  _globals['_RANKLOG']._serialized_end=3248
+  _globals['_LAUNCHLOGS']._serialized_start=3250
+  _globals['_LAUNCHLOGS']._serialized_end=3310
+  _globals['_LAUNCHSERVICE']._serialized_start=3313
+  _globals['_LAUNCHSERVICE']._serialized_end=3819
 # @@protoc_insertion_point(module_scope)

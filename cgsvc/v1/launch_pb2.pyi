@@ -95,7 +95,14 @@ class LaunchReport(_message.Message):
     def __init__(self, ttft_ms_p50: _Optional[float] = ..., ttft_ms_p99: _Optional[float] = ..., tpot_ms_p50: _Optional[float] = ..., tpot_ms_p99: _Optional[float] = ..., throughput_tok_s: _Optional[float] = ..., output_tokens: _Optional[int] = ..., prefill_requested: _Optional[str] = ..., prefill_effective: _Optional[str] = ..., decode_requested: _Optional[str] = ..., decode_effective: _Optional[str] = ..., attention_prefill_effective: _Optional[str] = ..., attention_decode_effective: _Optional[str] = ..., capture_seconds: _Optional[float] = ..., capture_bytes: _Optional[int] = ..., kv_bytes_per_token: _Optional[int] = ..., substitutions: _Optional[_Iterable[str]] = ..., plan_fidelity: _Optional[_Iterable[_Union[PlanFidelity, _Mapping]]] = ..., dtype: _Optional[str] = ..., dtype_reason: _Optional[str] = ..., kv_cache_budget_bytes: _Optional[int] = ..., kv_cache_budget_reason: _Optional[str] = ...) -> None: ...
 
 class Launch(_message.Message):
-    __slots__ = ("name", "plan", "state", "workload", "model_path", "tp", "dispatcher", "create_time", "update_time", "tokens_done", "tokens_total", "error", "report", "report_json", "plan_audit_record", "audit_records", "principal", "devices", "placement", "request_id", "owner", "prompt_tokens_done", "prompt_tokens_total", "engine", "capture_done", "capture_total", "rerun_of")
+    __slots__ = ("name", "plan", "state", "workload", "model_path", "tp", "dispatcher", "create_time", "update_time", "tokens_done", "tokens_total", "error", "report", "report_json", "plan_audit_record", "audit_records", "principal", "devices", "placement", "request_id", "owner", "prompt_tokens_done", "prompt_tokens_total", "engine", "capture_done", "capture_total", "rerun_of", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +130,7 @@ class Launch(_message.Message):
     CAPTURE_DONE_FIELD_NUMBER: _ClassVar[int]
     CAPTURE_TOTAL_FIELD_NUMBER: _ClassVar[int]
     RERUN_OF_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     name: str
     plan: str
     state: str
@@ -150,7 +158,8 @@ class Launch(_message.Message):
     capture_done: int
     capture_total: int
     rerun_of: str
-    def __init__(self, name: _Optional[str] = ..., plan: _Optional[str] = ..., state: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., tp: _Optional[int] = ..., dispatcher: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tokens_done: _Optional[int] = ..., tokens_total: _Optional[int] = ..., error: _Optional[str] = ..., report: _Optional[_Union[LaunchReport, _Mapping]] = ..., report_json: _Optional[str] = ..., plan_audit_record: _Optional[str] = ..., audit_records: _Optional[_Iterable[str]] = ..., principal: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., placement: _Optional[str] = ..., request_id: _Optional[str] = ..., owner: _Optional[str] = ..., prompt_tokens_done: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., engine: _Optional[_Union[EngineSettings, _Mapping]] = ..., capture_done: _Optional[int] = ..., capture_total: _Optional[int] = ..., rerun_of: _Optional[str] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., plan: _Optional[str] = ..., state: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., tp: _Optional[int] = ..., dispatcher: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tokens_done: _Optional[int] = ..., tokens_total: _Optional[int] = ..., error: _Optional[str] = ..., report: _Optional[_Union[LaunchReport, _Mapping]] = ..., report_json: _Optional[str] = ..., plan_audit_record: _Optional[str] = ..., audit_records: _Optional[_Iterable[str]] = ..., principal: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., placement: _Optional[str] = ..., request_id: _Optional[str] = ..., owner: _Optional[str] = ..., prompt_tokens_done: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., engine: _Optional[_Union[EngineSettings, _Mapping]] = ..., capture_done: _Optional[int] = ..., capture_total: _Optional[int] = ..., rerun_of: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Replica(_message.Message):
     __slots__ = ("name", "host", "start_time", "seconds_since_renewal", "lapsed", "active_launches", "answering", "version", "address")
@@ -187,7 +196,14 @@ class ListReplicasResponse(_message.Message):
     def __init__(self, replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
 
 class CreateLaunchRequest(_message.Message):
-    __slots__ = ("spec", "plan", "rerun_of", "workload", "model_path", "request_id", "dispatcher", "wait_for_resources", "policy", "validate_only", "engine")
+    __slots__ = ("spec", "plan", "rerun_of", "workload", "model_path", "request_id", "dispatcher", "wait_for_resources", "policy", "validate_only", "engine", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     RERUN_OF_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +215,7 @@ class CreateLaunchRequest(_message.Message):
     POLICY_FIELD_NUMBER: _ClassVar[int]
     VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     spec: _launch_spec_pb2.LaunchSpec
     plan: str
     rerun_of: str
@@ -210,7 +227,8 @@ class CreateLaunchRequest(_message.Message):
     policy: str
     validate_only: bool
     engine: EngineSettings
-    def __init__(self, spec: _Optional[_Union[_launch_spec_pb2.LaunchSpec, _Mapping]] = ..., plan: _Optional[str] = ..., rerun_of: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., request_id: _Optional[str] = ..., dispatcher: _Optional[str] = ..., wait_for_resources: _Optional[bool] = ..., policy: _Optional[str] = ..., validate_only: _Optional[bool] = ..., engine: _Optional[_Union[EngineSettings, _Mapping]] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, spec: _Optional[_Union[_launch_spec_pb2.LaunchSpec, _Mapping]] = ..., plan: _Optional[str] = ..., rerun_of: _Optional[str] = ..., workload: _Optional[_Union[LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., request_id: _Optional[str] = ..., dispatcher: _Optional[str] = ..., wait_for_resources: _Optional[bool] = ..., policy: _Optional[str] = ..., validate_only: _Optional[bool] = ..., engine: _Optional[_Union[EngineSettings, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Operation(_message.Message):
     __slots__ = ("name", "done", "metadata", "error_code", "error_message")

@@ -206,7 +206,7 @@ class Client:
                       plan: str = "", wait_for_resources: bool = False, dispatcher: str = "",
                       request_id: str | None = None, policy: str = "",
                       validate_only: bool = False, engine: dict[str, Any] | None = None,
-                      rerun_of: str = "") -> launch_pb2.Operation:
+                      rerun_of: str = "", labels: dict[str, str] | None = None) -> launch_pb2.Operation:
         """`engine`: EngineSettings' fields (dtype, kv_cache_mb, cpu_decode); absent ones default.
         The source is `spec`, else `rerun_of` (launches/ID: that launch again, which the server
         reads; give no model_path, workload, dispatcher or engine with it), else `plan`."""
@@ -214,7 +214,7 @@ class Client:
                                              wait_for_resources=wait_for_resources, dispatcher=dispatcher,
                                              request_id=request_id or uuid.uuid4().hex, policy=policy,
                                              validate_only=validate_only,
-                                             engine=launch_pb2.EngineSettings(**(engine or {})))
+                                             engine=launch_pb2.EngineSettings(**(engine or {})), labels=labels or {})
         if spec is not None:
             req.spec.CopyFrom(codec.spec_proto_from_dict(spec))
         elif rerun_of:

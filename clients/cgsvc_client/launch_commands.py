@@ -132,6 +132,8 @@ def report_table(launch: Any) -> str:
             ("plan", f"{launch.plan or 'resolved for the check, not stored'} (audit {launch.plan_audit_record})"),
             *([("rerun of", f"{launch.rerun_of} (`cgsvc-cli launches diff {launch.rerun_of} {launch.name}`)"
                 if launch.name else launch.rerun_of)] if launch.rerun_of else []),
+            *([("labels", ", ".join(f"{k}={launch.labels[k]}" for k in sorted(launch.labels)))]
+              if launch.labels else []),
             ("workers", f"{render.counted(launch.tp, 'rank')}, {launch.dispatcher} dispatcher, {launch.model_path}"),
             ("workload", render.workload_text(launch.workload)),
             ("engine", f"{render.engine_text(launch.engine)} (as asked)"),
@@ -197,8 +199,22 @@ def cmd_launch(ns: argparse.Namespace) -> int:
         op = c.create_launch(ns.checkpoint, workload(ns), spec=spec, plan=ns.plan or "",
                              wait_for_resources=ns.wait_for_resources, dispatcher=ns.dispatcher or "",
                              request_id=ns.request_id, policy=ns.policy or "", validate_only=ns.validate_only,
-                             engine=engine(ns))
+                             engine=engine(ns), labels=labels(ns))
         return answer_created(c, op.metadata, ns)
+
+
+def labels(ns: argparse.Namespace) -> dict[str, str]:
+    """--label KEY=VALUE, repeated, as a mapping (the server checks each key and value); a label
+    given twice, or with no =, is bad input on `label`."""
+    out: dict[str, str] = {}
+    for given in ns.label or ():
+        key, eq, value = given.partition("=")
+        if not eq:
+            raise ServiceError.invalid([FieldViolation("label", f"KEY=VALUE, got {given!r}")])
+        if key in out:
+            raise ServiceError.invalid([FieldViolation("label", f"{key!r} given twice")])
+        out[key] = value
+    return out
 
 
 def check_wait(ns: argparse.Namespace) -> None:
@@ -537,6 +553,9 @@ def register(sub: Any) -> None:
     add_workload(la)
     la.add_argument("--request-id", help="idempotency key: a retry with the same id returns the same launch "
                                           "(default: a fresh id per invocation)")
+    la.add_argument("--label", action="append", metavar="KEY=VALUE",
+                    help="a name of your own for the launch (repeatable; lower-case letters, digits, _ and -), to "
+                         "find it by: launches list --filter 'labels.KEY = \"VALUE\"'")
     la.add_argument("--wait", action="store_true", help="follow progress until the launch ends")
     la.add_argument("--wait-for-resources", action="store_true", help="queue when devices are busy instead of failing")
     la.add_argument("--validate-only", action="store_true",

@@ -606,9 +606,11 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
     spec = str(ROOT / "examples" / "kimi-k2.6-gb300-tp4.json")
     workload = ("--input-len", "8", "--output-len", "3", "--requests", "1")
     proc = cli("launch", "--spec", spec, "--model-path", ckpt, *workload, "--dtype", "BFloat16", "--kv-cache-mb", "8",
-               "--cpu-decode", "Trace", "--wait", "-o", "json", server=srv.address)
+               "--cpu-decode", "Trace", "--label", "team=infra", "--label", "ticket=inc-42", "--wait", "-o", "json",
+               server=srv.address)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     asked = json.loads(proc.stdout)["launch"]
+    assert asked["labels"] == {"team": "infra", "ticket": "inc-42"}, asked  # the orchestrator's own names for it
     assert asked["engine"] == {"dtype": "bfloat16", "kv_cache_mb": 8.0, "cpu_decode": "trace"}, asked["engine"]
     with Client(srv.address) as c:  # the audit log says what was asked, beside the plan
         created = c.get_audit_record(asked["audit_records"][0])
@@ -698,7 +700,20 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
         with pytest.raises(ServiceError) as e:
             c.create_launch("", {}, rerun_of="plans/" + asked["plan"].split("/")[1])
         assert e.value.code == "INVALID_ARGUMENT" and [v.field for v in e.value.violations] == ["rerun_of"], e.value
+    # labels: the orchestrator's names for a launch, kept by its reruns, and filtered on
+    assert rerun["labels"] == asked["labels"], rerun
+    with Client(srv.address) as c:
+        team = c.list_launches(filter='labels.team = "infra" AND labels.ticket = "inc-42"').launches
+        assert [x.name for x in team] == [asked["name"], rerun["name"]], team
+        assert asked["name"] not in [x.name for x in c.list_launches(filter='labels.team != "infra"').launches]
+        assert c.list_launches(filter='labels.team = "infr"').launches == []  # whole values, not patterns
+        with pytest.raises(ServiceError) as e:
+            c.create_launch(ckpt, SHORT, spec=KIMI, labels={"Team": "x", "ok": "a b", "": "y"}, validate_only=True)
+        said = {v.field: v.description for v in e.value.violations}
+        assert e.value.code == "INVALID_ARGUMENT" and set(said) == {"labels.Team", "labels.ok", "labels"}, said
+        assert "lower-case letter" in said["labels.Team"], said
     rerun_shown = cli("launches", "show", rerun["name"], "-o", "table", server=srv.address).stdout
+    assert "labels          team=infra, ticket=inc-42" in rerun_shown, rerun_shown
     assert f"rerun of        {asked['name']}" in rerun_shown, rerun_shown
     # the diff it names: the same plan, run the same way (devices aside), so --exit-code answers 0
     compared = cli("launches", "diff", asked["name"], rerun["name"], "--exit-code", "-o", "table", server=srv.address)

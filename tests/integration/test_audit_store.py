@@ -48,7 +48,7 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 22
+    assert store.schema_version() == 23
     assert store.migrate() == []  # idempotent
 
 
@@ -106,6 +106,30 @@ def test_an_experiment_is_made_once_per_principal_and_request_id(store: AuditSto
     assert [r.experiment_id for r in experiments.list_rows()[0]] == ["e1", "e4"]
 
 
+def test_launches_are_found_by_their_labels_whole(store: AuditStore) -> None:
+    """`labels.KEY = VALUE` matches that pair, not a pattern or a part of another pair; a filter
+    naming a label no launch could have is refused, as CreateLaunch refuses one."""
+    from cgsvc.audit.filters import FilterError
+    from cgsvc.launch.store import LaunchRow, LaunchStore, Workload, labels_cell, labels_of
+
+    rows = LaunchStore(store)
+    for launch_id, labels in (("l1", {"team": "infra", "ticket": "inc_42"}), ("l2", {"team": "infra2"}), ("l3", {})):
+        rows.create(LaunchRow(launch_id, "p", "SUCCEEDED", "alice", "local", 1, "/m", Workload(1, 1, 1, 1), "/r",
+                              labels=labels_cell(labels)))
+    assert labels_of(labels_cell({"b": "2", "a": ""})) == {"a": "", "b": "2"} and labels_cell({}) == ""
+
+    def found(text: str) -> list[str]:
+        return [r.launch_id for r in rows.list_rows(text)[0]]
+
+    assert found('labels.team = "infra"') == ["l1"] and found('labels.team != "infra"') == ["l2", "l3"]
+    assert found('labels.ticket = "inc_42"') == ["l1"] and found('labels.ticket = "inc-42"') == []  # _ as written
+    assert found('labels.team = "infra" AND labels.ticket = "inc_42"') == ["l1"]
+    for bad in ('labels.team = "%"', 'labels.team = "infra,ticket=inc_42"', 'labels.Team = "infra"',
+                'labels.team > "a"', 'labels = "x"'):
+        with pytest.raises(FilterError):
+            rows.list_rows(bad)
+
+
 def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """A schema-2 database (launches without devices, placement and request ids; records and plans
     without a policy; no experiments) with a launch and a record-schema-1 record in it is upgraded
@@ -120,6 +144,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
         LAUNCH_COLUMNS_18,
         LAUNCH_COLUMNS_19,
         LAUNCH_COLUMNS_20,
+        LAUNCH_COLUMNS_23,
         launches,
     )
     from cgsvc.contract import EngineSettings
@@ -129,7 +154,8 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     store.append(entry(1))
     monkeypatch.undo()
     new = {c.name for c in LAUNCH_COLUMNS_3 + LAUNCH_COLUMNS_9 + LAUNCH_COLUMNS_11 + LAUNCH_COLUMNS_16
-           + LAUNCH_COLUMNS_17 + LAUNCH_COLUMNS_18 + LAUNCH_COLUMNS_19 + LAUNCH_COLUMNS_20}
+           + LAUNCH_COLUMNS_17 + LAUNCH_COLUMNS_18 + LAUNCH_COLUMNS_19 + LAUNCH_COLUMNS_20
+           + LAUNCH_COLUMNS_23}
     with store.write_engine.begin() as conn:
         _layout_before_7(store, conn)
         conn.execute(sa.text("DROP TABLE replica_leases"))
@@ -156,8 +182,8 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
             create_time="2026-01-01T00:00:01Z", update_time="2026-01-01T00:00:01Z", tokens_done=1, tokens_total=1,
             error="", report_json=json.dumps(fidelity_report({"decode.backend": "substituted"})), run_dir="/r",
             handle_json="", owner=""))
-    assert store.migrate() == list(range(3, 23))  # 4 builds the Merkle tree, 5 the rule sets, of the records there
-    assert store.schema_version() == 22
+    assert store.migrate() == list(range(3, 24))  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 23
     old = store.get_record(1)
     assert old is not None and old.schema_version == 1 and old.policy == "cgsvc"
     assert ExperimentStore(store).list_rows() == ([], "")
@@ -172,6 +198,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     assert row.engine == EngineSettings()  # migration 17's: a launch before it ran every default
     assert (row.capture_done, row.capture_total) == (0, 0)  # migration 18's
     assert row.rerun_of == "" and LaunchStore(store).list_rows('rerun_of = "launches/old1"')[0] == []  # 20's
+    assert row.labels == "" and LaunchStore(store).list_rows('labels.team != "x"')[0] != []  # 23's: no labels
     assert store.get_record(1) is not None and store.verify().ok
 
 
