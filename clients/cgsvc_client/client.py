@@ -224,11 +224,12 @@ class Client:
         return self.call(self.launches.CreateLaunch, req, timeout=max(self.timeout, 60))  # type: ignore[no-any-return]
 
     def rerun_launch(self, name: str, request_id: str | None = None, wait_for_resources: bool = False,
-                     validate_only: bool = False) -> launch_pb2.Operation:
+                     validate_only: bool = False, labels: dict[str, str] | None = None) -> launch_pb2.Operation:
         """Launch `name` (launches/ID) again as it was asked for: the server reads its stored plan,
-        checkpoint, workload, dispatcher and engine settings; the new launch's rerun_of names it."""
+        checkpoint, workload, dispatcher and engine settings; the new launch's rerun_of names it.
+        It keeps the launch's labels, unless `labels` are given."""
         return self.create_launch("", {}, rerun_of=name, request_id=request_id, wait_for_resources=wait_for_resources,
-                                  validate_only=validate_only)
+                                  validate_only=validate_only, labels=labels)
 
     def get_launch(self, name: str) -> launch_pb2.Launch:
         return self.call(self.launches.GetLaunch, launch_pb2.GetLaunchRequest(name=name))  # type: ignore[no-any-return]

@@ -247,7 +247,8 @@ def launches_rerun(ns: argparse.Namespace) -> int:
     check_wait(ns)
     with Client.from_args(ns) as c:
         op = c.rerun_launch(resource_name("launches", ns.name), request_id=ns.request_id,
-                            wait_for_resources=ns.wait_for_resources, validate_only=ns.validate_only)
+                            wait_for_resources=ns.wait_for_resources, validate_only=ns.validate_only,
+                            labels=labels(ns))
         if not ns.validate_only:
             was, now = op.metadata.rerun_of, op.metadata.name
             print(f"{now}: {was} again; compare them with `cgsvc-cli launches diff {was} {now}`", file=sys.stderr)
@@ -594,6 +595,8 @@ def register(sub: Any) -> None:
     pr.add_argument("--wait-for-resources", action="store_true",
                     help="queue when devices are busy instead of failing")
     pr.add_argument("--validate-only", action="store_true", help="check it as a launch is checked, start nothing")
+    pr.add_argument("--label", action="append", metavar="KEY=VALUE",
+                    help="the rerun's labels (repeatable), in place of the launch's own, which it keeps otherwise")
     pr.set_defaults(func=launches_rerun)
     p4 = ls.add_parser("logs", help="the ranks' (and the supervisor's) log tails, asked of the replica that keeps "
                                     "them when the server given says another does")

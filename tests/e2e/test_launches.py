@@ -702,7 +702,9 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
         assert e.value.code == "INVALID_ARGUMENT" and [v.field for v in e.value.violations] == ["rerun_of"], e.value
     # labels: the orchestrator's names for a launch, kept by its reruns, and filtered on
     assert rerun["labels"] == asked["labels"], rerun
-    with Client(srv.address) as c:
+    with Client(srv.address) as c:  # ... unless it is given its own: they name it, they are not what ran
+        relabelled = c.rerun_launch(asked["name"], validate_only=True, labels={"purpose": "repro"}).metadata
+        assert dict(relabelled.labels) == {"purpose": "repro"}, relabelled
         team = c.list_launches(filter='labels.team = "infra" AND labels.ticket = "inc-42"').launches
         assert [x.name for x in team] == [asked["name"], rerun["name"]], team
         assert asked["name"] not in [x.name for x in c.list_launches(filter='labels.team != "infra"').launches]
