@@ -177,14 +177,21 @@ def _json_value(text: str) -> Any:
     return "-" if value is None else value
 
 
-def cmd_launches_diff(ns: argparse.Namespace) -> int:
+def two_names(ns: argparse.Namespace, collection: str, hint: str = "") -> list[str]:
+    """A diff's A and B (ns.a, ns.b) as resource names of `collection`; bad input naming the side
+    that names something else."""
     names = []
     for side in ("a", "b"):
         raw = getattr(ns, side)
-        name = resource_name("launches", raw)
-        if not name.startswith("launches/"):
-            raise bad(side, f"give launches/ID or the bare ID, got {raw!r} (plans diff compares plans)")
+        name = resource_name(collection, raw)
+        if not name.startswith(f"{collection}/"):
+            raise bad(side, f"give {collection}/ID or the bare ID, got {raw!r}{hint}")
         names.append(name)
+    return names
+
+
+def cmd_launches_diff(ns: argparse.Namespace) -> int:
+    names = two_names(ns, "launches", " (plans diff compares plans)")
     with Client.from_args(ns) as c:
         launches = [c.get_launch(n) for n in names]
         plans = [codec.plan_from_proto(c.get_plan(x.plan)) for x in launches]
@@ -472,13 +479,7 @@ def cmd_experiments_diff(ns: argparse.Namespace) -> int:
     for the same thing, and metric by metric whether their calls agree."""
     from cgsvc.domain import stats  # numpy: only this command needs it
 
-    names = []
-    for side in ("a", "b"):
-        raw = getattr(ns, side)
-        name = resource_name("experiments", raw)
-        if not name.startswith("experiments/"):
-            raise bad(side, f"give experiments/ID or the bare ID, got {raw!r}")
-        names.append(name)
+    names = two_names(ns, "experiments")
     with Client.from_args(ns) as c:
         a, b = (codec.experiment_dict(c.get_experiment(n)) for n in names)
     swapped = a["plans"] != b["plans"] and a["plans"] == b["plans"][::-1]  # b's A is a's B: read b reversed
