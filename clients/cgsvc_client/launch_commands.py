@@ -346,8 +346,12 @@ LAUNCH_MEASURES: dict[str, Measure] = {
 def launches_summary(ns: argparse.Namespace) -> int:
     """The launches grouped by the --by fields: how many ran each way, and what the ones that
     succeeded measured (medians of their TTFT and TPOT p50 and throughput)."""
+    fields = dict(LAUNCH_FIELDS)  # and labels.KEY: that label's value ("-" for a launch without it)
+    for name in (f.strip().lower() for f in ns.by.split(",")):
+        if name.startswith("labels.") and name != "labels.":
+            fields[name] = (lambda key: lambda x: x.labels.get(key, "-"))(name.removeprefix("labels."))
     with Client.from_args(ns) as c:
-        by, total, groups = summarize(ns, c.list_launches, "launches", LAUNCH_FIELDS, LAUNCH_MEASURES)
+        by, total, groups = summarize(ns, c.list_launches, "launches", fields, LAUNCH_MEASURES)
     if render.output_mode(ns) == "json":
         render.print_json({"summary": {"by": by, "launches": total, "groups": groups}})
         return 0
@@ -572,7 +576,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=launches_list)
     pm = ls.add_parser("summary", help="launches counted by some fields, with the median TTFT, TPOT and "
                                         "throughput of each group's succeeded launches")
-    add_summary(pm, "prefill_effective,decode_effective", LAUNCH_FIELDS, LAUNCH_FILTER_EXAMPLE)
+    add_summary(pm, "prefill_effective,decode_effective", {**LAUNCH_FIELDS, "labels.KEY": None}, LAUNCH_FILTER_EXAMPLE)
     pm.set_defaults(func=launches_summary)
     p2 = ls.add_parser("show", help="show one launch: state, devices, report and plan fidelity; with --explain, "
                                     "why a plan field was planned as it was and what the workers ran")
