@@ -112,14 +112,30 @@ def labels_of(cell: str) -> dict[str, str]:
     return dict(pair.split("=", 1) for pair in cell.strip(",").split(",")) if cell.strip(",") else {}
 
 
-def label_where(term: filters.Term) -> sa.ColumnElement[bool]:
-    """`labels.KEY = VALUE` (or !=) as SQL on launches.labels: the pair between commas, its
-    underscores matched as written, not as a pattern."""
+def _equality(term: filters.Term) -> None:
+    """A term on a delimited cell takes = or != only."""
     if term.op not in ("=", "!="):
         raise filters.FilterError(f"{term.field} takes = or !=, got {term.op}")
-    pair = f"{term.field.removeprefix('labels.')}={term.value}".replace("_", "\\_")
-    match = launches.c.labels.like(f"%,{pair},%", escape="\\")
+
+
+def _listed(column: sa.ColumnElement[str], item: str) -> sa.ColumnElement[bool]:
+    """`item` is one of the comma-delimited items of `column` (",a,b,"): between commas, its
+    underscores matched as written, not as a pattern."""
+    escaped = item.replace("_", "\\_")
+    return column.like(f"%,{escaped},%", escape="\\")
+
+
+def label_where(term: filters.Term) -> sa.ColumnElement[bool]:
+    """`labels.KEY = VALUE` (or !=) as SQL on launches.labels: the pair key=value, listed."""
+    _equality(term)
+    match = _listed(launches.c.labels, f"{term.field.removeprefix('labels.')}={term.value}")
     return match if term.op == "=" else ~match
+
+
+def by_id(term: filters.Term, collection: str, column: str = "") -> filters.Term:
+    """A term on a resource name (`plan = "plans/ID"`) as one on the ID its column keeps (plan_id:
+    `column`, default the field's own); a bare ID is taken as it is."""
+    return filters.Term(column or term.field, term.op, str(term.value).removeprefix(f"{collection}/"), term.also)
 
 
 def _to_columns(row: LaunchRow) -> dict[str, Any]:
@@ -155,16 +171,14 @@ def _update_values(values: dict[str, Any]) -> dict[str, Any]:
 def reported_where(term: filters.Term) -> sa.ColumnElement[bool]:
     """A term on what the report says ran, as SQL on its column (reported_cells' form): `!=`
     matches only launches with a report."""
-    if term.op not in ("=", "!="):
-        raise filters.FilterError(f"{term.field} takes = or !=, got {term.op}")
+    _equality(term)
     column = launches.c[term.field]
     if term.field != "substituted":
         match = column == term.value
     elif term.value == "none":
         match = column == ","
-    else:  # a plan field between commas, its underscores matched as written, not as a pattern
-        field = str(term.value).replace("_", "\\_")
-        match = column.like(f"%,{field},%", escape="\\")
+    else:  # a plan field, listed
+        match = _listed(column, str(term.value))
     return match if term.op == "=" else (column != "") & ~match
 
 
@@ -252,9 +266,8 @@ class LaunchStore:
             elif t.field in LAUNCH_REPORTED_FIELDS:
                 where.append(reported_where(t))
             else:
-                terms.append(filters.Term("plan_id", t.op, str(t.value).removeprefix("plans/")) if t.field == "plan"
-                             else filters.Term(t.field, t.op, str(t.value).removeprefix("launches/"))
-                             if t.field == "rerun_of" else t)
+                terms.append(by_id(t, "plans", "plan_id") if t.field == "plan"
+                             else by_id(t, "launches") if t.field == "rerun_of" else t)
         # the launches of every plan that matches (older launches too: their records carry no rules)
         if of_plan:
             where.append(launches.c.plan_id.in_(plans_where(of_plan)))
@@ -465,7 +478,7 @@ class ExperimentStore:
 
     def list_rows(self, filter_text: str = "", page_size: int = 0,
                   page_token: str = "", order_by: str = "") -> tuple[list[ExperimentRow], str]:
-        terms = [filters.Term(t.field, t.op, str(t.value).removeprefix("experiments/")) if t.field == "rerun_of" else t
+        terms = [by_id(t, "experiments") if t.field == "rerun_of" else t
                  for t in filters.parse_filter(filter_text, EXPERIMENT_FILTER_FIELDS)]
         rows, token = self.audit.page(experiments, terms, filter_text, page_size, page_token,
                                       newest_first=filters.parse_order(order_by, "create_time"))

@@ -124,6 +124,8 @@ def test_launches_are_found_by_their_labels_whole(store: AuditStore) -> None:
     assert found('labels.team = "infra"') == ["l1"] and found('labels.team != "infra"') == ["l2", "l3"]
     assert found('labels.ticket = "inc_42"') == ["l1"] and found('labels.ticket = "inc-42"') == []  # _ as written
     assert found('labels.team = "infra" AND labels.ticket = "inc_42"') == ["l1"]
+    assert found('plan = "plans/p"') == found('plan = "p"') == ["l1", "l2", "l3"]  # a name, or its bare ID
+    assert found('plan != "plans/p"') == [] and found('rerun_of = "launches/l1"') == []
     for bad in ('labels.team = "%"', 'labels.team = "infra,ticket=inc_42"', 'labels.Team = "infra"',
                 'labels.team > "a"', 'labels = "x"'):
         with pytest.raises(FilterError):
