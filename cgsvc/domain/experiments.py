@@ -42,7 +42,7 @@ from cgsvc.domain.launches import (
 )
 from cgsvc.domain.plans import Caller, Plans
 from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError
-from cgsvc.ids import new_id
+from cgsvc.ids import new_id, parse_name
 from cgsvc.launch.store import ExperimentRow, ExperimentStore, LaunchRow, Lease, Workload
 
 log = structlog.get_logger("cgsvc.experiments")
@@ -168,10 +168,7 @@ class Experiments:
                      ) -> tuple[str, tuple[list[str], Workload, str, int, str, EngineSettings]]:
         """The ID of the experiment `name` runs again, and its request: INVALID_ARGUMENT naming
         each argument also given, which its own would replace; NOT_FOUND when there is none."""
-        prefix = "experiments/"
-        experiment_id = name.removeprefix(prefix)
-        if not name.startswith(prefix) or not experiment_id or "/" in experiment_id:
-            raise ServiceError.invalid([FieldViolation("rerun_of", f"must look like experiments/ID, got {name!r}")])
+        experiment_id = parse_name(name, "experiments", "rerun_of")
         was = await self.get(experiment_id)
         given = {"plans": bool(plans), "workload": any(dataclasses.astuple(workload)), "model_path": bool(model_path),
                  "repeats": bool(repeats), "dispatcher": bool(dispatcher), "engine": engine != DEFAULT_ENGINE}

@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 from cgsvc import codec
 from cgsvc.contract import EngineSettings
 from cgsvc.domain.experiments import Experiments
+from cgsvc.ids import parse_name
 from cgsvc.launch.store import Workload
 from cgsvc.server.interceptors import RequestContext
-from cgsvc.server.services import MESSAGE_BYTES, caller, list_page, parse_name
+from cgsvc.server.services import MESSAGE_BYTES, caller, list_page
 from cgsvc.v1 import experiment_pb2
 
 

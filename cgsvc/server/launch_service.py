@@ -35,10 +35,11 @@ from cgsvc.domain.launches import (
 )
 from cgsvc.domain.plans import Caller, Plans, resolve_spec
 from cgsvc.errors import FieldViolation, ServiceError
+from cgsvc.ids import parse_name
 from cgsvc.launch.dispatch import HOST, RunHandle
 from cgsvc.launch.store import LaunchRow, Workload, labels_cell, labels_of
 from cgsvc.server.interceptors import RequestContext
-from cgsvc.server.services import MESSAGE_BYTES, caller, list_page, parse_name, room
+from cgsvc.server.services import MESSAGE_BYTES, caller, list_page, room
 from cgsvc.text import counted
 from cgsvc.v1 import launch_pb2
 

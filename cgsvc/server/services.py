@@ -25,6 +25,7 @@ from cgsvc.audit.store import AuditStore, PageTokenError, TreeSizeError, page_to
 from cgsvc.domain.impact import policy_impact
 from cgsvc.domain.plans import RESOLVE_METHOD, Caller, Plans, Resolution
 from cgsvc.errors import ServiceError, clip
+from cgsvc.ids import parse_name
 from cgsvc.resolve import DEFAULT_POLICY
 from cgsvc.resolve.policies import POLICIES
 from cgsvc.server import metrics, signing
@@ -39,13 +40,6 @@ AUDITED_METHODS = {RESOLVE_METHOD, "/cgsvc.v1.LaunchService/CreateLaunch", "/cgs
 
 def caller(rc: RequestContext) -> Caller:
     return Caller(rc.principal.name, rc.peer, rc.request_id, rc.trace_id)
-
-
-def parse_name(name: str, collection: str, field: str = "name") -> str:
-    prefix = f"{collection}/"
-    if not name.startswith(prefix) or len(name) == len(prefix) or "/" in name[len(prefix):]:
-        raise invalid(field, f"must look like {collection}/ID, got {name!r}")
-    return name[len(prefix):]
 
 
 def record_sequence(name: str) -> int:
