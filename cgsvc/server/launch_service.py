@@ -174,8 +174,8 @@ class LaunchService:
             parts["engine"] = engine.__dict__
         if rerun_of:  # a rerun is another request than a launch of the same plan asked for in full
             parts["rerun_of"] = rerun_of
-        if request.labels:
-            parts["labels"] = labels_cell(request.labels)
+        if labels := labels_cell(request.labels):
+            parts["labels"] = labels
         digest = request_hash(parts)
         if request.request_id:  # a retry of a request that already made a launch: that launch
             earlier = await self._earlier(who, request.request_id, digest)
@@ -184,7 +184,7 @@ class LaunchService:
         ckpt = read_checkpoint(model_path, workload, self.plans.model_roots)
         order = dataclasses.replace(order_for(await self._plan(request, who, source), ckpt, model_path, workload,
                                               dispatcher, request.wait_for_resources, request.request_id, digest,
-                                              engine), rerun_of=rerun_of, labels=labels_cell(request.labels))
+                                              engine), rerun_of=rerun_of, labels=labels)
         row, new = await self.launches.create(order, who)
         if not new:  # another call with this request_id got there first (a concurrent retry)
             return self._same_request(row, request.request_id, digest)

@@ -374,7 +374,8 @@ def launches_show(ns: argparse.Namespace) -> int:
             print_launch(launch, ns)
             return 0
         plan = c.get_plan(launch.plan)
-    decisions = codec.plan_from_proto(plan).decisions_for(explain)
+    planned = codec.plan_from_proto(plan)
+    decisions = planned.decisions_for(explain)
     ran = next((f for f in launch.report.plan_fidelity if f.field == explain), None)
     if render.output_mode(ns) == "json":
         render.print_json({"explain": {
@@ -384,7 +385,7 @@ def launches_show(ns: argparse.Namespace) -> int:
                                              "effective": json.loads(ran.effective or "null"), "reason": ran.reason}}})
         return 0
     print(f"{launch.name} ({launch.state})  plan {plan.name}  audit {plan.audit_record}\n")
-    print(render.plan_table(codec.plan_from_proto(plan), render.Style(sys.stdout.isatty()), explain))
+    print(render.plan_table(planned, render.Style(sys.stdout.isatty()), explain))
     if ran is not None:
         said = f" ({ran.reason})" if ran.reason else ""
         print(f"\nwhat ran: {ran.status}: {ran.requested} -> {ran.effective}{said}")
