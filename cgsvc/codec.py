@@ -236,7 +236,7 @@ def launch_proto(row: LaunchRow, records: list[str] | None = None, plan_audit_re
         principal=row.principal, plan_audit_record=plan_audit_record, devices=list(row.devices),
         placement=row.placement, request_id=row.request_id, owner=f"replicas/{row.owner}" if row.owner else "",
         engine=engine_proto(row.engine), rerun_of=f"launches/{row.rerun_of}" if row.rerun_of else "",
-        labels=labels_of(row.labels))
+        labels=labels_of(row.labels), experiment=f"experiments/{row.experiment}" if row.experiment else "")
 
 
 def engine_proto(engine: EngineSettings) -> launch_pb2.EngineSettings:

@@ -245,8 +245,12 @@ LAUNCH_COLUMNS_20 = (sa.Column("rerun_of", sa.Text, nullable=False, server_defau
 # Migration 23: the caller's labels, each key=value between commas, sorted by key (",team=infra,"),
 # "" for none: `labels.team = "infra"` is one LIKE on the row (keys and values hold no , or =).
 LAUNCH_COLUMNS_23 = (sa.Column("labels", sa.Text, nullable=False, server_default=""),)
+# Migration 24: the experiment that made a launch (one of its arms' runs), by ID; "" for a launch
+# asked for on its own.
+LAUNCH_COLUMNS_24 = (sa.Column("experiment", sa.Text, nullable=False, server_default=""),)
 _ADDED: tuple[sa.Column[Any], ...] = (*LAUNCH_COLUMNS_9, *LAUNCH_COLUMNS_11, *LAUNCH_COLUMNS_16, *LAUNCH_COLUMNS_17,
-                                      *LAUNCH_COLUMNS_18, *LAUNCH_COLUMNS_19, *LAUNCH_COLUMNS_20, *LAUNCH_COLUMNS_23)
+                                      *LAUNCH_COLUMNS_18, *LAUNCH_COLUMNS_19, *LAUNCH_COLUMNS_20, *LAUNCH_COLUMNS_23,
+                                      *LAUNCH_COLUMNS_24)
 for _column in _ADDED:
     launches.append_column(_column)
 
@@ -384,6 +388,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
     (22, "idempotent CreateExperiment: the experiment a (principal, request id) made (experiment_requests)",
      (experiment_requests,), ()),
     (23, "the caller's labels of each launch (launches.labels)", (), tuple((launches, c) for c in LAUNCH_COLUMNS_23)),
+    (24, "the experiment that made each launch, if any (launches.experiment)", (),
+     tuple((launches, c) for c in LAUNCH_COLUMNS_24)),
 )
 
 # GPUs and catalog models are matched as a spec names them: in any case, a model by an alias too.

@@ -296,7 +296,9 @@ class Experiments:
                     if who := await self._cancel_asked(experiment_id):
                         await self._end(row, samples, "CANCELLED", _cancelled(who, samples))
                         return
-                    order = order_for(plan, ckpt, req["model_path"], workload, req["dispatcher"], True, engine=engine)
+                    order = dataclasses.replace(
+                        order_for(plan, ckpt, req["model_path"], workload, req["dispatcher"], True, engine=engine),
+                        experiment=experiment_id, experiment_run=f"arm {arm}, repeat {repeat}")
                     launch, _ = await self.launches.create(order, dataclasses.replace(caller, request_id=""))
                     self.current[experiment_id] = launch.launch_id
                     run = {"arm": arm, "repeat": repeat, "launch": f"launches/{launch.launch_id}", "state": launch.state}

@@ -112,6 +112,8 @@ class LaunchOrder:
     engine: EngineSettings = EngineSettings()
     rerun_of: str = ""  # the ID of the launch this one runs again
     labels: str = ""  # the caller's labels, as the store keeps them (labels_cell)
+    experiment: str = ""  # the ID of the experiment this launch is a run of
+    experiment_run: str = ""  # which of its runs ("arm A, repeat 2"), for the record
 
 
 # The most requests one launch runs (a bigger benchmark is several launches, or an experiment).
@@ -568,13 +570,15 @@ class Launches:
                         tokens_total=order.workload.requests * order.workload.output_len,
                         prompt_tokens_total=order.workload.requests * order.workload.input_len, owner=self.instance,
                         request_id=order.request_id, request_hash=order.request_hash, engine=order.engine,
-                        rerun_of=order.rerun_of, labels=order.labels)
+                        rerun_of=order.rerun_of, labels=order.labels, experiment=order.experiment)
         created = await asyncio.to_thread(self.store.create, row)
         if not created.new:
             return created.row, False
         write_plan(run, order.plan_json, order.spec_json)
         engine = f" ({order.engine.text()})" if order.engine != DEFAULT_ENGINE else ""  # the record says what was asked
         again = f", rerun of launches/{order.rerun_of}" if order.rerun_of else ""
+        if order.experiment:
+            again += f", {order.experiment_run} of experiments/{order.experiment}"
         await self.audit_order(created.row, order, caller, f"launch of {order.plan_audit} on "
                                                            f"{counted(order.tp, order.dispatcher + ' rank')}{engine}{again}")
         self.watched[launch_id] = Watched()

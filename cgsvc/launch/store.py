@@ -48,7 +48,7 @@ LAUNCH_REPORTED_FIELDS: dict[str, filters.FieldKind] = {
 LAUNCH_FILTER_FIELDS: dict[str, filters.FieldKind] = {
     "state": filters.Closed(LAUNCH_STATES), "plan": "str", "principal": "str",
     "dispatcher": filters.Closed(DISPATCHERS), "create_time": "time", "model_path": "str", "rerun_of": "str",
-    "labels": "labels",
+    "experiment": "str", "labels": "labels",
     **LAUNCH_REPORTED_FIELDS, **LAUNCH_PLAN_FIELDS}
 _LAUNCH_LOCK = 727375  # PostgreSQL advisory lock key for launch creation
 
@@ -97,6 +97,7 @@ class LaunchRow:
     engine: EngineSettings = EngineSettings()  # what the workers were asked to run with
     rerun_of: str = ""  # the launch this one runs again (its ID), if any
     labels: str = ""  # the caller's labels as stored (labels_cell): ",team=infra,ticket=inc-42,"; "" for none
+    experiment: str = ""  # the experiment that made this launch (its ID), if any
 
     def replace(self, **changes: Any) -> LaunchRow:
         return dataclasses.replace(self, **changes)
@@ -267,7 +268,8 @@ class LaunchStore:
                 where.append(reported_where(t))
             else:
                 terms.append(by_id(t, "plans", "plan_id") if t.field == "plan"
-                             else by_id(t, "launches") if t.field == "rerun_of" else t)
+                             else by_id(t, "launches") if t.field == "rerun_of"
+                             else by_id(t, "experiments") if t.field == "experiment" else t)
         # the launches of every plan that matches (older launches too: their records carry no rules)
         if of_plan:
             where.append(launches.c.plan_id.in_(plans_where(of_plan)))

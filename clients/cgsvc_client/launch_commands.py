@@ -132,6 +132,8 @@ def report_table(launch: Any) -> str:
             ("plan", f"{launch.plan or 'resolved for the check, not stored'} (audit {launch.plan_audit_record})"),
             *([("rerun of", f"{launch.rerun_of} (`cgsvc-cli launches diff {launch.rerun_of} {launch.name}`)"
                 if launch.name else launch.rerun_of)] if launch.rerun_of else []),
+            *([("experiment", f"{launch.experiment} (a run of it: `cgsvc-cli experiments show {launch.experiment}`)")]
+              if launch.experiment else []),
             *([("labels", ", ".join(f"{k}={launch.labels[k]}" for k in sorted(launch.labels)))]
               if launch.labels else []),
             ("workers", f"{render.counted(launch.tp, 'rank')}, {launch.dispatcher} dispatcher, {launch.model_path}"),
@@ -312,6 +314,7 @@ LAUNCH_FIELDS: dict[str, Callable[[Any], Any]] = {
     "dispatcher": lambda x: x.dispatcher,
     "tp": lambda x: x.tp,
     "model_path": lambda x: x.model_path,
+    "experiment": lambda x: x.experiment or "-",  # the experiment that made it
     "engine": lambda x: render.engine_text(x.engine),  # the settings asked for
     "dtype": lambda x: x.report.dtype or "-",  # the dtype that ran
     "substituted": lambda x: substituted_text(x.report),

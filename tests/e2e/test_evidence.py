@@ -242,6 +242,12 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
     with Client(srv.address) as c:
         launches = [c.get_launch(r["launch"]) for r in exp["runs"]]
         assert [x.plan for x in launches] == [a, b, a, b]
+        # each launch says which experiment made it, and the experiment's launches are found by it
+        assert {x.experiment for x in launches} == {exp["name"]}
+        mine = c.list_launches(filter=f'experiment = "{exp["name"]}"').launches
+        assert [x.name for x in mine] == [r["launch"] for r in exp["runs"]]
+        made = c.get_audit_record(launches[3].audit_records[0]).outcome_message
+        assert made.endswith(f", arm B, repeat 2 of {exp['name']}"), made
         for x in launches:  # each run's launch is created as the last one ends: started once all the same
             assert_started_once(c, x.name)
         assert all(x.workload.seed == 5 for x in launches)
@@ -256,6 +262,11 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
     # 80 characters: the "ran alike" preface and nothing of TTFT's or TPOT's call)
     assert res["verdict_brief"].startswith("ran alike; TTFT ") and "; TPOT " in res["verdict_brief"]
     assert res["verdict_brief"] in cli(srv, "experiments", "list", "-o", "table").stdout
+    run = cli(srv, "launches", "show", exp["runs"][0]["launch"], "-o", "table").stdout
+    assert f"experiment      {exp['name']} (a run of it: `cgsvc-cli experiments show {exp['name']}`)" in run, run
+    by = json.loads(cli(srv, "launches", "summary", "--by", "experiment", "--filter", 'experiment != ""',
+                        "-o", "json").stdout)
+    assert [(g["experiment"], g["launches"]) for g in by["summary"]["groups"]] == [(exp["name"], 4)], by
     shown = cli(srv, "experiments", "show", exp["name"], "-o", "table").stdout
     assert "B - A" in shown and "verdict:" in shown
     assert "engine      dtype auto, KV cache 16 MiB a rank, CPU decode eager" in shown, shown

@@ -48,7 +48,7 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 23
+    assert store.schema_version() == 24
     assert store.migrate() == []  # idempotent
 
 
@@ -132,6 +132,24 @@ def test_launches_are_found_by_their_labels_whole(store: AuditStore) -> None:
             rows.list_rows(bad)
 
 
+def test_launches_are_found_by_the_experiment_that_made_them(store: AuditStore) -> None:
+    """`experiment = "experiments/E"` (or its bare ID) finds the launches E made; `experiment =
+    ""` those asked for on their own."""
+    from cgsvc.launch.store import LaunchRow, LaunchStore, Workload
+
+    rows = LaunchStore(store)
+    for launch_id, experiment in (("l1", "e1"), ("l2", ""), ("l3", "e1"), ("l4", "e2")):
+        rows.create(LaunchRow(launch_id, "p", "SUCCEEDED", "alice", "local", 1, "/m", Workload(1, 1, 1, 1), "/r",
+                              experiment=experiment))
+
+    def found(text: str) -> list[str]:
+        return [r.launch_id for r in rows.list_rows(text)[0]]
+
+    assert found('experiment = "experiments/e1"') == found('experiment = "e1"') == ["l1", "l3"]
+    assert found('experiment = ""') == ["l2"] and found('experiment != ""') == ["l1", "l3", "l4"]
+    assert found('experiment = "experiments/e3"') == [] and rows.get("l4").experiment == "e2"  # type: ignore[union-attr]
+
+
 def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """A schema-2 database (launches without devices, placement and request ids; records and plans
     without a policy; no experiments) with a launch and a record-schema-1 record in it is upgraded
@@ -147,6 +165,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
         LAUNCH_COLUMNS_19,
         LAUNCH_COLUMNS_20,
         LAUNCH_COLUMNS_23,
+        LAUNCH_COLUMNS_24,
         launches,
     )
     from cgsvc.contract import EngineSettings
@@ -157,7 +176,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     monkeypatch.undo()
     new = {c.name for c in LAUNCH_COLUMNS_3 + LAUNCH_COLUMNS_9 + LAUNCH_COLUMNS_11 + LAUNCH_COLUMNS_16
            + LAUNCH_COLUMNS_17 + LAUNCH_COLUMNS_18 + LAUNCH_COLUMNS_19 + LAUNCH_COLUMNS_20
-           + LAUNCH_COLUMNS_23}
+           + LAUNCH_COLUMNS_23 + LAUNCH_COLUMNS_24}
     with store.write_engine.begin() as conn:
         _layout_before_7(store, conn)
         conn.execute(sa.text("DROP TABLE replica_leases"))
@@ -184,8 +203,8 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
             create_time="2026-01-01T00:00:01Z", update_time="2026-01-01T00:00:01Z", tokens_done=1, tokens_total=1,
             error="", report_json=json.dumps(fidelity_report({"decode.backend": "substituted"})), run_dir="/r",
             handle_json="", owner=""))
-    assert store.migrate() == list(range(3, 24))  # 4 builds the Merkle tree, 5 the rule sets, of the records there
-    assert store.schema_version() == 23
+    assert store.migrate() == list(range(3, 25))  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 24
     old = store.get_record(1)
     assert old is not None and old.schema_version == 1 and old.policy == "cgsvc"
     assert ExperimentStore(store).list_rows() == ([], "")
@@ -201,6 +220,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     assert (row.capture_done, row.capture_total) == (0, 0)  # migration 18's
     assert row.rerun_of == "" and LaunchStore(store).list_rows('rerun_of = "launches/old1"')[0] == []  # 20's
     assert row.labels == "" and LaunchStore(store).list_rows('labels.team != "x"')[0] != []  # 23's: no labels
+    assert row.experiment == "" and LaunchStore(store).list_rows('experiment = ""')[0] != []  # 24's: on its own
     assert store.get_record(1) is not None and store.verify().ok
 
 
