@@ -19,6 +19,7 @@ from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.descriptor import FieldDescriptor
 
 from cgsvc.audit.checkpoint import Checkpoint
+from cgsvc.audit.filters import labels_of
 from cgsvc.audit.records import AuditRecord
 from cgsvc.contract import ContractError, EngineSettings, WorkerReport
 from cgsvc.errors import FieldViolation, ServiceError
@@ -223,8 +224,6 @@ def report_summary(report_json: str) -> launch_pb2.LaunchReport:
 
 
 def launch_proto(row: LaunchRow, records: list[str] | None = None, plan_audit_record: str = "") -> launch_pb2.Launch:
-    from cgsvc.launch.store import labels_of  # (the store imports this module)
-
     return launch_pb2.Launch(
         name=f"launches/{row.launch_id}", plan=f"plans/{row.plan_id}", state=row.state,
         workload=launch_pb2.LaunchWorkload(**asdict(row.workload)), model_path=row.model_path, tp=row.tp,
@@ -332,7 +331,7 @@ def experiment_proto(row: ExperimentRow) -> experiment_pb2.Experiment:
         dispatcher=req["dispatcher"], runs=[experiment_pb2.ExperimentRun(**r) for r in row.runs], error=row.error,
         verdict=str(row.result.get("verdict", "")), audit_records=list(row.audit_records), principal=row.principal,
         cancel_requested_by=row.cancel_requested_by, engine=engine_proto(EngineSettings.read(req.get("engine", {}))),
-        rerun_of=f"experiments/{row.rerun_of}" if row.rerun_of else "")
+        rerun_of=f"experiments/{row.rerun_of}" if row.rerun_of else "", labels=labels_of(row.labels))
     msg.result.update(row.result)
     if row.create_time:
         msg.create_time.CopyFrom(timestamp(row.create_time))

@@ -88,6 +88,18 @@ def label_problem(key: str, value: str) -> str:
         return f"a label value is up to 63 lower-case letters, digits, _ or -; got {value[:70]!r}"
     return ""
 
+
+def labels_cell(labels: Mapping[str, str]) -> str:
+    """Labels as a labels column keeps them (launches', experiments'): each key=value between
+    commas, by key; "" for none."""
+    return ",".join(["", *(f"{k}={labels[k]}" for k in sorted(labels)), ""]) if labels else ""
+
+
+def labels_of(cell: str) -> dict[str, str]:
+    """A labels column's cell back as a mapping (labels_cell's inverse)."""
+    return dict(pair.split("=", 1) for pair in cell.strip(",").split(",")) if cell.strip(",") else {}
+
+
 TIME_FORM = "an RFC 3339 time with an offset (2026-12-06T08:00:00Z)"
 
 

@@ -308,7 +308,9 @@ experiments = sa.Table(
 EXPERIMENT_COLUMNS_15 = (sa.Column("cancel_requested_by", sa.Text, nullable=False, server_default=""),)
 # Migration 21: the experiment an experiment runs again (CreateExperiment's rerun_of), by ID; "" for none.
 EXPERIMENT_COLUMNS_21 = (sa.Column("rerun_of", sa.Text, nullable=False, server_default=""),)
-for _column in EXPERIMENT_COLUMNS_15 + EXPERIMENT_COLUMNS_21:
+# Migration 25: the caller's labels of an experiment, in launches.labels' form (",team=infra,").
+EXPERIMENT_COLUMNS_25 = (sa.Column("labels", sa.Text, nullable=False, server_default=""),)
+for _column in EXPERIMENT_COLUMNS_15 + EXPERIMENT_COLUMNS_21 + EXPERIMENT_COLUMNS_25:
     experiments.append_column(_column)
 # One lease per server instance (migration 10), renewed while the server runs, on the database's
 # clock (db_epoch): on a shared database a replica whose lease has lapsed is taken to be gone, and
@@ -390,6 +392,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
     (23, "the caller's labels of each launch (launches.labels)", (), tuple((launches, c) for c in LAUNCH_COLUMNS_23)),
     (24, "the experiment that made each launch, if any (launches.experiment)", (),
      tuple((launches, c) for c in LAUNCH_COLUMNS_24)),
+    (25, "the caller's labels of each experiment (experiments.labels)", (),
+     tuple((experiments, c) for c in EXPERIMENT_COLUMNS_25)),
 )
 
 # GPUs and catalog models are matched as a spec names them: in any case, a model by an alias too.

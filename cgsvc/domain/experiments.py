@@ -19,12 +19,13 @@ import collections
 import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import structlog
 
 from cgsvc import __version__
+from cgsvc.audit.filters import labels_cell, labels_of
 from cgsvc.audit.records import AuditEntry
 from cgsvc.contract import DEFAULT_ENGINE, EngineSettings, ran_alike, ran_as
 from cgsvc.domain import stats
@@ -35,6 +36,7 @@ from cgsvc.domain.launches import (
     TakenOver,
     dispatcher_named,
     engine_settings,
+    label_problems,
     order_for,
     read_checkpoint,
     request_hash,
@@ -129,18 +131,20 @@ class Experiments:
     # ------------------------------------------------------------------ create
     async def create(self, plans: list[str], workload: Workload, model_path: str, repeats: int, dispatcher: str,
                      caller: Caller, engine: EngineSettings = DEFAULT_ENGINE, rerun_of: str = "",
-                     request_id: str = "") -> ExperimentRow:
+                     request_id: str = "", labels: Mapping[str, str] | None = None) -> ExperimentRow:
         """Check, record and start an experiment; a refusal is audited, then raised. `engine`:
         the settings as the request gave them (EngineSettings.read; engine_settings checks and
         spells them); the defaults if none. `rerun_of` ("experiments/ID"): that experiment's
-        request again, every other argument left empty. `request_id`: a retry of the request
-        that made an experiment is answered with that experiment (nothing new starts)."""
+        request again, every other argument left empty (but `labels`: given, they replace its
+        own). `request_id`: a retry of the request that made an experiment is answered with
+        that experiment (nothing new starts). `labels`: the caller's, which its launches carry."""
         try:
             if rerun_of:
-                rerun_of, (plans, workload, model_path, repeats, dispatcher, engine) = await self._rerun(
+                rerun_of, (plans, workload, model_path, repeats, dispatcher, engine), was_labels = await self._rerun(
                     rerun_of, plans, workload, model_path, repeats, dispatcher, engine)
+                labels = labels or labels_of(was_labels)
             row, new = await self._create(plans, workload, model_path, repeats, dispatcher, caller, engine, rerun_of,
-                                          request_id)
+                                          request_id, labels or {})
         except ServiceError as err:
             await self.audit(CREATE_EXPERIMENT_METHOD, caller.principal, err.code, err.message, caller)
             raise
@@ -165,9 +169,10 @@ class Experiments:
 
     async def _rerun(self, name: str, plans: list[str], workload: Workload, model_path: str, repeats: int,
                      dispatcher: str, engine: EngineSettings
-                     ) -> tuple[str, tuple[list[str], Workload, str, int, str, EngineSettings]]:
-        """The ID of the experiment `name` runs again, and its request: INVALID_ARGUMENT naming
-        each argument also given, which its own would replace; NOT_FOUND when there is none."""
+                     ) -> tuple[str, tuple[list[str], Workload, str, int, str, EngineSettings], str]:
+        """The ID of the experiment `name` runs again, its request and its labels (as stored):
+        INVALID_ARGUMENT naming each argument also given, which its own would replace; NOT_FOUND
+        when there is none."""
         experiment_id = parse_name(name, "experiments", "rerun_of")
         was = await self.get(experiment_id)
         given = {"plans": bool(plans), "workload": any(dataclasses.astuple(workload)), "model_path": bool(model_path),
@@ -178,12 +183,12 @@ class Experiments:
                        f"(`cgsvc-cli experiment run {' '.join(was.request['plans'])}`)") for field in named])
         req = was.request
         return experiment_id, (list(req["plans"]), Workload(**req["workload"]), req["model_path"], int(req["repeats"]),
-                               req["dispatcher"], EngineSettings.read(req.get("engine", {})))
+                               req["dispatcher"], EngineSettings.read(req.get("engine", {}))), was.labels
 
     async def _create(self, plans: list[str], workload: Workload, model_path: str, repeats: int, dispatcher: str,
-                      caller: Caller, asked: EngineSettings, rerun_of: str = "",
-                      request_id: str = "") -> tuple[ExperimentRow, bool]:
-        problems = workload_problems(workload, model_path)
+                      caller: Caller, asked: EngineSettings, rerun_of: str = "", request_id: str = "",
+                      labels: Mapping[str, str] | None = None) -> tuple[ExperimentRow, bool]:
+        problems = workload_problems(workload, model_path) + label_problems(labels or {})
         dispatcher, wrong = dispatcher_named(dispatcher)
         problems += wrong
         engine, wrong = engine_settings(asked)
@@ -196,7 +201,8 @@ class Experiments:
             raise ServiceError.invalid(problems)
         request = {"plans": plans, "workload": dataclasses.asdict(workload), "model_path": model_path,
                    "repeats": repeats, "dispatcher": dispatcher, "engine": dataclasses.asdict(engine)}
-        digest = request_hash({**request, "rerun_of": rerun_of}) if request_id else ""
+        cell = labels_cell(labels or {})
+        digest = request_hash({**request, "rerun_of": rerun_of, **({"labels": cell} if cell else {})}) if request_id else ""
         if request_id and (earlier := await self._earlier(
                 await asyncio.to_thread(self.store.by_request, caller.principal, request_id), request_id, digest,
                 caller)):
@@ -222,7 +228,7 @@ class Experiments:
         row = ExperimentRow(experiment_id=experiment_id, state="RUNNING", principal=caller.principal,
                             request=request, result=result_of(
                                 ExperimentRow(experiment_id, "RUNNING", caller.principal, request), _empty_samples()),
-                            audit_records=(record,), owner=self.instance, rerun_of=rerun_of)
+                            audit_records=(record,), owner=self.instance, rerun_of=rerun_of, labels=cell)
         made, new, conflicts = await asyncio.to_thread(self.store.create_once, row, request_id, digest)
         if not new:  # a concurrent retry got there first: this one's record names an experiment never made
             await self.audit(CREATE_EXPERIMENT_METHOD, caller.principal, "OK",
@@ -298,7 +304,7 @@ class Experiments:
                         return
                     order = dataclasses.replace(
                         order_for(plan, ckpt, req["model_path"], workload, req["dispatcher"], True, engine=engine),
-                        experiment=experiment_id, experiment_run=f"arm {arm}, repeat {repeat}")
+                        experiment=experiment_id, experiment_run=f"arm {arm}, repeat {repeat}", labels=row.labels)
                     launch, _ = await self.launches.create(order, dataclasses.replace(caller, request_id=""))
                     self.current[experiment_id] = launch.launch_id
                     run = {"arm": arm, "repeat": repeat, "launch": f"launches/{launch.launch_id}", "state": launch.state}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,16 +103,6 @@ class LaunchRow:
         return dataclasses.replace(self, **changes)
 
 
-def labels_cell(labels: Mapping[str, str]) -> str:
-    """Labels as launches.labels keeps them: each key=value between commas, by key; "" for none."""
-    return ",".join(["", *(f"{k}={labels[k]}" for k in sorted(labels)), ""]) if labels else ""
-
-
-def labels_of(cell: str) -> dict[str, str]:
-    """launches.labels back as a mapping (labels_cell's inverse)."""
-    return dict(pair.split("=", 1) for pair in cell.strip(",").split(",")) if cell.strip(",") else {}
-
-
 def _equality(term: filters.Term) -> None:
     """A term on a delimited cell takes = or != only."""
     if term.op not in ("=", "!="):
@@ -126,10 +116,11 @@ def _listed(column: sa.ColumnElement[str], item: str) -> sa.ColumnElement[bool]:
     return column.like(f"%,{escaped},%", escape="\\")
 
 
-def label_where(term: filters.Term) -> sa.ColumnElement[bool]:
-    """`labels.KEY = VALUE` (or !=) as SQL on launches.labels: the pair key=value, listed."""
+def label_where(term: filters.Term, table: sa.Table = launches) -> sa.ColumnElement[bool]:
+    """`labels.KEY = VALUE` (or !=) as SQL on the table's labels (launches', experiments'): the
+    pair key=value, listed."""
     _equality(term)
-    match = _listed(launches.c.labels, f"{term.field.removeprefix('labels.')}={term.value}")
+    match = _listed(table.c.labels, f"{term.field.removeprefix('labels.')}={term.value}")
     return match if term.op == "=" else ~match
 
 
@@ -364,7 +355,8 @@ def _holds_work(active: Sequence[str]) -> sa.ColumnElement[bool]:
 
 EXPERIMENT_STATES = ("RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
 EXPERIMENT_FILTER_FIELDS: dict[str, filters.FieldKind] = {
-    "state": filters.Closed(EXPERIMENT_STATES), "principal": "str", "create_time": "time", "rerun_of": "str"}
+    "state": filters.Closed(EXPERIMENT_STATES), "principal": "str", "create_time": "time", "rerun_of": "str",
+    "labels": "labels"}
 
 
 @dataclass(frozen=True)
@@ -385,6 +377,7 @@ class ExperimentRow:
     sequence: int = 0
     cancel_requested_by: str = ""  # who asked, of any replica, for it to stop ("": nobody)
     rerun_of: str = ""  # the experiment this one runs again (its ID), if any
+    labels: str = ""  # the caller's labels as stored (labels_cell); its launches carry them too
 
 
 def _experiment_from(m: Any) -> ExperimentRow:
@@ -393,7 +386,7 @@ def _experiment_from(m: Any) -> ExperimentRow:
                          result=json.loads(m["result_json"] or "{}"), error=m["error"],
                          audit_records=tuple(json.loads(m["audit_records_json"] or "[]")), owner=m["owner"],
                          create_time=m["create_time"], update_time=m["update_time"], sequence=int(m["sequence"]),
-                         cancel_requested_by=m["cancel_requested_by"], rerun_of=m["rerun_of"])
+                         cancel_requested_by=m["cancel_requested_by"], rerun_of=m["rerun_of"], labels=m["labels"])
 
 
 class ExperimentStore:
@@ -423,7 +416,8 @@ class ExperimentStore:
                 experiment_id=row.experiment_id, sequence=row.sequence, state=row.state, principal=row.principal,
                 create_time=now, update_time=now, request_json=json.dumps(row.request),
                 launches_json=json.dumps(list(row.runs)), result_json=json.dumps(row.result), error=row.error,
-                audit_records_json=json.dumps(list(row.audit_records)), owner=row.owner, rerun_of=row.rerun_of))
+                audit_records_json=json.dumps(list(row.audit_records)), owner=row.owner, rerun_of=row.rerun_of,
+                labels=row.labels))
             if request_id:
                 conn.execute(experiment_requests.insert().values(
                     principal=row.principal, request_id=request_id, experiment_id=row.experiment_id,
@@ -480,9 +474,13 @@ class ExperimentStore:
 
     def list_rows(self, filter_text: str = "", page_size: int = 0,
                   page_token: str = "", order_by: str = "") -> tuple[list[ExperimentRow], str]:
-        terms = [by_id(t, "experiments") if t.field == "rerun_of" else t
-                 for t in filters.parse_filter(filter_text, EXPERIMENT_FILTER_FIELDS)]
-        rows, token = self.audit.page(experiments, terms, filter_text, page_size, page_token,
+        terms, where = [], []
+        for t in filters.parse_filter(filter_text, EXPERIMENT_FILTER_FIELDS):
+            if t.field.startswith("labels."):
+                where.append(label_where(t, experiments))
+            else:
+                terms.append(by_id(t, "experiments") if t.field == "rerun_of" else t)
+        rows, token = self.audit.page(experiments, terms, filter_text, page_size, page_token, where=where,
                                       newest_first=filters.parse_order(order_by, "create_time"))
         return [_experiment_from(r._mapping) for r in rows], token
 

@@ -26,7 +26,8 @@ class ExperimentService:
         row = await self.experiments.create(
             list(request.plans), Workload(wl.input_len, wl.output_len, wl.requests, wl.concurrency, wl.seed),
             os.path.abspath(request.model_path) if request.model_path else "", request.repeats,
-            request.dispatcher, caller(rc), EngineSettings.read(request.engine), request.rerun_of, request.request_id)
+            request.dispatcher, caller(rc), EngineSettings.read(request.engine), request.rerun_of, request.request_id,
+            dict(request.labels))
         return codec.experiment_proto(row)
 
     async def GetExperiment(self, request: experiment_pb2.GetExperimentRequest,  # noqa: N802

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cgsvc import codec
+from cgsvc.audit.filters import labels_cell, labels_of
 from cgsvc.contract import DEFAULT_ENGINE, EngineSettings, RunDir
 from cgsvc.domain.launches import (
     CREATE_METHOD,
@@ -37,7 +38,7 @@ from cgsvc.domain.plans import Caller, Plans, resolve_spec
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc.ids import parse_name
 from cgsvc.launch.dispatch import HOST, RunHandle
-from cgsvc.launch.store import LaunchRow, Workload, labels_cell, labels_of
+from cgsvc.launch.store import LaunchRow, Workload
 from cgsvc.server.interceptors import RequestContext
 from cgsvc.server.services import MESSAGE_BYTES, caller, list_page, room
 from cgsvc.text import counted

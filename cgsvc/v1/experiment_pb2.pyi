@@ -18,7 +18,14 @@ class CancelExperimentRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class CreateExperimentRequest(_message.Message):
-    __slots__ = ("plans", "workload", "model_path", "repeats", "dispatcher", "engine", "rerun_of", "request_id")
+    __slots__ = ("plans", "workload", "model_path", "repeats", "dispatcher", "engine", "rerun_of", "request_id", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     PLANS_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +34,7 @@ class CreateExperimentRequest(_message.Message):
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     RERUN_OF_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     plans: _containers.RepeatedScalarFieldContainer[str]
     workload: _launch_pb2.LaunchWorkload
     model_path: str
@@ -35,7 +43,8 @@ class CreateExperimentRequest(_message.Message):
     engine: _launch_pb2.EngineSettings
     rerun_of: str
     request_id: str
-    def __init__(self, plans: _Optional[_Iterable[str]] = ..., workload: _Optional[_Union[_launch_pb2.LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., repeats: _Optional[int] = ..., dispatcher: _Optional[str] = ..., engine: _Optional[_Union[_launch_pb2.EngineSettings, _Mapping]] = ..., rerun_of: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, plans: _Optional[_Iterable[str]] = ..., workload: _Optional[_Union[_launch_pb2.LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., repeats: _Optional[int] = ..., dispatcher: _Optional[str] = ..., engine: _Optional[_Union[_launch_pb2.EngineSettings, _Mapping]] = ..., rerun_of: _Optional[str] = ..., request_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ExperimentRun(_message.Message):
     __slots__ = ("arm", "repeat", "launch", "state")
@@ -50,7 +59,14 @@ class ExperimentRun(_message.Message):
     def __init__(self, arm: _Optional[str] = ..., repeat: _Optional[int] = ..., launch: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
 
 class Experiment(_message.Message):
-    __slots__ = ("name", "state", "plans", "workload", "model_path", "repeats", "dispatcher", "runs", "error", "result", "verdict", "create_time", "update_time", "audit_records", "principal", "cancel_requested_by", "engine", "rerun_of")
+    __slots__ = ("name", "state", "plans", "workload", "model_path", "repeats", "dispatcher", "runs", "error", "result", "verdict", "create_time", "update_time", "audit_records", "principal", "cancel_requested_by", "engine", "rerun_of", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PLANS_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +85,7 @@ class Experiment(_message.Message):
     CANCEL_REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     RERUN_OF_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     plans: _containers.RepeatedScalarFieldContainer[str]
@@ -87,7 +104,8 @@ class Experiment(_message.Message):
     cancel_requested_by: str
     engine: _launch_pb2.EngineSettings
     rerun_of: str
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., plans: _Optional[_Iterable[str]] = ..., workload: _Optional[_Union[_launch_pb2.LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., repeats: _Optional[int] = ..., dispatcher: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[ExperimentRun, _Mapping]]] = ..., error: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., verdict: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., audit_records: _Optional[_Iterable[str]] = ..., principal: _Optional[str] = ..., cancel_requested_by: _Optional[str] = ..., engine: _Optional[_Union[_launch_pb2.EngineSettings, _Mapping]] = ..., rerun_of: _Optional[str] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., plans: _Optional[_Iterable[str]] = ..., workload: _Optional[_Union[_launch_pb2.LaunchWorkload, _Mapping]] = ..., model_path: _Optional[str] = ..., repeats: _Optional[int] = ..., dispatcher: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[ExperimentRun, _Mapping]]] = ..., error: _Optional[str] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., verdict: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., audit_records: _Optional[_Iterable[str]] = ..., principal: _Optional[str] = ..., cancel_requested_by: _Optional[str] = ..., engine: _Optional[_Union[_launch_pb2.EngineSettings, _Mapping]] = ..., rerun_of: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class GetExperimentRequest(_message.Message):
     __slots__ = ("name",)

@@ -255,6 +255,25 @@ def workload(ns: argparse.Namespace) -> dict[str, int]:
             "concurrency": ns.concurrency, "seed": ns.seed}
 
 
+def add_labels(p: argparse.ArgumentParser, help_text: str) -> None:
+    """--label KEY=VALUE, repeatable (labels() reads them)."""
+    p.add_argument("--label", action="append", metavar="KEY=VALUE", help=help_text)
+
+
+def labels(ns: argparse.Namespace) -> dict[str, str]:
+    """--label KEY=VALUE, repeated, as a mapping (the server checks each key and value); a label
+    given twice, or with no =, is bad input on `label`."""
+    out: dict[str, str] = {}
+    for given in ns.label or ():
+        key, eq, value = given.partition("=")
+        if not eq:
+            raise ServiceError.invalid([FieldViolation("label", f"KEY=VALUE, got {given!r}")])
+        if key in out:
+            raise ServiceError.invalid([FieldViolation("label", f"{key!r} given twice")])
+        out[key] = value
+    return out
+
+
 def engine(ns: argparse.Namespace) -> dict[str, Any]:
     """The EngineSettings fields from add_workload's flags (the server checks and spells them)."""
     return {"dtype": ns.dtype, "kv_cache_mb": ns.kv_cache_mb, "cpu_decode": ns.cpu_decode}

@@ -299,22 +299,27 @@ class Client:
     # ------------------------------------------------------------------ experiments
     def create_experiment(self, plans: list[str], model_path: str, workload: dict[str, int], repeats: int,
                           dispatcher: str = "", engine: dict[str, Any] | None = None,
-                          rerun_of: str = "", request_id: str | None = None) -> experiment_pb2.Experiment:
+                          rerun_of: str = "", request_id: str | None = None,
+                          labels: dict[str, str] | None = None) -> experiment_pb2.Experiment:
         """`rerun_of` (experiments/ID): that experiment again, which the server reads; give no
         plans, model_path, workload, repeats, dispatcher or engine with it (rerun_experiment).
         `request_id`: the idempotency key (a fresh one per call by default, so that a retried
-        call starts one experiment)."""
+        call starts one experiment). `labels`: the caller's names for it, which its launches
+        carry too."""
         req = experiment_pb2.CreateExperimentRequest(plans=plans, model_path=model_path, repeats=repeats,
                                                      workload=launch_pb2.LaunchWorkload(**workload),
                                                      dispatcher=dispatcher,
                                                      engine=launch_pb2.EngineSettings(**(engine or {})),
-                                                     rerun_of=rerun_of, request_id=request_id or uuid.uuid4().hex)
+                                                     rerun_of=rerun_of, request_id=request_id or uuid.uuid4().hex,
+                                                     labels=labels or {})
         return self.call(self.experiments.CreateExperiment, req, timeout=max(self.timeout, 60))  # type: ignore[no-any-return]
 
-    def rerun_experiment(self, name: str, request_id: str | None = None) -> experiment_pb2.Experiment:
+    def rerun_experiment(self, name: str, request_id: str | None = None,
+                         labels: dict[str, str] | None = None) -> experiment_pb2.Experiment:
         """Run experiment `name` (experiments/ID) again as it was asked for, to see whether its
-        result holds: the server reads its request; the new experiment's rerun_of names it."""
-        return self.create_experiment([], "", {}, 0, rerun_of=name, request_id=request_id)
+        result holds: the server reads its request; the new experiment's rerun_of names it. It
+        keeps the experiment's labels unless `labels` are given."""
+        return self.create_experiment([], "", {}, 0, rerun_of=name, request_id=request_id, labels=labels)
 
     def get_experiment(self, name: str) -> experiment_pb2.Experiment:
         return self.call(self.experiments.GetExperiment,  # type: ignore[no-any-return]

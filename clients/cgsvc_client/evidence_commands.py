@@ -17,6 +17,7 @@ from cgsvc_client import render
 from cgsvc_client.args import (
     INTERRUPTED,
     CliError,
+    add_labels,
     add_list_verb,
     add_listing,
     add_output,
@@ -24,6 +25,7 @@ from cgsvc_client.args import (
     add_workload,
     bad,
     engine,
+    labels,
     list_filter,
     listing,
     read_json,
@@ -332,6 +334,8 @@ def experiment_table(d: dict[str, Any], style: render.Style) -> str:
             ("runs", ", ".join(f"{r['arm']}{r['repeat']} {r['launch']} {r['state']}" for r in runs) or "-")]
     if d.get("rerun_of"):
         rows.insert(1, ("rerun of", d["rerun_of"]))
+    if d.get("labels"):
+        rows.insert(1, ("labels", ", ".join(f"{k}={v}" for k, v in sorted(d["labels"].items()))))
     if d.get("cancel_requested_by") and d["state"] == "RUNNING":
         rows.append(("cancel", f"asked by {d['cancel_requested_by']}: it ends once its current launch has stopped"))
     if d.get("error"):
@@ -375,7 +379,7 @@ def cmd_experiment_run(ns: argparse.Namespace) -> int:
                            f"got {len(plans)}")
     with Client.from_args(ns) as c:
         msg = c.create_experiment(plans, os.path.abspath(ns.checkpoint), workload(ns), ns.repeats,
-                                  ns.dispatcher or "", engine(ns), request_id=ns.request_id)
+                                  ns.dispatcher or "", engine(ns), request_id=ns.request_id, labels=labels(ns))
         print(f"{msg.name}: {plans[0]} (A) vs {plans[1]} (B), {render.counted(ns.repeats, 'launch')} per arm, interleaved",
               file=sys.stderr, flush=True)
         if not ns.detach:
@@ -416,7 +420,7 @@ def cmd_experiments_rerun(ns: argparse.Namespace) -> int:
     """The experiment again as it was asked for (the server reads its plans, workload, checkpoint,
     repeats, dispatcher and engine settings), followed as `experiment run` follows one."""
     with Client.from_args(ns) as c:
-        msg = c.rerun_experiment(resource_name("experiments", ns.name), request_id=ns.request_id)
+        msg = c.rerun_experiment(resource_name("experiments", ns.name), request_id=ns.request_id, labels=labels(ns))
         print(f"{msg.name}: {msg.rerun_of} again ({msg.plans[0]} (A) vs {msg.plans[1]} (B), "
               f"{render.counted(msg.repeats, 'launch')} per arm); `cgsvc-cli experiments diff {msg.rerun_of} {msg.name}` holds their verdicts side by side",
               file=sys.stderr, flush=True)
@@ -580,6 +584,8 @@ def register(sub: Any) -> None:
     run.add_argument("--detach", action="store_true", help="answer once it has started (follow it with experiments show)")
     run.add_argument("--request-id", help="idempotency key: a retry with the same id answers with the experiment the "
                                           "first started, starting nothing (default: a fresh id per invocation)")
+    add_labels(run, "a name of your own for the experiment (repeatable; lower-case letters, digits, _ and -), which "
+                    "its launches carry too: experiments list (or launches list) --filter 'labels.KEY = \"VALUE\"'")
     add_output(run)
     add_server(run, required=True)
     run.set_defaults(func=cmd_experiment_run)
@@ -608,6 +614,7 @@ def register(sub: Any) -> None:
                                                           "wait)")
     er.add_argument("--request-id", help="idempotency key: a retry with the same id answers with the rerun the first "
                                          "started (default: a fresh id per invocation)")
+    add_labels(er, "the rerun's labels (repeatable), in place of the experiment's own, which it keeps otherwise")
     er.set_defaults(func=cmd_experiments_rerun)
     ed = exs.add_parser("diff", help="two experiments side by side (an experiment and its rerun): whether they asked "
                                      "for the same thing, and per metric whether their verdicts agree")

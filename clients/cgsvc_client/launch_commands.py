@@ -26,6 +26,7 @@ from cgsvc_client.args import (
     Measure,
     add_explain,
     add_follow,
+    add_labels,
     add_listing,
     add_output,
     add_policy,
@@ -37,6 +38,7 @@ from cgsvc_client.args import (
     engine,
     explained_field,
     follow,
+    labels,
     list_filter,
     listing,
     resource_name,
@@ -203,20 +205,6 @@ def cmd_launch(ns: argparse.Namespace) -> int:
                              request_id=ns.request_id, policy=ns.policy or "", validate_only=ns.validate_only,
                              engine=engine(ns), labels=labels(ns))
         return answer_created(c, op.metadata, ns)
-
-
-def labels(ns: argparse.Namespace) -> dict[str, str]:
-    """--label KEY=VALUE, repeated, as a mapping (the server checks each key and value); a label
-    given twice, or with no =, is bad input on `label`."""
-    out: dict[str, str] = {}
-    for given in ns.label or ():
-        key, eq, value = given.partition("=")
-        if not eq:
-            raise ServiceError.invalid([FieldViolation("label", f"KEY=VALUE, got {given!r}")])
-        if key in out:
-            raise ServiceError.invalid([FieldViolation("label", f"{key!r} given twice")])
-        out[key] = value
-    return out
 
 
 def check_wait(ns: argparse.Namespace) -> None:
@@ -562,9 +550,8 @@ def register(sub: Any) -> None:
     add_workload(la)
     la.add_argument("--request-id", help="idempotency key: a retry with the same id returns the same launch "
                                           "(default: a fresh id per invocation)")
-    la.add_argument("--label", action="append", metavar="KEY=VALUE",
-                    help="a name of your own for the launch (repeatable; lower-case letters, digits, _ and -), to "
-                         "find it by: launches list --filter 'labels.KEY = \"VALUE\"'")
+    add_labels(la, "a name of your own for the launch (repeatable; lower-case letters, digits, _ and -), to find it "
+                   "by: launches list --filter 'labels.KEY = \"VALUE\"'")
     la.add_argument("--wait", action="store_true", help="follow progress until the launch ends")
     la.add_argument("--wait-for-resources", action="store_true", help="queue when devices are busy instead of failing")
     la.add_argument("--validate-only", action="store_true",
@@ -603,8 +590,7 @@ def register(sub: Any) -> None:
     pr.add_argument("--wait-for-resources", action="store_true",
                     help="queue when devices are busy instead of failing")
     pr.add_argument("--validate-only", action="store_true", help="check it as a launch is checked, start nothing")
-    pr.add_argument("--label", action="append", metavar="KEY=VALUE",
-                    help="the rerun's labels (repeatable), in place of the launch's own, which it keeps otherwise")
+    add_labels(pr, "the rerun's labels (repeatable), in place of the launch's own, which it keeps otherwise")
     pr.set_defaults(func=launches_rerun)
     p4 = ls.add_parser("logs", help="the ranks' (and the supervisor's) log tails, asked of the replica that keeps "
                                     "them when the server given says another does")

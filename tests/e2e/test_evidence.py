@@ -220,10 +220,11 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
     # A and B as `plans diff A B` takes them (a bare ID too); `--plan A --plan B` reads the same
     proc = cli(srv, "experiment", "run", a, b.removeprefix("plans/"), "--model-path", ckpt, "--input-len", "12",
                "--output-len", "4", "--requests", "3", "--repeats", "2", "--seed", "5", "--kv-cache-mb", "16",
-               "-o", "json")
+               "--label", "team=infra", "--label", "ticket=inc-42", "-o", "json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "4/4 launches" in proc.stderr  # progress on the way
     exp = json.loads(proc.stdout)["experiment"]
+    assert exp["labels"] == {"team": "infra", "ticket": "inc-42"}, exp
     assert exp["state"] == "SUCCEEDED" and exp["plans"] == [a, b]
     assert [(r["arm"], r["repeat"]) for r in exp["runs"]] == [("A", 1), ("B", 1), ("A", 2), ("B", 2)]
     assert all(r["state"] == "SUCCEEDED" for r in exp["runs"])
@@ -246,6 +247,12 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
         assert {x.experiment for x in launches} == {exp["name"]}
         mine = c.list_launches(filter=f'experiment = "{exp["name"]}"').launches
         assert [x.name for x in mine] == [r["launch"] for r in exp["runs"]]
+        # ... and carries its labels: the ticket finds the experiment and every launch it made
+        assert all(dict(x.labels) == exp["labels"] for x in launches)
+        ticket = c.list_launches(filter='labels.ticket = "inc-42"').launches
+        assert [x.name for x in ticket] == [r["launch"] for r in exp["runs"]]
+        assert [x.name for x in c.list_experiments(filter='labels.ticket = "inc-42"').experiments] == [exp["name"]]
+        assert c.list_experiments(filter='labels.ticket = "inc-43"').experiments == []
         made = c.get_audit_record(launches[3].audit_records[0]).outcome_message
         assert made.endswith(f", arm B, repeat 2 of {exp['name']}"), made
         for x in launches:  # each run's launch is created as the last one ends: started once all the same
@@ -270,6 +277,7 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
     shown = cli(srv, "experiments", "show", exp["name"], "-o", "table").stdout
     assert "B - A" in shown and "verdict:" in shown
     assert "engine      dtype auto, KV cache 16 MiB a rank, CPU decode eager" in shown, shown
+    assert "labels      team=infra, ticket=inc-42" in shown, shown
     # `experiments diff`: did a verdict hold? An experiment against itself holds on every metric
     held = cli(srv, "experiments", "diff", exp["name"], exp["name"].split("/")[1], "--exit-code", "-o", "json")
     assert held.returncode == 0, held.stdout + held.stderr
@@ -333,14 +341,16 @@ def test_a_cancelled_experiment_stops_its_launch_ends_cancelled_and_keeps_what_i
     with Client(srv.address) as c:
         a, b = two_plans(c)
         long = {**WORKLOAD, "output_len": 100, "requests": 1}
-        exp = c.create_experiment([a, b], ckpt, long, repeats=3, request_id="cancel-me")
+        exp = c.create_experiment([a, b], ckpt, long, repeats=3, request_id="cancel-me", labels={"ticket": "inc-7"})
         # a retry (the answer lost, say) is that experiment, not a second one on the same devices ...
-        assert c.create_experiment([a, b], ckpt, long, repeats=3, request_id="cancel-me").name == exp.name
-        with pytest.raises(ServiceError) as e:  # ... and the key is not taken for another request
-            c.create_experiment([a, b], ckpt, long, repeats=2, request_id="cancel-me")
-        assert [v.field for v in e.value.violations] == ["request_id"] and exp.name in e.value.message, e.value
+        assert c.create_experiment([a, b], ckpt, long, repeats=3, request_id="cancel-me",
+                                   labels={"ticket": "inc-7"}).name == exp.name
+        for other in ({"repeats": 2, "labels": {"ticket": "inc-7"}}, {"repeats": 3, "labels": {"ticket": "inc-9"}}):
+            with pytest.raises(ServiceError) as e:  # ... and the key is not taken for another request
+                c.create_experiment([a, b], ckpt, long, request_id="cancel-me", **other)  # type: ignore[arg-type]
+            assert [v.field for v in e.value.violations] == ["request_id"] and exp.name in e.value.message, e.value
         replays = c.list_audit_records('method = "CreateExperiment" AND request_id = "cancel-me"').records
-        assert [r.outcome_code for r in replays] == [0, 0, 3], replays  # made, replayed, refused
+        assert [r.outcome_code for r in replays] == [0, 0, 3, 3], replays  # made, replayed, refused twice
         assert replays[1].outcome_message.startswith(f"{exp.name}: replay of request_id 'cancel-me'"), replays[1]
         running = wait_experiment(c, exp.name, lambda m: any(r.arm == "B" and r.state == "RUNNING" for r in m.runs))
         victim = running.runs[-1].launch
@@ -376,6 +386,7 @@ def test_a_cancelled_experiment_stops_its_launch_ends_cancelled_and_keeps_what_i
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     again = json.loads(rerun.stdout)["experiment"]
     assert again["name"] != exp.name and again["rerun_of"] == exp.name, again
+    assert again["labels"] == {"ticket": "inc-7"}, again  # the experiment's own, unless others are given
     kept = ("plans", "workload", "model_path", "repeats", "dispatcher", "engine")
     assert {k: again[k] for k in kept} == {k: json.loads(runs.stdout)["experiments"][0][k] for k in kept}, again
     assert f"{again['name']}: {exp.name} again" in rerun.stderr, rerun.stderr
@@ -396,6 +407,14 @@ def test_a_cancelled_experiment_stops_its_launch_ends_cancelled_and_keeps_what_i
             assert e.value.code == code, (name, e.value)
     shown = cli(srv, "experiments", "show", again["name"], "-o", "table").stdout
     assert f"rerun of    {exp.name}" in shown, shown
+    # labels given with a rerun replace the experiment's
+    other = cli(srv, "experiments", "rerun", exp.name, "--detach", "--label", "ticket=inc-8", "-o", "json")
+    assert other.returncode == 0, other.stdout + other.stderr
+    relabelled = json.loads(other.stdout)["experiment"]
+    assert relabelled["labels"] == {"ticket": "inc-8"} and relabelled["rerun_of"] == exp.name, relabelled
+    with Client(srv.address) as c:
+        c.cancel_experiment(relabelled["name"])
+        assert wait_experiment(c, relabelled["name"], lambda m: m.state != "RUNNING").state == "CANCELLED"
 
 
 def test_a_cancel_that_lands_as_the_last_launch_finishes_still_ends_the_experiment_cancelled(
@@ -463,6 +482,8 @@ def test_bad_experiments_are_refused_by_field_and_audited(srv: ServerProcess, ck
             (dict(plans=[a, a], model_path=str(tmp_path / "none"), repeats=1), "model_path"),
             (dict(plans=[a, "launches/x"], model_path=ckpt, repeats=1), "plans[1]"),
             (dict(plans=[a, a], model_path=ckpt, repeats=1, engine={"dtype": "fp64"}), "engine.dtype"),
+            (dict(plans=[a, a], model_path=ckpt, repeats=1, labels={"Team": "infra"}), "labels.Team"),
+            (dict(plans=[a, a], model_path=ckpt, repeats=1, labels={"team": "a,b"}), "labels.team"),
         ]
         for kwargs, field in cases:
             with pytest.raises(ServiceError) as err:

@@ -48,7 +48,7 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 24
+    assert store.schema_version() == 25
     assert store.migrate() == []  # idempotent
 
 
@@ -87,6 +87,33 @@ def test_migration_21_adds_the_rerun_column_to_existing_experiments(store: Audit
     assert [r.experiment_id for r in experiments.list_rows('rerun_of = ""')[0]] == ["e1"]
 
 
+def test_migration_25_gives_experiments_labels_found_by_labels_key(store: AuditStore) -> None:
+    """Experiments of schema 24 read as unlabelled; labels given later are found whole by
+    `labels.KEY = VALUE`, as a launch's are."""
+    from cgsvc.audit.filters import labels_cell
+    from cgsvc.launch.store import ExperimentRow, ExperimentStore
+
+    experiments = ExperimentStore(store)
+    experiments.create(ExperimentRow("e1", "SUCCEEDED", "alice", {"plans": []}))
+    with store.write_engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE experiments DROP COLUMN labels"))
+        conn.execute(sa.text("DELETE FROM schema_migrations WHERE version = 25"))
+    assert store.migrate() == [25]
+    assert [r.labels for r in experiments.list_rows()[0]] == [""]
+    experiments.create(ExperimentRow("e2", "RUNNING", "alice", {"plans": []},
+                                     labels=labels_cell({"ticket": "inc_42", "team": "infra"})))
+    experiments.create(ExperimentRow("e3", "RUNNING", "alice", {"plans": []}, labels=labels_cell({"team": "infra2"})))
+
+    def found(text: str) -> list[str]:
+        return [r.experiment_id for r in experiments.list_rows(text)[0]]
+
+    assert found('labels.team = "infra"') == ["e2"] and found('labels.team != "infra"') == ["e1", "e3"]
+    assert found('labels.ticket = "inc_42" AND state = "RUNNING"') == ["e2"] and found('labels.ticket = "inc-42"') == []
+    assert experiments.get("e2").labels == ",team=infra,ticket=inc_42,"  # type: ignore[union-attr]
+    with pytest.raises(filters.FilterError):
+        experiments.list_rows('labels.team > "a"')
+
+
 def test_an_experiment_is_made_once_per_principal_and_request_id(store: AuditStore) -> None:
     """The store's side of an idempotent CreateExperiment: a second insert under the same
     (principal, request_id) gets the first experiment, and says whether it asked for another."""
@@ -109,8 +136,8 @@ def test_an_experiment_is_made_once_per_principal_and_request_id(store: AuditSto
 def test_launches_are_found_by_their_labels_whole(store: AuditStore) -> None:
     """`labels.KEY = VALUE` matches that pair, not a pattern or a part of another pair; a filter
     naming a label no launch could have is refused, as CreateLaunch refuses one."""
-    from cgsvc.audit.filters import FilterError
-    from cgsvc.launch.store import LaunchRow, LaunchStore, Workload, labels_cell, labels_of
+    from cgsvc.audit.filters import FilterError, labels_cell, labels_of
+    from cgsvc.launch.store import LaunchRow, LaunchStore, Workload
 
     rows = LaunchStore(store)
     for launch_id, labels in (("l1", {"team": "infra", "ticket": "inc_42"}), ("l2", {"team": "infra2"}), ("l3", {})):
@@ -203,8 +230,8 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
             create_time="2026-01-01T00:00:01Z", update_time="2026-01-01T00:00:01Z", tokens_done=1, tokens_total=1,
             error="", report_json=json.dumps(fidelity_report({"decode.backend": "substituted"})), run_dir="/r",
             handle_json="", owner=""))
-    assert store.migrate() == list(range(3, 25))  # 4 builds the Merkle tree, 5 the rule sets, of the records there
-    assert store.schema_version() == 24
+    assert store.migrate() == list(range(3, 26))  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 25
     old = store.get_record(1)
     assert old is not None and old.schema_version == 1 and old.policy == "cgsvc"
     assert ExperimentStore(store).list_rows() == ([], "")
