@@ -72,7 +72,16 @@ class Catalogued:
     lookup: Callable[[str], str | None]
 
 
-FieldKind = str | Closed | Catalogued  # "str", "int", "time", "labels" (labels.KEY), or one of the above
+@dataclass(frozen=True)
+class Named:
+    """A field holding a resource of `collection` (`plan = "plans/ID"`): its name or the bare ID
+    (or "" for none) is read as the ID; a name of another collection is refused, as it could
+    match nothing."""
+
+    collection: str
+
+
+FieldKind = str | Closed | Catalogued | Named  # "str", "int", "time", "labels" (labels.KEY), or one of these
 
 # A label (a launch's caller-given name, `labels.KEY = VALUE`): what a key and a value may hold.
 LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
@@ -147,6 +156,14 @@ def _spelled(name: str, value: str, kind: Closed | Catalogued) -> tuple[str, tup
     return (known, (value,)) if known is not None and known != value else (value, ())
 
 
+def _id_in(name: str, value: str, collection: str) -> str:
+    """The ID a Named field's value names: `collection/ID`, or the bare ID."""
+    ident = value.removeprefix(f"{collection}/")
+    if "/" in ident or (not ident and value):
+        raise FilterError(f"{name} takes {collection}/ID or the bare ID, got {value[:80]!r}")
+    return ident
+
+
 def parse_filter(text: str, fields: Mapping[str, FieldKind]) -> list[Term]:
     """Parse `text` against `fields` (name -> "str" | "int" | "time" | Closed | Catalogued); empty
     text is no filter."""
@@ -184,6 +201,8 @@ def parse_filter(text: str, fields: Mapping[str, FieldKind]) -> list[Term]:
             if (moment := utc_time(str(value))) is None:
                 raise FilterError(f"{name}: {TIME_FORM}; got {str(value)[:40]!r}")
             value = moment
+        elif isinstance(kind, Named):
+            value = _id_in(name, str(value), kind.collection)
         also: tuple[str, ...] = ()
         if isinstance(kind, Closed | Catalogued):
             value, also = _spelled(name, str(value), kind)

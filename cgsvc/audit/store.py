@@ -401,8 +401,8 @@ GPU_NAME = filters.Catalogued(lambda v: g.name if (g := catalog.find_gpu(v)) els
 MODEL_NAME = filters.Catalogued(lambda v: m.name if (m := catalog.find_model(v)) else None)
 AUDIT_FILTER_FIELDS: dict[str, filters.FieldKind] = {
     "model": MODEL_NAME, "gpu": GPU_NAME, "rule_id": "str", "principal": "str", "outcome": "str", "method": "str",
-    "time": "time", "request_id": "str", "plan_id": "str", "launch_id": "str", "sequence": "int",
-    "policy_version": "str", "policy": "str"}
+    "time": "time", "request_id": "str", "plan_id": filters.Named("plans"), "launch_id": filters.Named("launches"),
+    "sequence": "int", "policy_version": "str", "policy": "str"}
 # Plans are listed from the records that created them; create_time is the record's time.
 PLAN_FILTER_COLUMNS = {"create_time": "time"}
 PLAN_FILTER_FIELDS: dict[str, filters.FieldKind] = {

@@ -46,9 +46,9 @@ LAUNCH_REPORTED_FIELDS: dict[str, filters.FieldKind] = {
     "substituted": filters.Closed(("none", *PLAN_FIELDS)),
     "dtype": filters.Closed(tuple(MODEL_DTYPE_BYTES), DTYPE_ALIASES)}
 LAUNCH_FILTER_FIELDS: dict[str, filters.FieldKind] = {
-    "state": filters.Closed(LAUNCH_STATES), "plan": "str", "principal": "str",
-    "dispatcher": filters.Closed(DISPATCHERS), "create_time": "time", "model_path": "str", "rerun_of": "str",
-    "experiment": "str", "labels": "labels",
+    "state": filters.Closed(LAUNCH_STATES), "plan": filters.Named("plans"), "principal": "str",
+    "dispatcher": filters.Closed(DISPATCHERS), "create_time": "time", "model_path": "str",
+    "rerun_of": filters.Named("launches"), "experiment": filters.Named("experiments"), "labels": "labels",
     **LAUNCH_REPORTED_FIELDS, **LAUNCH_PLAN_FIELDS}
 _LAUNCH_LOCK = 727375  # PostgreSQL advisory lock key for launch creation
 
@@ -122,12 +122,6 @@ def label_where(term: filters.Term, table: sa.Table = launches) -> sa.ColumnElem
     _equality(term)
     match = _listed(table.c.labels, f"{term.field.removeprefix('labels.')}={term.value}")
     return match if term.op == "=" else ~match
-
-
-def by_id(term: filters.Term, collection: str, column: str = "") -> filters.Term:
-    """A term on a resource name (`plan = "plans/ID"`) as one on the ID its column keeps (plan_id:
-    `column`, default the field's own); a bare ID is taken as it is."""
-    return filters.Term(column or term.field, term.op, str(term.value).removeprefix(f"{collection}/"), term.also)
 
 
 def _to_columns(row: LaunchRow) -> dict[str, Any]:
@@ -258,13 +252,12 @@ class LaunchStore:
             elif t.field in LAUNCH_REPORTED_FIELDS:
                 where.append(reported_where(t))
             else:
-                terms.append(by_id(t, "plans", "plan_id") if t.field == "plan"
-                             else by_id(t, "launches") if t.field == "rerun_of"
-                             else by_id(t, "experiments") if t.field == "experiment" else t)
+                terms.append(t)
         # the launches of every plan that matches (older launches too: their records carry no rules)
         if of_plan:
             where.append(launches.c.plan_id.in_(plans_where(of_plan)))
         rows, token = self.audit.page(launches, terms, filter_text, page_size, page_token, where=where,
+                                      columns={"plan": "plan_id"},
                                       newest_first=filters.parse_order(order_by, "create_time"))
         return [_from_columns(r._mapping) for r in rows], token
 
@@ -355,8 +348,8 @@ def _holds_work(active: Sequence[str]) -> sa.ColumnElement[bool]:
 
 EXPERIMENT_STATES = ("RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
 EXPERIMENT_FILTER_FIELDS: dict[str, filters.FieldKind] = {
-    "state": filters.Closed(EXPERIMENT_STATES), "principal": "str", "create_time": "time", "rerun_of": "str",
-    "labels": "labels"}
+    "state": filters.Closed(EXPERIMENT_STATES), "principal": "str", "create_time": "time",
+    "rerun_of": filters.Named("experiments"), "labels": "labels"}
 
 
 @dataclass(frozen=True)
@@ -479,7 +472,7 @@ class ExperimentStore:
             if t.field.startswith("labels."):
                 where.append(label_where(t, experiments))
             else:
-                terms.append(by_id(t, "experiments") if t.field == "rerun_of" else t)
+                terms.append(t)
         rows, token = self.audit.page(experiments, terms, filter_text, page_size, page_token, where=where,
                                       newest_first=filters.parse_order(order_by, "create_time"))
         return [_experiment_from(r._mapping) for r in rows], token

@@ -175,6 +175,14 @@ def test_launches_are_found_by_the_experiment_that_made_them(store: AuditStore) 
     assert found('experiment = "experiments/e1"') == found('experiment = "e1"') == ["l1", "l3"]
     assert found('experiment = ""') == ["l2"] and found('experiment != ""') == ["l1", "l3", "l4"]
     assert found('experiment = "experiments/e3"') == [] and rows.get("l4").experiment == "e2"  # type: ignore[union-attr]
+    with pytest.raises(filters.FilterError, match="experiment takes experiments/ID or the bare ID"):
+        found('experiment = "launches/l1"')  # a launch's name where an experiment's is asked: no silent empty page
+    # the audit log's launch_id and plan_id read a resource name as its ID too
+    store.append(entry(1, launch_id="l1", plan_id="p1"))
+    for text in ('launch_id = "launches/l1"', 'launch_id = "l1"', 'plan_id = "plans/p1"'):
+        assert [r.launch_id for r in store.list_records(text)[0]] == ["l1"], text
+    with pytest.raises(filters.FilterError, match="plan_id takes plans/ID"):
+        store.list_records('plan_id = "launches/l1"')
 
 
 def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pytest.MonkeyPatch) -> None:

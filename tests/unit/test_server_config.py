@@ -191,6 +191,21 @@ def test_filter_values_of_closed_sets_match_as_spec_values_do() -> None:
         parse_filter('state = "RUNING"', fields)
 
 
+def test_a_resource_name_in_a_filter_is_read_as_its_id_and_another_collection_is_refused() -> None:
+    """`plan = "plans/ID"` and `plan = "ID"` are one filter; `experiment = "launches/ID"` (a
+    launch's name where an experiment's is asked) used to match nothing, an empty page read as
+    "none": it is refused, naming the collection the field takes."""
+    from cgsvc.audit.filters import Named
+
+    fields = {"plan": Named("plans"), "experiment": Named("experiments")}
+    assert parse_filter('plan = "plans/p1" AND experiment = e1', fields) == [
+        Term("plan", "=", "p1"), Term("experiment", "=", "e1")]
+    assert parse_filter('experiment = ""', fields) == [Term("experiment", "=", "")]  # none: asked on its own
+    for bad in ('experiment = "launches/l1"', 'plan = "plans/"', 'plan = "plans/a/b"', 'plan = "/p1"'):
+        with pytest.raises(FilterError, match=r"(plan|experiment) takes (plans|experiments)/ID or the bare ID, got "):
+            parse_filter(bad, fields)
+
+
 def test_filter_parser_bounds_what_reaches_sql() -> None:
     """Regressions: an integer past int64 (`sequence > 99999999999999999999999`) was an INTERNAL
     OverflowError in the driver; 40,000 terms were an INTERNAL error from SQLite's expression depth
