@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from cgsvc.audit.filters import TIME_FORM, utc_time
+from cgsvc.audit.filters import TIME_FORM, label_problem, utc_time
 from cgsvc.contract import kv_cache_mib
 from cgsvc.errors import FieldViolation, ServiceError, did_you_mean, one_spelling
 
@@ -258,6 +258,22 @@ def workload(ns: argparse.Namespace) -> dict[str, int]:
 def add_labels(p: argparse.ArgumentParser, help_text: str) -> None:
     """--label KEY=VALUE, repeatable (labels() reads them)."""
     p.add_argument("--label", action="append", metavar="KEY=VALUE", help=help_text)
+
+
+def add_label_columns(p: argparse.ArgumentParser, what: str) -> None:
+    """-L/--label-columns KEYS for a list of things with labels (label_columns() reads it)."""
+    p.add_argument("-L", "--label-columns", metavar="KEYS", default="",
+                   help=f"comma-separated label keys to show as columns of the table, '-' for {what} without one "
+                        "(kubectl's -L); -o json has every label")
+
+
+def label_columns(ns: argparse.Namespace) -> list[str]:
+    """The label keys -L asked for, in order, each once; a key no label could have is bad input."""
+    keys = list(dict.fromkeys(k.strip() for k in ns.label_columns.split(",") if k.strip()))
+    for key in keys:
+        if problem := label_problem(key, ""):
+            raise bad("label-columns", problem)
+    return keys
 
 
 def labels(ns: argparse.Namespace) -> dict[str, str]:

@@ -17,6 +17,7 @@ from cgsvc_client import render
 from cgsvc_client.args import (
     INTERRUPTED,
     CliError,
+    add_label_columns,
     add_labels,
     add_list_verb,
     add_listing,
@@ -25,6 +26,7 @@ from cgsvc_client.args import (
     add_workload,
     bad,
     engine,
+    label_columns,
     labels,
     list_filter,
     listing,
@@ -459,6 +461,7 @@ def brief_verdict(experiment: dict[str, Any]) -> str:
 
 
 def cmd_experiments_list(ns: argparse.Namespace) -> int:
+    keys = label_columns(ns)
     with Client.from_args(ns) as c:
         if streamed(ns, c.list_experiments, "experiments", codec.experiment_dict):
             return 0
@@ -467,10 +470,10 @@ def cmd_experiments_list(ns: argparse.Namespace) -> int:
     if render.output_mode(ns) == "json":
         render.print_json({"experiments": items, "next_page_token": token})
         return 0
-    print(render.page(["name", "state", "A", "B", "launches", "created", "verdict"],
+    print(render.page(["name", "state", "A", "B", "launches", "created", "verdict", *keys],
                       [(d["name"], d["state"], d["plans"][0], d["plans"][1], len(d.get("runs", [])),
-                        d.get("create_time", ""), brief_verdict(d)) for d in items], token, "experiments",
-                      list_filter(ns)))
+                        d.get("create_time", ""), brief_verdict(d), *(d.get("labels", {}).get(k, "-") for k in keys))
+                       for d in items], token, "experiments", list_filter(ns)))
     return 0
 
 
@@ -594,6 +597,7 @@ def register(sub: Any) -> None:
         dest="experiments_command", required=True)
     el = exs.add_parser("list", help="list experiments")
     add_listing(el, 'state = "SUCCEEDED"')
+    add_label_columns(el, "an experiment")
     el.set_defaults(func=cmd_experiments_list)
     es = exs.add_parser("show", help="one experiment: its launches, statistics and verdict")
     es.add_argument("name", help="experiments/ID or ID")

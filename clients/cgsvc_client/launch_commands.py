@@ -26,6 +26,7 @@ from cgsvc_client.args import (
     Measure,
     add_explain,
     add_follow,
+    add_label_columns,
     add_labels,
     add_listing,
     add_output,
@@ -38,6 +39,7 @@ from cgsvc_client.args import (
     engine,
     explained_field,
     follow,
+    label_columns,
     labels,
     list_filter,
     listing,
@@ -279,6 +281,7 @@ def launches_wait(ns: argparse.Namespace) -> int:
 
 
 def launches_list(ns: argparse.Namespace) -> int:
+    keys = label_columns(ns)
     with Client.from_args(ns) as c:
         if streamed(ns, c.list_launches, "launches", launch_dict):
             return 0
@@ -286,10 +289,10 @@ def launches_list(ns: argparse.Namespace) -> int:
     if render.output_mode(ns) == "json":
         render.print_json({"launches": [launch_dict(x) for x in launches], "next_page_token": token})
         return 0
-    print(render.page(["name", "state", "plan", "tp", "devices", "tokens", "created", "error"],
+    print(render.page(["name", "state", "plan", "tp", "devices", "tokens", "created", "error", *keys],
                       [(x.name, x.state, x.plan, x.tp, ",".join(x.devices), tokens_cell(x),
-                        x.create_time.ToJsonString(), x.error.splitlines()[0] if x.error else "")
-                       for x in launches], token, "launches", list_filter(ns)))
+                        x.create_time.ToJsonString(), x.error.splitlines()[0] if x.error else "",
+                        *(x.labels.get(k, "-") for k in keys)) for x in launches], token, "launches", list_filter(ns)))
     return 0
 
 
@@ -564,6 +567,7 @@ def register(sub: Any) -> None:
     ls = sub.add_parser("launches", help="launches").add_subparsers(dest="launches_command", required=True)
     p = ls.add_parser("list", help="list launches")
     add_listing(p, LAUNCH_FILTER_EXAMPLE)
+    add_label_columns(p, "a launch")
     p.set_defaults(func=launches_list)
     pm = ls.add_parser("summary", help="launches counted by some fields, with the median TTFT, TPOT and "
                                         "throughput of each group's succeeded launches")

@@ -268,7 +268,10 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
     # the list's verdict column is each metric's call in a few words (it was the verdict's first
     # 80 characters: the "ran alike" preface and nothing of TTFT's or TPOT's call)
     assert res["verdict_brief"].startswith("ran alike; TTFT ") and "; TPOT " in res["verdict_brief"]
-    assert res["verdict_brief"] in cli(srv, "experiments", "list", "-o", "table").stdout
+    table = cli(srv, "experiments", "list", "-L", "ticket,owner", "-o", "table").stdout
+    assert res["verdict_brief"] in table, table
+    assert table.splitlines()[0].split()[-2:] == ["ticket", "owner"], table
+    assert [line.split()[-2:] for line in table.splitlines() if exp["name"] in line] == [["inc-42", "-"]], table
     run = cli(srv, "launches", "show", exp["runs"][0]["launch"], "-o", "table").stdout
     assert f"experiment      {exp['name']} (a run of it: `cgsvc-cli experiments show {exp['name']}`)" in run, run
     by = json.loads(cli(srv, "launches", "summary", "--by", "experiment", "--filter", 'experiment != ""',

@@ -718,6 +718,15 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
         said = {v.field: v.description for v in e.value.violations}
         assert e.value.code == "INVALID_ARGUMENT" and set(said) == {"labels.Team", "labels.ok", "labels"}, said
         assert "lower-case letter" in said["labels.Team"], said
+    # -L KEYS: labels as columns of the list's table (kubectl's -L), "-" where a launch has none
+    listed = cli("launches", "list", "-L", "team,ticket", "--all", "-o", "table", server=srv.address).stdout
+    header, *rows = [line.split() for line in listed.splitlines() if line.strip() and not line.startswith("-")]
+    assert header[-2:] == ["team", "ticket"], listed
+    by_name = {row[0]: row[-2:] for row in rows if row[0].startswith("launches/")}
+    assert by_name[asked["name"]] == ["infra", "inc-42"] and by_name[rerun["name"]] == ["infra", "inc-42"], listed
+    assert by_name[auto["name"]] == ["-", "-"], listed  # a launch without them
+    wrong = cli("launches", "list", "-L", "Team", "-o", "json", server=srv.address)
+    assert wrong.returncode == 2 and '"field": "label-columns"' in wrong.stdout, wrong.stdout
     rerun_shown = cli("launches", "show", rerun["name"], "-o", "table", server=srv.address).stdout
     assert "labels          team=infra, ticket=inc-42" in rerun_shown, rerun_shown
     assert f"rerun of        {asked['name']}" in rerun_shown, rerun_shown
