@@ -18,6 +18,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -29,6 +30,7 @@ from cgsvc.audit.filters import labels_cell, labels_of
 from cgsvc.audit.records import AuditEntry
 from cgsvc.contract import DEFAULT_ENGINE, EngineSettings, ran_alike, ran_as
 from cgsvc.domain import stats
+from cgsvc.domain.labels import LabelChange, change_labels, label_problems
 from cgsvc.domain.launches import (
     TERMINAL,
     Launches,
@@ -36,7 +38,6 @@ from cgsvc.domain.launches import (
     TakenOver,
     dispatcher_named,
     engine_settings,
-    label_problems,
     order_for,
     read_checkpoint,
     request_hash,
@@ -51,6 +52,7 @@ log = structlog.get_logger("cgsvc.experiments")
 
 CREATE_EXPERIMENT_METHOD = "/cgsvc.v1.ExperimentService/CreateExperiment"
 CANCEL_EXPERIMENT_METHOD = "/cgsvc.v1.ExperimentService/CancelExperiment"
+UPDATE_EXPERIMENT_METHOD = "/cgsvc.v1.ExperimentService/UpdateExperiment"
 EXPERIMENT_STATE_METHOD = "experiment.state"
 ARMS = ("A", "B")
 MAX_REPEATS = 100
@@ -116,6 +118,7 @@ class Experiments:
         self.instance = instance or launches.instance
         self.changed: dict[str, asyncio.Condition] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self._relabelling = asyncio.Lock()
         self.current: dict[str, str] = {}  # experiment id -> the launch id this replica started last for it
         self.taken_over = 0  # experiments claimed from replicas whose lease lapsed (a metric)
         self.ended: collections.Counter[str] = collections.Counter()  # by state, ended here (a metric)
@@ -378,6 +381,19 @@ class Experiments:
         if row.runs and row.runs[-1]["state"] not in TERMINAL:
             await self._cancel_launches([row.runs[-1]["launch"].removeprefix("launches/")],
                                         _cancel_reason(experiment_id, caller.principal), caller.principal)
+        return await self.get(experiment_id)
+
+    async def relabel(self, experiment_id: str, change: LabelChange, caller: Caller) -> ExperimentRow:
+        """Change an experiment's labels (in any state; its launches keep the ones they were
+        made with), recorded before they are stored."""
+        async with self._relabelling:
+            row = await self.get(experiment_id)
+
+            async def record(code: str, message: str) -> None:
+                await self.audit(UPDATE_EXPERIMENT_METHOD, caller.principal, code, message, caller, experiment_id)
+
+            await change_labels(f"experiments/{experiment_id}", row.labels, change, "experiment.labels", record,
+                                functools.partial(self.store.relabel, experiment_id))
         return await self.get(experiment_id)
 
     async def _cancel_asked(self, experiment_id: str) -> str:

@@ -29,7 +29,7 @@ import json
 import math
 import os
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,6 @@ import structlog
 
 from cgsvc import __version__, catalog, codec
 from cgsvc.audit.auditor import Auditor
-from cgsvc.audit.filters import label_problem
 from cgsvc.audit.records import AuditEntry
 from cgsvc.audit.store import StoredPlan, utc_now
 from cgsvc.contract import (
@@ -63,6 +62,7 @@ from cgsvc.contract import (
     substituted,
     tp_misfits,
 )
+from cgsvc.domain.labels import LabelChange, change_labels
 from cgsvc.domain.plans import Caller
 from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError, did_you_mean, one_spelling
 from cgsvc.ids import new_id
@@ -87,6 +87,7 @@ ACTIVE = LAUNCH_STATES[:4]  # in the order a launch moves through them
 TERMINAL = LAUNCH_STATES[4:]
 WORKER_STATES = {"loading": "LOADING", "capturing": "CAPTURING", "running": "RUNNING"}
 STATE_METHOD = "launch.state"
+UPDATE_METHOD = "/cgsvc.v1.LaunchService/UpdateLaunch"
 
 
 class TakenOver(Exception):
@@ -134,18 +135,6 @@ def workload_problems(workload: Workload, model_path: str) -> list[FieldViolatio
         problems.append(FieldViolation("workload.concurrency", "must be 0 (all at once) or positive"))
     if not model_path:
         problems.append(FieldViolation("model_path", "required: the checkpoint directory the workers load"))
-    return problems
-
-
-MAX_LABELS = 64
-
-
-def label_problems(labels: Mapping[str, str]) -> list[FieldViolation]:
-    """What is wrong with a launch's labels, each on its own field (labels.KEY)."""
-    problems = [FieldViolation(f"labels.{key}" if key else "labels", problem)
-                for key, value in sorted(labels.items()) if (problem := label_problem(key, value))]
-    if len(labels) > MAX_LABELS:
-        problems.append(FieldViolation("labels", f"at most {MAX_LABELS} labels, got {len(labels)}"))
     return problems
 
 
@@ -427,6 +416,7 @@ class Launches:
         # started, so two schedule() calls at once (two creates, or a create and a launch that
         # ended) each started every PLACING launch, a second group on the same devices.
         self._placing = asyncio.Lock()
+        self._relabelling = asyncio.Lock()
 
     def owns(self, owner: str) -> bool:
         """Whether a launch or experiment with this owner is this server's to recover: on a
@@ -764,6 +754,18 @@ class Launches:
         if row is None:
             raise ServiceError("NOT_FOUND", f"launches/{launch_id} does not exist")
         return row
+
+    async def relabel(self, launch_id: str, change: LabelChange, caller: Caller) -> LaunchRow:
+        """Change a launch's labels (in any state), recorded before they are stored."""
+        async with self._relabelling:  # this replica's relabels one at a time; other replicas' lose with ABORTED
+            row = await self.get(launch_id)
+
+            async def record(code: str, message: str) -> None:
+                await self.audit(row, caller.principal, UPDATE_METHOD, code, message, caller)
+
+            await change_labels(f"launches/{launch_id}", row.labels, change, "launch.labels", record,
+                                functools.partial(self.store.relabel, launch_id))
+        return await self.get(launch_id)
 
     async def cancel(self, launch_id: str, principal: str) -> LaunchRow:
         row = await self.request_cancel(launch_id, principal)

@@ -168,6 +168,13 @@ def reported_where(term: filters.Term) -> sa.ColumnElement[bool]:
     return match if term.op == "=" else (column != "") & ~match
 
 
+def _relabel(engine: Any, table: sa.Table, which: sa.ColumnElement[bool], before: str, after: str) -> bool:
+    with engine.begin() as conn:
+        done = conn.execute(table.update().where(which, table.c.labels == before)
+                            .values(labels=after, update_time=utc_now()))
+    return bool(done.rowcount)
+
+
 @dataclass(frozen=True)
 class Created:
     row: LaunchRow
@@ -225,6 +232,11 @@ class LaunchStore:
         with self.write_engine.begin() as conn:
             done = conn.execute(launches.update().where(where).values(**_update_values(values), update_time=utc_now()))
         return bool(done.rowcount)
+
+    def relabel(self, launch_id: str, before: str, after: str) -> bool:
+        """Store a launch's labels (labels_cell form) as `after`, if they are still `before`:
+        whether they were (a relabel on another replica may have come between)."""
+        return _relabel(self.write_engine, launches, launches.c.launch_id == launch_id, before, after)
 
     def claim(self, launch_id: str, state: str, from_owner: str, to_owner: str) -> bool:
         """Make `to_owner` the launch's owner, if it is still in `state` and `from_owner` (even
@@ -451,6 +463,10 @@ class ExperimentStore:
                                                            experiments.c.state == "RUNNING")
                                 .values(cancel_requested_by=principal))
         return bool(done.rowcount)
+
+    def relabel(self, experiment_id: str, before: str, after: str) -> bool:
+        """An experiment's labels, as LaunchStore.relabel stores a launch's."""
+        return _relabel(self.write_engine, experiments, experiments.c.experiment_id == experiment_id, before, after)
 
     def claim(self, experiment_id: str, from_owner: str, to_owner: str) -> bool:
         """Make `to_owner` the owner, if `from_owner` still is (one replica wins)."""

@@ -36,9 +36,11 @@ PERMISSIONS: dict[str, tuple[str, ...]] = {
     "cgsvc.v1.AuditService/*": ("auditor", "admin"),
     "cgsvc.v1.LaunchService/CreateLaunch": ("launcher", "admin"),
     "cgsvc.v1.LaunchService/CancelLaunch": ("launcher", "admin"),
+    "cgsvc.v1.LaunchService/UpdateLaunch": ("launcher", "admin"),
     "cgsvc.v1.LaunchService/*": ("launcher", "auditor", "admin"),
     "cgsvc.v1.ExperimentService/CreateExperiment": ("launcher", "admin"),
     "cgsvc.v1.ExperimentService/CancelExperiment": ("launcher", "admin"),
+    "cgsvc.v1.ExperimentService/UpdateExperiment": ("launcher", "admin"),
     "cgsvc.v1.ExperimentService/*": ("launcher", "auditor", "admin"),
     "cgsvc.v1.DiagnosticsService/*": ROLES,
 }

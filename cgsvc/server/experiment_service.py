@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from cgsvc import codec
 from cgsvc.contract import EngineSettings
 from cgsvc.domain.experiments import Experiments
+from cgsvc.domain.labels import read_change
 from cgsvc.ids import parse_name
 from cgsvc.launch.store import Workload
 from cgsvc.server.interceptors import RequestContext
@@ -44,6 +45,12 @@ class ExperimentService:
                                rc: RequestContext) -> experiment_pb2.Experiment:
         return codec.experiment_proto(await self.experiments.cancel(parse_name(request.name, "experiments"),
                                                                     caller(rc)))
+
+    async def UpdateExperiment(self, request: experiment_pb2.UpdateExperimentRequest,  # noqa: N802
+                               rc: RequestContext) -> experiment_pb2.Experiment:
+        experiment_id = parse_name(request.experiment.name, "experiments", "experiment.name")
+        change = read_change(request.experiment.labels, list(request.update_mask.paths), "experiment")
+        return codec.experiment_proto(await self.experiments.relabel(experiment_id, change, caller(rc)))
 
     async def WatchExperiment(self, request: experiment_pb2.WatchExperimentRequest,  # noqa: N802
                               rc: RequestContext) -> AsyncIterator[experiment_pb2.Experiment]:

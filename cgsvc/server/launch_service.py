@@ -19,6 +19,7 @@ from typing import Any
 from cgsvc import codec
 from cgsvc.audit.filters import labels_cell, labels_of
 from cgsvc.contract import DEFAULT_ENGINE, EngineSettings, RunDir
+from cgsvc.domain.labels import label_problems, read_change
 from cgsvc.domain.launches import (
     CREATE_METHOD,
     LOG_CHUNK_BYTES,
@@ -27,7 +28,6 @@ from cgsvc.domain.launches import (
     PlanSource,
     dispatcher_named,
     engine_settings,
-    label_problems,
     order_for,
     read_checkpoint,
     read_log,
@@ -221,6 +221,12 @@ class LaunchService:
                            rc: RequestContext) -> launch_pb2.Launch:
         row = await self.launches.cancel(parse_name(request.name, "launches"), rc.principal.name)
         return await self._proto(row)
+
+    async def UpdateLaunch(self, request: launch_pb2.UpdateLaunchRequest,  # noqa: N802
+                           rc: RequestContext) -> launch_pb2.Launch:
+        launch_id = parse_name(request.launch.name, "launches", "launch.name")
+        change = read_change(request.launch.labels, list(request.update_mask.paths), "launch")
+        return await self._proto(await self.launches.relabel(launch_id, change, caller(rc)))
 
     async def WatchLaunch(self, request: launch_pb2.WatchLaunchRequest,  # noqa: N802
                           rc: RequestContext) -> AsyncIterator[launch_pb2.LaunchEvent]:

@@ -35,7 +35,8 @@ from cgsvc.v1 import audit_pb2, diagnostics_pb2, launch_pb2, plan_pb2, plan_serv
 
 # Methods whose every call is audited, malformed ones included.
 AUDITED_METHODS = {RESOLVE_METHOD, "/cgsvc.v1.LaunchService/CreateLaunch", "/cgsvc.v1.LaunchService/CancelLaunch",
-                   "/cgsvc.v1.ExperimentService/CreateExperiment", "/cgsvc.v1.ExperimentService/CancelExperiment"}
+                   "/cgsvc.v1.LaunchService/UpdateLaunch", "/cgsvc.v1.ExperimentService/CreateExperiment",
+                   "/cgsvc.v1.ExperimentService/CancelExperiment", "/cgsvc.v1.ExperimentService/UpdateExperiment"}
 
 
 def caller(rc: RequestContext) -> Caller:

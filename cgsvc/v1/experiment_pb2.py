@@ -23,11 +23,12 @@ _sym_db = _symbol_database.Default()
 
 
 from cgsvc.v1 import launch_pb2 as cgsvc_dot_v1_dot_launch__pb2
+from google.protobuf import field_mask_pb2 as google_dot_protobuf_dot_field__mask__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63gsvc/v1/experiment.proto\x12\x08\x63gsvc.v1\x1a\x15\x63gsvc/v1/launch.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\'\n\x17\x43\x61ncelExperimentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\xcb\x02\n\x17\x43reateExperimentRequest\x12\r\n\x05plans\x18\x01 \x03(\t\x12*\n\x08workload\x18\x02 \x01(\x0b\x32\x18.cgsvc.v1.LaunchWorkload\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12\x0f\n\x07repeats\x18\x04 \x01(\x05\x12\x12\n\ndispatcher\x18\x05 \x01(\t\x12(\n\x06\x65ngine\x18\x06 \x01(\x0b\x32\x18.cgsvc.v1.EngineSettings\x12\x10\n\x08rerun_of\x18\x07 \x01(\t\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12=\n\x06labels\x18\t \x03(\x0b\x32-.cgsvc.v1.CreateExperimentRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"K\n\rExperimentRun\x12\x0b\n\x03\x61rm\x18\x01 \x01(\t\x12\x0e\n\x06repeat\x18\x02 \x01(\x05\x12\x0e\n\x06launch\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\"\xd3\x04\n\nExperiment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\r\n\x05plans\x18\x03 \x03(\t\x12*\n\x08workload\x18\x04 \x01(\x0b\x32\x18.cgsvc.v1.LaunchWorkload\x12\x12\n\nmodel_path\x18\x05 \x01(\t\x12\x0f\n\x07repeats\x18\x06 \x01(\x05\x12\x12\n\ndispatcher\x18\x07 \x01(\t\x12%\n\x04runs\x18\x08 \x03(\x0b\x32\x17.cgsvc.v1.ExperimentRun\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\'\n\x06result\x18\n \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07verdict\x18\x0b \x01(\t\x12/\n\x0b\x63reate_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\raudit_records\x18\x0e \x03(\t\x12\x11\n\tprincipal\x18\x0f \x01(\t\x12\x1b\n\x13\x63\x61ncel_requested_by\x18\x10 \x01(\t\x12(\n\x06\x65ngine\x18\x11 \x01(\x0b\x32\x18.cgsvc.v1.EngineSettings\x12\x10\n\x08rerun_of\x18\x12 \x01(\t\x12\x30\n\x06labels\x18\x13 \x03(\x0b\x32 .cgsvc.v1.Experiment.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"$\n\x14GetExperimentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"a\n\x16ListExperimentsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06\x66ilter\x18\x03 \x01(\t\x12\x10\n\x08order_by\x18\x04 \x01(\t\"]\n\x17ListExperimentsResponse\x12)\n\x0b\x65xperiments\x18\x01 \x03(\x0b\x32\x14.cgsvc.v1.Experiment\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"&\n\x16WatchExperimentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t2\x99\x03\n\x11\x45xperimentService\x12K\n\x10\x43reateExperiment\x12!.cgsvc.v1.CreateExperimentRequest\x1a\x14.cgsvc.v1.Experiment\x12\x45\n\rGetExperiment\x12\x1e.cgsvc.v1.GetExperimentRequest\x1a\x14.cgsvc.v1.Experiment\x12V\n\x0fListExperiments\x12 .cgsvc.v1.ListExperimentsRequest\x1a!.cgsvc.v1.ListExperimentsResponse\x12K\n\x0fWatchExperiment\x12 .cgsvc.v1.WatchExperimentRequest\x1a\x14.cgsvc.v1.Experiment0\x01\x12K\n\x10\x43\x61ncelExperiment\x12!.cgsvc.v1.CancelExperimentRequest\x1a\x14.cgsvc.v1.ExperimentB\x1cZ\x1a\x63gsvc/gen/cgsvc/v1;cgsvcv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63gsvc/v1/experiment.proto\x12\x08\x63gsvc.v1\x1a\x15\x63gsvc/v1/launch.proto\x1a google/protobuf/field_mask.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"t\n\x17UpdateExperimentRequest\x12(\n\nexperiment\x18\x01 \x01(\x0b\x32\x14.cgsvc.v1.Experiment\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\"\'\n\x17\x43\x61ncelExperimentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\xcb\x02\n\x17\x43reateExperimentRequest\x12\r\n\x05plans\x18\x01 \x03(\t\x12*\n\x08workload\x18\x02 \x01(\x0b\x32\x18.cgsvc.v1.LaunchWorkload\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12\x0f\n\x07repeats\x18\x04 \x01(\x05\x12\x12\n\ndispatcher\x18\x05 \x01(\t\x12(\n\x06\x65ngine\x18\x06 \x01(\x0b\x32\x18.cgsvc.v1.EngineSettings\x12\x10\n\x08rerun_of\x18\x07 \x01(\t\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12=\n\x06labels\x18\t \x03(\x0b\x32-.cgsvc.v1.CreateExperimentRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"K\n\rExperimentRun\x12\x0b\n\x03\x61rm\x18\x01 \x01(\t\x12\x0e\n\x06repeat\x18\x02 \x01(\x05\x12\x0e\n\x06launch\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\"\xd3\x04\n\nExperiment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\r\n\x05plans\x18\x03 \x03(\t\x12*\n\x08workload\x18\x04 \x01(\x0b\x32\x18.cgsvc.v1.LaunchWorkload\x12\x12\n\nmodel_path\x18\x05 \x01(\t\x12\x0f\n\x07repeats\x18\x06 \x01(\x05\x12\x12\n\ndispatcher\x18\x07 \x01(\t\x12%\n\x04runs\x18\x08 \x03(\x0b\x32\x17.cgsvc.v1.ExperimentRun\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\'\n\x06result\x18\n \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07verdict\x18\x0b \x01(\t\x12/\n\x0b\x63reate_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\raudit_records\x18\x0e \x03(\t\x12\x11\n\tprincipal\x18\x0f \x01(\t\x12\x1b\n\x13\x63\x61ncel_requested_by\x18\x10 \x01(\t\x12(\n\x06\x65ngine\x18\x11 \x01(\x0b\x32\x18.cgsvc.v1.EngineSettings\x12\x10\n\x08rerun_of\x18\x12 \x01(\t\x12\x30\n\x06labels\x18\x13 \x03(\x0b\x32 .cgsvc.v1.Experiment.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"$\n\x14GetExperimentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"a\n\x16ListExperimentsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06\x66ilter\x18\x03 \x01(\t\x12\x10\n\x08order_by\x18\x04 \x01(\t\"]\n\x17ListExperimentsResponse\x12)\n\x0b\x65xperiments\x18\x01 \x03(\x0b\x32\x14.cgsvc.v1.Experiment\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"&\n\x16WatchExperimentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t2\xe6\x03\n\x11\x45xperimentService\x12K\n\x10\x43reateExperiment\x12!.cgsvc.v1.CreateExperimentRequest\x1a\x14.cgsvc.v1.Experiment\x12\x45\n\rGetExperiment\x12\x1e.cgsvc.v1.GetExperimentRequest\x1a\x14.cgsvc.v1.Experiment\x12V\n\x0fListExperiments\x12 .cgsvc.v1.ListExperimentsRequest\x1a!.cgsvc.v1.ListExperimentsResponse\x12K\n\x0fWatchExperiment\x12 .cgsvc.v1.WatchExperimentRequest\x1a\x14.cgsvc.v1.Experiment0\x01\x12K\n\x10\x43\x61ncelExperiment\x12!.cgsvc.v1.CancelExperimentRequest\x1a\x14.cgsvc.v1.Experiment\x12K\n\x10UpdateExperiment\x12!.cgsvc.v1.UpdateExperimentRequest\x1a\x14.cgsvc.v1.ExperimentB\x1cZ\x1a\x63gsvc/gen/cgsvc/v1;cgsvcv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,26 +40,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATEEXPERIMENTREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_EXPERIMENT_LABELSENTRY']._loaded_options = None
   _globals['_EXPERIMENT_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_CANCELEXPERIMENTREQUEST']._serialized_start=125
-  _globals['_CANCELEXPERIMENTREQUEST']._serialized_end=164
-  _globals['_CREATEEXPERIMENTREQUEST']._serialized_start=167
-  _globals['_CREATEEXPERIMENTREQUEST']._serialized_end=498
-  _globals['_CREATEEXPERIMENTREQUEST_LABELSENTRY']._serialized_start=453
-  _globals['_CREATEEXPERIMENTREQUEST_LABELSENTRY']._serialized_end=498
-  _globals['_EXPERIMENTRUN']._serialized_start=500
-  _globals['_EXPERIMENTRUN']._serialized_end=575
-  _globals['_EXPERIMENT']._serialized_start=578
-  _globals['_EXPERIMENT']._serialized_end=1173
-  _globals['_EXPERIMENT_LABELSENTRY']._serialized_start=453
-  _globals['_EXPERIMENT_LABELSENTRY']._serialized_end=498
-  _globals['_GETEXPERIMENTREQUEST']._serialized_start=1175
-  _globals['_GETEXPERIMENTREQUEST']._serialized_end=1211
-  _globals['_LISTEXPERIMENTSREQUEST']._serialized_start=1213
-  _globals['_LISTEXPERIMENTSREQUEST']._serialized_end=1310
-  _globals['_LISTEXPERIMENTSRESPONSE']._serialized_start=1312
-  _globals['_LISTEXPERIMENTSRESPONSE']._serialized_end=1405
-  _globals['_WATCHEXPERIMENTREQUEST']._serialized_start=1407
-  _globals['_WATCHEXPERIMENTREQUEST']._serialized_end=1445
-  _globals['_EXPERIMENTSERVICE']._serialized_start=1448
-  _globals['_EXPERIMENTSERVICE']._serialized_end=1857
+  _globals['_UPDATEEXPERIMENTREQUEST']._serialized_start=159
+  _globals['_UPDATEEXPERIMENTREQUEST']._serialized_end=275
+  _globals['_CANCELEXPERIMENTREQUEST']._serialized_start=277
+  _globals['_CANCELEXPERIMENTREQUEST']._serialized_end=316
+  _globals['_CREATEEXPERIMENTREQUEST']._serialized_start=319
+  _globals['_CREATEEXPERIMENTREQUEST']._serialized_end=650
+  _globals['_CREATEEXPERIMENTREQUEST_LABELSENTRY']._serialized_start=605
+  _globals['_CREATEEXPERIMENTREQUEST_LABELSENTRY']._serialized_end=650
+  _globals['_EXPERIMENTRUN']._serialized_start=652
+  _globals['_EXPERIMENTRUN']._serialized_end=727
+  _globals['_EXPERIMENT']._serialized_start=730
+  _globals['_EXPERIMENT']._serialized_end=1325
+  _globals['_EXPERIMENT_LABELSENTRY']._serialized_start=605
+  _globals['_EXPERIMENT_LABELSENTRY']._serialized_end=650
+  _globals['_GETEXPERIMENTREQUEST']._serialized_start=1327
+  _globals['_GETEXPERIMENTREQUEST']._serialized_end=1363
+  _globals['_LISTEXPERIMENTSREQUEST']._serialized_start=1365
+  _globals['_LISTEXPERIMENTSREQUEST']._serialized_end=1462
+  _globals['_LISTEXPERIMENTSRESPONSE']._serialized_start=1464
+  _globals['_LISTEXPERIMENTSRESPONSE']._serialized_end=1557
+  _globals['_WATCHEXPERIMENTREQUEST']._serialized_start=1559
+  _globals['_WATCHEXPERIMENTREQUEST']._serialized_end=1597
+  _globals['_EXPERIMENTSERVICE']._serialized_start=1600
+  _globals['_EXPERIMENTSERVICE']._serialized_end=2086
 # @@protoc_insertion_point(module_scope)

@@ -1,6 +1,7 @@
 import datetime
 
 from cgsvc.v1 import launch_pb2 as _launch_pb2
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -10,6 +11,14 @@ from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class UpdateExperimentRequest(_message.Message):
+    __slots__ = ("experiment", "update_mask")
+    EXPERIMENT_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_MASK_FIELD_NUMBER: _ClassVar[int]
+    experiment: Experiment
+    update_mask: _field_mask_pb2.FieldMask
+    def __init__(self, experiment: _Optional[_Union[Experiment, _Mapping]] = ..., update_mask: _Optional[_Union[_field_mask_pb2.FieldMask, _Mapping]] = ...) -> None: ...
 
 class CancelExperimentRequest(_message.Message):
     __slots__ = ("name",)

@@ -61,6 +61,11 @@ class ExperimentServiceStub:
                 request_serializer=cgsvc_dot_v1_dot_experiment__pb2.CancelExperimentRequest.SerializeToString,
                 response_deserializer=cgsvc_dot_v1_dot_experiment__pb2.Experiment.FromString,
                 _registered_method=True)
+        self.UpdateExperiment = channel.unary_unary(
+                '/cgsvc.v1.ExperimentService/UpdateExperiment',
+                request_serializer=cgsvc_dot_v1_dot_experiment__pb2.UpdateExperimentRequest.SerializeToString,
+                response_deserializer=cgsvc_dot_v1_dot_experiment__pb2.Experiment.FromString,
+                _registered_method=True)
 
 
 class ExperimentServiceServicer:
@@ -102,6 +107,14 @@ class ExperimentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateExperiment(self, request, context):
+        """Changes an experiment's labels as UpdateLaunch changes a launch's (the launches it made
+        already keep theirs); in any state, audited, launcher or admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExperimentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -128,6 +141,11 @@ def add_ExperimentServiceServicer_to_server(servicer, server):
             'CancelExperiment': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelExperiment,
                     request_deserializer=cgsvc_dot_v1_dot_experiment__pb2.CancelExperimentRequest.FromString,
+                    response_serializer=cgsvc_dot_v1_dot_experiment__pb2.Experiment.SerializeToString,
+            ),
+            'UpdateExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateExperiment,
+                    request_deserializer=cgsvc_dot_v1_dot_experiment__pb2.UpdateExperimentRequest.FromString,
                     response_serializer=cgsvc_dot_v1_dot_experiment__pb2.Experiment.SerializeToString,
             ),
     }
@@ -267,6 +285,33 @@ class ExperimentService:
             target,
             '/cgsvc.v1.ExperimentService/CancelExperiment',
             cgsvc_dot_v1_dot_experiment__pb2.CancelExperimentRequest.SerializeToString,
+            cgsvc_dot_v1_dot_experiment__pb2.Experiment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cgsvc.v1.ExperimentService/UpdateExperiment',
+            cgsvc_dot_v1_dot_experiment__pb2.UpdateExperimentRequest.SerializeToString,
             cgsvc_dot_v1_dot_experiment__pb2.Experiment.FromString,
             options,
             channel_credentials,

@@ -45,6 +45,10 @@ class ExperimentServiceStub:
     """Stops a running experiment: no further launch is started and the one running is cancelled;
     it then ends CANCELLED, keeping what it measured. Asked of any replica. Audited.
     """
+    UpdateExperiment: _grpc.UnaryUnaryMultiCallable[_experiment_pb2.UpdateExperimentRequest, _experiment_pb2.Experiment]
+    """Changes an experiment's labels as UpdateLaunch changes a launch's (the launches it made
+    already keep theirs); in any state, audited, launcher or admin.
+    """
 
 @_typing.type_check_only
 class ExperimentServiceAsyncStub(ExperimentServiceStub):
@@ -62,6 +66,10 @@ class ExperimentServiceAsyncStub(ExperimentServiceStub):
     CancelExperiment: _aio.UnaryUnaryMultiCallable[_experiment_pb2.CancelExperimentRequest, _experiment_pb2.Experiment]  # type: ignore[assignment]
     """Stops a running experiment: no further launch is started and the one running is cancelled;
     it then ends CANCELLED, keeping what it measured. Asked of any replica. Audited.
+    """
+    UpdateExperiment: _aio.UnaryUnaryMultiCallable[_experiment_pb2.UpdateExperimentRequest, _experiment_pb2.Experiment]  # type: ignore[assignment]
+    """Changes an experiment's labels as UpdateLaunch changes a launch's (the launches it made
+    already keep theirs); in any state, audited, launcher or admin.
     """
 
 class ExperimentServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -107,6 +115,16 @@ class ExperimentServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_experiment_pb2.Experiment, _abc.Awaitable[_experiment_pb2.Experiment]]:
         """Stops a running experiment: no further launch is started and the one running is cancelled;
         it then ends CANCELLED, keeping what it measured. Asked of any replica. Audited.
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateExperiment(
+        self,
+        request: _experiment_pb2.UpdateExperimentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_experiment_pb2.Experiment, _abc.Awaitable[_experiment_pb2.Experiment]]:
+        """Changes an experiment's labels as UpdateLaunch changes a launch's (the launches it made
+        already keep theirs); in any state, audited, launcher or admin.
         """
 
 def add_ExperimentServiceServicer_to_server(servicer: ExperimentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

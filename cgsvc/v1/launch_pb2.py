@@ -23,10 +23,11 @@ _sym_db = _symbol_database.Default()
 
 
 from cgsvc.v1 import launch_spec_pb2 as cgsvc_dot_v1_dot_launch__spec__pb2
+from google.protobuf import field_mask_pb2 as google_dot_protobuf_dot_field__mask__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63gsvc/v1/launch.proto\x12\x08\x63gsvc.v1\x1a\x1a\x63gsvc/v1/launch_spec.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n\x0eLaunchWorkload\x12\x11\n\tinput_len\x18\x01 \x01(\x05\x12\x12\n\noutput_len\x18\x02 \x01(\x05\x12\x10\n\x08requests\x18\x03 \x01(\x05\x12\x13\n\x0b\x63oncurrency\x18\x04 \x01(\x05\x12\x0c\n\x04seed\x18\x05 \x01(\x05\"H\n\x0e\x45ngineSettings\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\x13\n\x0bkv_cache_mb\x18\x02 \x01(\x01\x12\x12\n\ncpu_decode\x18\x03 \x01(\t\"c\n\x0cPlanFidelity\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12\x11\n\trequested\x18\x02 \x01(\t\x12\x11\n\teffective\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\xe6\x04\n\x0cLaunchReport\x12\x13\n\x0bttft_ms_p50\x18\x01 \x01(\x01\x12\x13\n\x0bttft_ms_p99\x18\x02 \x01(\x01\x12\x18\n\x0btpot_ms_p50\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0btpot_ms_p99\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x10throughput_tok_s\x18\x05 \x01(\x01\x12\x15\n\routput_tokens\x18\x06 \x01(\x05\x12\x19\n\x11prefill_requested\x18\x07 \x01(\t\x12\x19\n\x11prefill_effective\x18\x08 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_requested\x18\t \x01(\t\x12\x18\n\x10\x64\x65\x63ode_effective\x18\n \x01(\t\x12#\n\x1b\x61ttention_prefill_effective\x18\x0b \x01(\t\x12\"\n\x1a\x61ttention_decode_effective\x18\x0c \x01(\t\x12\x17\n\x0f\x63\x61pture_seconds\x18\r \x01(\x01\x12\x15\n\rcapture_bytes\x18\x0e \x01(\x03\x12\x1a\n\x12kv_bytes_per_token\x18\x0f \x01(\x03\x12\x15\n\rsubstitutions\x18\x10 \x03(\t\x12-\n\rplan_fidelity\x18\x11 \x03(\x0b\x32\x16.cgsvc.v1.PlanFidelity\x12\r\n\x05\x64type\x18\x12 \x01(\t\x12\x14\n\x0c\x64type_reason\x18\x13 \x01(\t\x12\x1d\n\x15kv_cache_budget_bytes\x18\x14 \x01(\x03\x12\x1e\n\x16kv_cache_budget_reason\x18\x15 \x01(\tB\x0e\n\x0c_tpot_ms_p50B\x0e\n\x0c_tpot_ms_p99\"\x8b\x06\n\x06Launch\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04plan\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12*\n\x08workload\x18\x04 \x01(\x0b\x32\x18.cgsvc.v1.LaunchWorkload\x12\x12\n\nmodel_path\x18\x05 \x01(\t\x12\n\n\x02tp\x18\x06 \x01(\x05\x12\x12\n\ndispatcher\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0btokens_done\x18\n \x01(\x03\x12\x14\n\x0ctokens_total\x18\x0b \x01(\x03\x12\r\n\x05\x65rror\x18\x0c \x01(\t\x12&\n\x06report\x18\r \x01(\x0b\x32\x16.cgsvc.v1.LaunchReport\x12\x13\n\x0breport_json\x18\x0e \x01(\t\x12\x19\n\x11plan_audit_record\x18\x0f \x01(\t\x12\x15\n\raudit_records\x18\x10 \x03(\t\x12\x11\n\tprincipal\x18\x11 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x12 \x03(\t\x12\x11\n\tplacement\x18\x13 \x01(\t\x12\x12\n\nrequest_id\x18\x14 \x01(\t\x12\r\n\x05owner\x18\x15 \x01(\t\x12\x1a\n\x12prompt_tokens_done\x18\x16 \x01(\x03\x12\x1b\n\x13prompt_tokens_total\x18\x17 \x01(\x03\x12(\n\x06\x65ngine\x18\x18 \x01(\x0b\x32\x18.cgsvc.v1.EngineSettings\x12\x14\n\x0c\x63\x61pture_done\x18\x19 \x01(\x03\x12\x15\n\rcapture_total\x18\x1a \x01(\x03\x12\x10\n\x08rerun_of\x18\x1b \x01(\t\x12,\n\x06labels\x18\x1c \x03(\x0b\x32\x1c.cgsvc.v1.Launch.LabelsEntry\x12\x12\n\nexperiment\x18\x1d \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd2\x01\n\x07Replica\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1d\n\x15seconds_since_renewal\x18\x04 \x01(\x01\x12\x0e\n\x06lapsed\x18\x05 \x01(\x08\x12\x17\n\x0f\x61\x63tive_launches\x18\x06 \x01(\x05\x12\x11\n\tanswering\x18\x07 \x01(\x08\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\t \x01(\t\"\x15\n\x13ListReplicasRequest\"R\n\x14ListReplicasResponse\x12#\n\x08replicas\x18\x01 \x03(\x0b\x32\x11.cgsvc.v1.Replica\x12\x15\n\rlease_seconds\x18\x02 \x01(\x01\"\xa8\x03\n\x13\x43reateLaunchRequest\x12$\n\x04spec\x18\x01 \x01(\x0b\x32\x14.cgsvc.v1.LaunchSpecH\x00\x12\x0e\n\x04plan\x18\x02 \x01(\tH\x00\x12\x12\n\x08rerun_of\x18\x0b \x01(\tH\x00\x12*\n\x08workload\x18\x03 \x01(\x0b\x32\x18.cgsvc.v1.LaunchWorkload\x12\x12\n\nmodel_path\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x12\n\ndispatcher\x18\x06 \x01(\t\x12\x1a\n\x12wait_for_resources\x18\x07 \x01(\x08\x12\x0e\n\x06policy\x18\x08 \x01(\t\x12\x15\n\rvalidate_only\x18\t \x01(\x08\x12(\n\x06\x65ngine\x18\n \x01(\x0b\x32\x18.cgsvc.v1.EngineSettings\x12\x39\n\x06labels\x18\x0c \x03(\x0b\x32).cgsvc.v1.CreateLaunchRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06source\"v\n\tOperation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\"\n\x08metadata\x18\x03 \x01(\x0b\x32\x10.cgsvc.v1.Launch\x12\x12\n\nerror_code\x18\x04 \x01(\x05\x12\x15\n\rerror_message\x18\x05 \x01(\t\" \n\x10GetLaunchRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"^\n\x13ListLaunchesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06\x66ilter\x18\x03 \x01(\t\x12\x10\n\x08order_by\x18\x04 \x01(\t\"S\n\x14ListLaunchesResponse\x12\"\n\x08launches\x18\x01 \x03(\x0b\x32\x10.cgsvc.v1.Launch\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"#\n\x13\x43\x61ncelLaunchRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\"\n\x12WatchLaunchRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"=\n\x0bLaunchEvent\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12 \n\x06launch\x18\x02 \x01(\x0b\x32\x10.cgsvc.v1.Launch\"\xc4\x01\n\x14GetLaunchLogsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\ntail_lines\x18\x03 \x01(\x05\x12G\n\rafter_offsets\x18\x04 \x03(\x0b\x32\x30.cgsvc.v1.GetLaunchLogsRequest.AfterOffsetsEntry\x1a\x33\n\x11\x41\x66terOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"G\n\x07RankLog\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x12\n\nend_offset\x18\x03 \x01(\x03\x12\x0c\n\x04size\x18\x04 \x01(\x03\"<\n\nLaunchLogs\x12\x1f\n\x04logs\x18\x01 \x03(\x0b\x32\x11.cgsvc.v1.RankLog\x12\r\n\x05state\x18\x02 \x01(\t2\xfa\x03\n\rLaunchService\x12\x42\n\x0c\x43reateLaunch\x12\x1d.cgsvc.v1.CreateLaunchRequest\x1a\x13.cgsvc.v1.Operation\x12\x39\n\tGetLaunch\x12\x1a.cgsvc.v1.GetLaunchRequest\x1a\x10.cgsvc.v1.Launch\x12M\n\x0cListLaunches\x12\x1d.cgsvc.v1.ListLaunchesRequest\x1a\x1e.cgsvc.v1.ListLaunchesResponse\x12?\n\x0c\x43\x61ncelLaunch\x12\x1d.cgsvc.v1.CancelLaunchRequest\x1a\x10.cgsvc.v1.Launch\x12\x44\n\x0bWatchLaunch\x12\x1c.cgsvc.v1.WatchLaunchRequest\x1a\x15.cgsvc.v1.LaunchEvent0\x01\x12\x45\n\rGetLaunchLogs\x12\x1e.cgsvc.v1.GetLaunchLogsRequest\x1a\x14.cgsvc.v1.LaunchLogs\x12M\n\x0cListReplicas\x12\x1d.cgsvc.v1.ListReplicasRequest\x1a\x1e.cgsvc.v1.ListReplicasResponseB\x1cZ\x1a\x63gsvc/gen/cgsvc/v1;cgsvcv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63gsvc/v1/launch.proto\x12\x08\x63gsvc.v1\x1a\x1a\x63gsvc/v1/launch_spec.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n\x0eLaunchWorkload\x12\x11\n\tinput_len\x18\x01 \x01(\x05\x12\x12\n\noutput_len\x18\x02 \x01(\x05\x12\x10\n\x08requests\x18\x03 \x01(\x05\x12\x13\n\x0b\x63oncurrency\x18\x04 \x01(\x05\x12\x0c\n\x04seed\x18\x05 \x01(\x05\"H\n\x0e\x45ngineSettings\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\x13\n\x0bkv_cache_mb\x18\x02 \x01(\x01\x12\x12\n\ncpu_decode\x18\x03 \x01(\t\"c\n\x0cPlanFidelity\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12\x11\n\trequested\x18\x02 \x01(\t\x12\x11\n\teffective\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\xe6\x04\n\x0cLaunchReport\x12\x13\n\x0bttft_ms_p50\x18\x01 \x01(\x01\x12\x13\n\x0bttft_ms_p99\x18\x02 \x01(\x01\x12\x18\n\x0btpot_ms_p50\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x18\n\x0btpot_ms_p99\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x10throughput_tok_s\x18\x05 \x01(\x01\x12\x15\n\routput_tokens\x18\x06 \x01(\x05\x12\x19\n\x11prefill_requested\x18\x07 \x01(\t\x12\x19\n\x11prefill_effective\x18\x08 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_requested\x18\t \x01(\t\x12\x18\n\x10\x64\x65\x63ode_effective\x18\n \x01(\t\x12#\n\x1b\x61ttention_prefill_effective\x18\x0b \x01(\t\x12\"\n\x1a\x61ttention_decode_effective\x18\x0c \x01(\t\x12\x17\n\x0f\x63\x61pture_seconds\x18\r \x01(\x01\x12\x15\n\rcapture_bytes\x18\x0e \x01(\x03\x12\x1a\n\x12kv_bytes_per_token\x18\x0f \x01(\x03\x12\x15\n\rsubstitutions\x18\x10 \x03(\t\x12-\n\rplan_fidelity\x18\x11 \x03(\x0b\x32\x16.cgsvc.v1.PlanFidelity\x12\r\n\x05\x64type\x18\x12 \x01(\t\x12\x14\n\x0c\x64type_reason\x18\x13 \x01(\t\x12\x1d\n\x15kv_cache_budget_bytes\x18\x14 \x01(\x03\x12\x1e\n\x16kv_cache_budget_reason\x18\x15 \x01(\tB\x0e\n\x0c_tpot_ms_p50B\x0e\n\x0c_tpot_ms_p99\"\x8b\x06\n\x06Launch\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04plan\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12*\n\x08workload\x18\x04 \x01(\x0b\x32\x18.cgsvc.v1.LaunchWorkload\x12\x12\n\nmodel_path\x18\x05 \x01(\t\x12\n\n\x02tp\x18\x06 \x01(\x05\x12\x12\n\ndispatcher\x18\x07 \x01(\t\x12/\n\x0b\x63reate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0btokens_done\x18\n \x01(\x03\x12\x14\n\x0ctokens_total\x18\x0b \x01(\x03\x12\r\n\x05\x65rror\x18\x0c \x01(\t\x12&\n\x06report\x18\r \x01(\x0b\x32\x16.cgsvc.v1.LaunchReport\x12\x13\n\x0breport_json\x18\x0e \x01(\t\x12\x19\n\x11plan_audit_record\x18\x0f \x01(\t\x12\x15\n\raudit_records\x18\x10 \x03(\t\x12\x11\n\tprincipal\x18\x11 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x12 \x03(\t\x12\x11\n\tplacement\x18\x13 \x01(\t\x12\x12\n\nrequest_id\x18\x14 \x01(\t\x12\r\n\x05owner\x18\x15 \x01(\t\x12\x1a\n\x12prompt_tokens_done\x18\x16 \x01(\x03\x12\x1b\n\x13prompt_tokens_total\x18\x17 \x01(\x03\x12(\n\x06\x65ngine\x18\x18 \x01(\x0b\x32\x18.cgsvc.v1.EngineSettings\x12\x14\n\x0c\x63\x61pture_done\x18\x19 \x01(\x03\x12\x15\n\rcapture_total\x18\x1a \x01(\x03\x12\x10\n\x08rerun_of\x18\x1b \x01(\t\x12,\n\x06labels\x18\x1c \x03(\x0b\x32\x1c.cgsvc.v1.Launch.LabelsEntry\x12\x12\n\nexperiment\x18\x1d \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd2\x01\n\x07Replica\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1d\n\x15seconds_since_renewal\x18\x04 \x01(\x01\x12\x0e\n\x06lapsed\x18\x05 \x01(\x08\x12\x17\n\x0f\x61\x63tive_launches\x18\x06 \x01(\x05\x12\x11\n\tanswering\x18\x07 \x01(\x08\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\t \x01(\t\"\x15\n\x13ListReplicasRequest\"R\n\x14ListReplicasResponse\x12#\n\x08replicas\x18\x01 \x03(\x0b\x32\x11.cgsvc.v1.Replica\x12\x15\n\rlease_seconds\x18\x02 \x01(\x01\"\xa8\x03\n\x13\x43reateLaunchRequest\x12$\n\x04spec\x18\x01 \x01(\x0b\x32\x14.cgsvc.v1.LaunchSpecH\x00\x12\x0e\n\x04plan\x18\x02 \x01(\tH\x00\x12\x12\n\x08rerun_of\x18\x0b \x01(\tH\x00\x12*\n\x08workload\x18\x03 \x01(\x0b\x32\x18.cgsvc.v1.LaunchWorkload\x12\x12\n\nmodel_path\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x12\n\ndispatcher\x18\x06 \x01(\t\x12\x1a\n\x12wait_for_resources\x18\x07 \x01(\x08\x12\x0e\n\x06policy\x18\x08 \x01(\t\x12\x15\n\rvalidate_only\x18\t \x01(\x08\x12(\n\x06\x65ngine\x18\n \x01(\x0b\x32\x18.cgsvc.v1.EngineSettings\x12\x39\n\x06labels\x18\x0c \x03(\x0b\x32).cgsvc.v1.CreateLaunchRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06source\"v\n\tOperation\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\"\n\x08metadata\x18\x03 \x01(\x0b\x32\x10.cgsvc.v1.Launch\x12\x12\n\nerror_code\x18\x04 \x01(\x05\x12\x15\n\rerror_message\x18\x05 \x01(\t\" \n\x10GetLaunchRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"^\n\x13ListLaunchesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06\x66ilter\x18\x03 \x01(\t\x12\x10\n\x08order_by\x18\x04 \x01(\t\"S\n\x14ListLaunchesResponse\x12\"\n\x08launches\x18\x01 \x03(\x0b\x32\x10.cgsvc.v1.Launch\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"h\n\x13UpdateLaunchRequest\x12 \n\x06launch\x18\x01 \x01(\x0b\x32\x10.cgsvc.v1.Launch\x12/\n\x0bupdate_mask\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\"#\n\x13\x43\x61ncelLaunchRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\"\n\x12WatchLaunchRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"=\n\x0bLaunchEvent\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12 \n\x06launch\x18\x02 \x01(\x0b\x32\x10.cgsvc.v1.Launch\"\xc4\x01\n\x14GetLaunchLogsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\ntail_lines\x18\x03 \x01(\x05\x12G\n\rafter_offsets\x18\x04 \x03(\x0b\x32\x30.cgsvc.v1.GetLaunchLogsRequest.AfterOffsetsEntry\x1a\x33\n\x11\x41\x66terOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"G\n\x07RankLog\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x12\n\nend_offset\x18\x03 \x01(\x03\x12\x0c\n\x04size\x18\x04 \x01(\x03\"<\n\nLaunchLogs\x12\x1f\n\x04logs\x18\x01 \x03(\x0b\x32\x11.cgsvc.v1.RankLog\x12\r\n\x05state\x18\x02 \x01(\t2\xbb\x04\n\rLaunchService\x12\x42\n\x0c\x43reateLaunch\x12\x1d.cgsvc.v1.CreateLaunchRequest\x1a\x13.cgsvc.v1.Operation\x12\x39\n\tGetLaunch\x12\x1a.cgsvc.v1.GetLaunchRequest\x1a\x10.cgsvc.v1.Launch\x12M\n\x0cListLaunches\x12\x1d.cgsvc.v1.ListLaunchesRequest\x1a\x1e.cgsvc.v1.ListLaunchesResponse\x12?\n\x0c\x43\x61ncelLaunch\x12\x1d.cgsvc.v1.CancelLaunchRequest\x1a\x10.cgsvc.v1.Launch\x12?\n\x0cUpdateLaunch\x12\x1d.cgsvc.v1.UpdateLaunchRequest\x1a\x10.cgsvc.v1.Launch\x12\x44\n\x0bWatchLaunch\x12\x1c.cgsvc.v1.WatchLaunchRequest\x1a\x15.cgsvc.v1.LaunchEvent0\x01\x12\x45\n\rGetLaunchLogs\x12\x1e.cgsvc.v1.GetLaunchLogsRequest\x1a\x14.cgsvc.v1.LaunchLogs\x12M\n\x0cListReplicas\x12\x1d.cgsvc.v1.ListReplicasRequest\x1a\x1e.cgsvc.v1.ListReplicasResponseB\x1cZ\x1a\x63gsvc/gen/cgsvc/v1;cgsvcv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,50 +41,52 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATELAUNCHREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_GETLAUNCHLOGSREQUEST_AFTEROFFSETSENTRY']._loaded_options = None
   _globals['_GETLAUNCHLOGSREQUEST_AFTEROFFSETSENTRY']._serialized_options = b'8\001'
-  _globals['_LAUNCHWORKLOAD']._serialized_start=96
-  _globals['_LAUNCHWORKLOAD']._serialized_end=204
-  _globals['_ENGINESETTINGS']._serialized_start=206
-  _globals['_ENGINESETTINGS']._serialized_end=278
-  _globals['_PLANFIDELITY']._serialized_start=280
-  _globals['_PLANFIDELITY']._serialized_end=379
-  _globals['_LAUNCHREPORT']._serialized_start=382
-  _globals['_LAUNCHREPORT']._serialized_end=996
-  _globals['_LAUNCH']._serialized_start=999
-  _globals['_LAUNCH']._serialized_end=1778
-  _globals['_LAUNCH_LABELSENTRY']._serialized_start=1733
-  _globals['_LAUNCH_LABELSENTRY']._serialized_end=1778
-  _globals['_REPLICA']._serialized_start=1781
-  _globals['_REPLICA']._serialized_end=1991
-  _globals['_LISTREPLICASREQUEST']._serialized_start=1993
-  _globals['_LISTREPLICASREQUEST']._serialized_end=2014
-  _globals['_LISTREPLICASRESPONSE']._serialized_start=2016
-  _globals['_LISTREPLICASRESPONSE']._serialized_end=2098
-  _globals['_CREATELAUNCHREQUEST']._serialized_start=2101
-  _globals['_CREATELAUNCHREQUEST']._serialized_end=2525
-  _globals['_CREATELAUNCHREQUEST_LABELSENTRY']._serialized_start=1733
-  _globals['_CREATELAUNCHREQUEST_LABELSENTRY']._serialized_end=1778
-  _globals['_OPERATION']._serialized_start=2527
-  _globals['_OPERATION']._serialized_end=2645
-  _globals['_GETLAUNCHREQUEST']._serialized_start=2647
-  _globals['_GETLAUNCHREQUEST']._serialized_end=2679
-  _globals['_LISTLAUNCHESREQUEST']._serialized_start=2681
-  _globals['_LISTLAUNCHESREQUEST']._serialized_end=2775
-  _globals['_LISTLAUNCHESRESPONSE']._serialized_start=2777
-  _globals['_LISTLAUNCHESRESPONSE']._serialized_end=2860
-  _globals['_CANCELLAUNCHREQUEST']._serialized_start=2862
-  _globals['_CANCELLAUNCHREQUEST']._serialized_end=2897
-  _globals['_WATCHLAUNCHREQUEST']._serialized_start=2899
-  _globals['_WATCHLAUNCHREQUEST']._serialized_end=2933
-  _globals['_LAUNCHEVENT']._serialized_start=2935
-  _globals['_LAUNCHEVENT']._serialized_end=2996
-  _globals['_GETLAUNCHLOGSREQUEST']._serialized_start=2999
-  _globals['_GETLAUNCHLOGSREQUEST']._serialized_end=3195
-  _globals['_GETLAUNCHLOGSREQUEST_AFTEROFFSETSENTRY']._serialized_start=3144
-  _globals['_GETLAUNCHLOGSREQUEST_AFTEROFFSETSENTRY']._serialized_end=3195
-  _globals['_RANKLOG']._serialized_start=3197
-  _globals['_RANKLOG']._serialized_end=3268
-  _globals['_LAUNCHLOGS']._serialized_start=3270
-  _globals['_LAUNCHLOGS']._serialized_end=3330
-  _globals['_LAUNCHSERVICE']._serialized_start=3333
-  _globals['_LAUNCHSERVICE']._serialized_end=3839
+  _globals['_LAUNCHWORKLOAD']._serialized_start=130
+  _globals['_LAUNCHWORKLOAD']._serialized_end=238
+  _globals['_ENGINESETTINGS']._serialized_start=240
+  _globals['_ENGINESETTINGS']._serialized_end=312
+  _globals['_PLANFIDELITY']._serialized_start=314
+  _globals['_PLANFIDELITY']._serialized_end=413
+  _globals['_LAUNCHREPORT']._serialized_start=416
+  _globals['_LAUNCHREPORT']._serialized_end=1030
+  _globals['_LAUNCH']._serialized_start=1033
+  _globals['_LAUNCH']._serialized_end=1812
+  _globals['_LAUNCH_LABELSENTRY']._serialized_start=1767
+  _globals['_LAUNCH_LABELSENTRY']._serialized_end=1812
+  _globals['_REPLICA']._serialized_start=1815
+  _globals['_REPLICA']._serialized_end=2025
+  _globals['_LISTREPLICASREQUEST']._serialized_start=2027
+  _globals['_LISTREPLICASREQUEST']._serialized_end=2048
+  _globals['_LISTREPLICASRESPONSE']._serialized_start=2050
+  _globals['_LISTREPLICASRESPONSE']._serialized_end=2132
+  _globals['_CREATELAUNCHREQUEST']._serialized_start=2135
+  _globals['_CREATELAUNCHREQUEST']._serialized_end=2559
+  _globals['_CREATELAUNCHREQUEST_LABELSENTRY']._serialized_start=1767
+  _globals['_CREATELAUNCHREQUEST_LABELSENTRY']._serialized_end=1812
+  _globals['_OPERATION']._serialized_start=2561
+  _globals['_OPERATION']._serialized_end=2679
+  _globals['_GETLAUNCHREQUEST']._serialized_start=2681
+  _globals['_GETLAUNCHREQUEST']._serialized_end=2713
+  _globals['_LISTLAUNCHESREQUEST']._serialized_start=2715
+  _globals['_LISTLAUNCHESREQUEST']._serialized_end=2809
+  _globals['_LISTLAUNCHESRESPONSE']._serialized_start=2811
+  _globals['_LISTLAUNCHESRESPONSE']._serialized_end=2894
+  _globals['_UPDATELAUNCHREQUEST']._serialized_start=2896
+  _globals['_UPDATELAUNCHREQUEST']._serialized_end=3000
+  _globals['_CANCELLAUNCHREQUEST']._serialized_start=3002
+  _globals['_CANCELLAUNCHREQUEST']._serialized_end=3037
+  _globals['_WATCHLAUNCHREQUEST']._serialized_start=3039
+  _globals['_WATCHLAUNCHREQUEST']._serialized_end=3073
+  _globals['_LAUNCHEVENT']._serialized_start=3075
+  _globals['_LAUNCHEVENT']._serialized_end=3136
+  _globals['_GETLAUNCHLOGSREQUEST']._serialized_start=3139
+  _globals['_GETLAUNCHLOGSREQUEST']._serialized_end=3335
+  _globals['_GETLAUNCHLOGSREQUEST_AFTEROFFSETSENTRY']._serialized_start=3284
+  _globals['_GETLAUNCHLOGSREQUEST_AFTEROFFSETSENTRY']._serialized_end=3335
+  _globals['_RANKLOG']._serialized_start=3337
+  _globals['_RANKLOG']._serialized_end=3408
+  _globals['_LAUNCHLOGS']._serialized_start=3410
+  _globals['_LAUNCHLOGS']._serialized_end=3470
+  _globals['_LAUNCHSERVICE']._serialized_start=3473
+  _globals['_LAUNCHSERVICE']._serialized_end=4044
 # @@protoc_insertion_point(module_scope)

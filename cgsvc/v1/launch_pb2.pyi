@@ -1,6 +1,7 @@
 import datetime
 
 from cgsvc.v1 import launch_spec_pb2 as _launch_spec_pb2
+from google.protobuf import field_mask_pb2 as _field_mask_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -271,6 +272,14 @@ class ListLaunchesResponse(_message.Message):
     launches: _containers.RepeatedCompositeFieldContainer[Launch]
     next_page_token: str
     def __init__(self, launches: _Optional[_Iterable[_Union[Launch, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class UpdateLaunchRequest(_message.Message):
+    __slots__ = ("launch", "update_mask")
+    LAUNCH_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_MASK_FIELD_NUMBER: _ClassVar[int]
+    launch: Launch
+    update_mask: _field_mask_pb2.FieldMask
+    def __init__(self, launch: _Optional[_Union[Launch, _Mapping]] = ..., update_mask: _Optional[_Union[_field_mask_pb2.FieldMask, _Mapping]] = ...) -> None: ...
 
 class CancelLaunchRequest(_message.Message):
     __slots__ = ("name",)

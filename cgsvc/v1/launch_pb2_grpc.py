@@ -55,6 +55,11 @@ class LaunchServiceStub:
                 request_serializer=cgsvc_dot_v1_dot_launch__pb2.CancelLaunchRequest.SerializeToString,
                 response_deserializer=cgsvc_dot_v1_dot_launch__pb2.Launch.FromString,
                 _registered_method=True)
+        self.UpdateLaunch = channel.unary_unary(
+                '/cgsvc.v1.LaunchService/UpdateLaunch',
+                request_serializer=cgsvc_dot_v1_dot_launch__pb2.UpdateLaunchRequest.SerializeToString,
+                response_deserializer=cgsvc_dot_v1_dot_launch__pb2.Launch.FromString,
+                _registered_method=True)
         self.WatchLaunch = channel.unary_stream(
                 '/cgsvc.v1.LaunchService/WatchLaunch',
                 request_serializer=cgsvc_dot_v1_dot_launch__pb2.WatchLaunchRequest.SerializeToString,
@@ -97,6 +102,16 @@ class LaunchServiceServicer:
 
     def CancelLaunch(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateLaunch(self, request, context):
+        """Changes a launch's labels, the one thing about it that may change once it is made, in any
+        state (AIP-134): update_mask `labels` replaces them all with launch.labels; `labels.KEY`
+        (AIP-161) sets KEY to launch.labels' value or, where it has none, removes it. Audited with
+        what changed; launcher or admin.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -149,6 +164,11 @@ def add_LaunchServiceServicer_to_server(servicer, server):
             'CancelLaunch': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelLaunch,
                     request_deserializer=cgsvc_dot_v1_dot_launch__pb2.CancelLaunchRequest.FromString,
+                    response_serializer=cgsvc_dot_v1_dot_launch__pb2.Launch.SerializeToString,
+            ),
+            'UpdateLaunch': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateLaunch,
+                    request_deserializer=cgsvc_dot_v1_dot_launch__pb2.UpdateLaunchRequest.FromString,
                     response_serializer=cgsvc_dot_v1_dot_launch__pb2.Launch.SerializeToString,
             ),
             'WatchLaunch': grpc.unary_stream_rpc_method_handler(
@@ -275,6 +295,33 @@ class LaunchService:
             target,
             '/cgsvc.v1.LaunchService/CancelLaunch',
             cgsvc_dot_v1_dot_launch__pb2.CancelLaunchRequest.SerializeToString,
+            cgsvc_dot_v1_dot_launch__pb2.Launch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateLaunch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cgsvc.v1.LaunchService/UpdateLaunch',
+            cgsvc_dot_v1_dot_launch__pb2.UpdateLaunchRequest.SerializeToString,
             cgsvc_dot_v1_dot_launch__pb2.Launch.FromString,
             options,
             channel_credentials,

@@ -38,6 +38,12 @@ class LaunchServiceStub:
     GetLaunch: _grpc.UnaryUnaryMultiCallable[_launch_pb2.GetLaunchRequest, _launch_pb2.Launch]
     ListLaunches: _grpc.UnaryUnaryMultiCallable[_launch_pb2.ListLaunchesRequest, _launch_pb2.ListLaunchesResponse]
     CancelLaunch: _grpc.UnaryUnaryMultiCallable[_launch_pb2.CancelLaunchRequest, _launch_pb2.Launch]
+    UpdateLaunch: _grpc.UnaryUnaryMultiCallable[_launch_pb2.UpdateLaunchRequest, _launch_pb2.Launch]
+    """Changes a launch's labels, the one thing about it that may change once it is made, in any
+    state (AIP-134): update_mask `labels` replaces them all with launch.labels; `labels.KEY`
+    (AIP-161) sets KEY to launch.labels' value or, where it has none, removes it. Audited with
+    what changed; launcher or admin.
+    """
     WatchLaunch: _grpc.UnaryStreamMultiCallable[_launch_pb2.WatchLaunchRequest, _launch_pb2.LaunchEvent]
     """The launch now, then every state change and progress update until it ends."""
     GetLaunchLogs: _grpc.UnaryUnaryMultiCallable[_launch_pb2.GetLaunchLogsRequest, _launch_pb2.LaunchLogs]
@@ -63,6 +69,12 @@ class LaunchServiceAsyncStub(LaunchServiceStub):
     GetLaunch: _aio.UnaryUnaryMultiCallable[_launch_pb2.GetLaunchRequest, _launch_pb2.Launch]  # type: ignore[assignment]
     ListLaunches: _aio.UnaryUnaryMultiCallable[_launch_pb2.ListLaunchesRequest, _launch_pb2.ListLaunchesResponse]  # type: ignore[assignment]
     CancelLaunch: _aio.UnaryUnaryMultiCallable[_launch_pb2.CancelLaunchRequest, _launch_pb2.Launch]  # type: ignore[assignment]
+    UpdateLaunch: _aio.UnaryUnaryMultiCallable[_launch_pb2.UpdateLaunchRequest, _launch_pb2.Launch]  # type: ignore[assignment]
+    """Changes a launch's labels, the one thing about it that may change once it is made, in any
+    state (AIP-134): update_mask `labels` replaces them all with launch.labels; `labels.KEY`
+    (AIP-161) sets KEY to launch.labels' value or, where it has none, removes it. Audited with
+    what changed; launcher or admin.
+    """
     WatchLaunch: _aio.UnaryStreamMultiCallable[_launch_pb2.WatchLaunchRequest, _launch_pb2.LaunchEvent]  # type: ignore[assignment]
     """The launch now, then every state change and progress update until it ends."""
     GetLaunchLogs: _aio.UnaryUnaryMultiCallable[_launch_pb2.GetLaunchLogsRequest, _launch_pb2.LaunchLogs]  # type: ignore[assignment]
@@ -109,6 +121,18 @@ class LaunchServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _launch_pb2.CancelLaunchRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_launch_pb2.Launch, _abc.Awaitable[_launch_pb2.Launch]]: ...
+
+    @_abc_1.abstractmethod
+    def UpdateLaunch(
+        self,
+        request: _launch_pb2.UpdateLaunchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_launch_pb2.Launch, _abc.Awaitable[_launch_pb2.Launch]]:
+        """Changes a launch's labels, the one thing about it that may change once it is made, in any
+        state (AIP-134): update_mask `labels` replaces them all with launch.labels; `labels.KEY`
+        (AIP-161) sets KEY to launch.labels' value or, where it has none, removes it. Audited with
+        what changed; launcher or admin.
+        """
 
     @_abc_1.abstractmethod
     def WatchLaunch(

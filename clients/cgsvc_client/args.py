@@ -276,6 +276,38 @@ def label_columns(ns: argparse.Namespace) -> list[str]:
     return keys
 
 
+def add_label_changes(p: argparse.ArgumentParser, collection: str) -> None:
+    """NAME and the changes of a `label` command (label_changes() reads them)."""
+    p.add_argument("name", help=f"{collection}/ID or ID")
+    p.add_argument("changes", nargs="+", metavar="KEY=VALUE|KEY-",
+                   help="KEY=VALUE sets a label, KEY- removes one; labels not named are kept")
+
+
+def label_changes(ns: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
+    """A `label` command's KEY=VALUE (set) and KEY- (remove) arguments; anything else, or a key
+    named twice, is bad input on `changes` (the server checks the keys and values)."""
+    set_labels: dict[str, str] = {}
+    remove: list[str] = []
+    for given in ns.changes:
+        key, eq, value = given.partition("=")
+        if not eq and given.endswith("-"):
+            key = given[:-1]
+        elif not eq:
+            raise bad("changes", f"KEY=VALUE to set a label or KEY- to remove one, got {given!r}")
+        if key in set_labels or key in remove:
+            raise bad("changes", f"{key!r} named twice")
+        if eq:
+            set_labels[key] = value
+        else:
+            remove.append(key)
+    return set_labels, remove
+
+
+def labels_text(labels: Any) -> str:
+    """Labels as the tables show them: "team=infra, ticket=inc-42", or "none"."""
+    return ", ".join(f"{k}={labels[k]}" for k in sorted(labels)) or "none"
+
+
 def labels(ns: argparse.Namespace) -> dict[str, str]:
     """--label KEY=VALUE, repeated, as a mapping (the server checks each key and value); a label
     given twice, or with no =, is bad input on `label`."""

@@ -16,10 +16,11 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import field_mask_pb2
 from grpc_status import rpc_status
 
 from cgsvc import codec, tls
@@ -86,6 +87,11 @@ def error_from_rpc(err: grpc.RpcError) -> ServiceError:
     except ValueError:
         st = None
     return from_status(st, code if code in CODE_NUMBERS else "UNKNOWN", details or code)
+
+
+def label_mask(set_labels: dict[str, str], remove: Sequence[str]) -> field_mask_pb2.FieldMask:
+    """The update_mask that sets these labels and removes those: labels.KEY for each."""
+    return field_mask_pb2.FieldMask(paths=[f"labels.{key}" for key in [*set_labels, *remove]])
 
 
 class Client:
@@ -244,6 +250,13 @@ class Client:
         return self.call(self.launches.CancelLaunch, launch_pb2.CancelLaunchRequest(name=name),  # type: ignore[no-any-return]
                          timeout=max(self.timeout, 60))
 
+    def label_launch(self, name: str, set_labels: dict[str, str], remove: Sequence[str] = ()) -> launch_pb2.Launch:
+        """Set some of a launch's labels and remove others (UpdateLaunch with a mask of
+        labels.KEY, one per label named), leaving the rest as they are."""
+        req = launch_pb2.UpdateLaunchRequest(launch=launch_pb2.Launch(name=name, labels=set_labels),
+                                             update_mask=label_mask(set_labels, remove))
+        return self.call(self.launches.UpdateLaunch, req)  # type: ignore[no-any-return]
+
     def watch_launch(self, name: str, timeout: float = 3600, resume_for: float = RESUME_SECONDS,
                      on_resume: OnResume | None = None) -> Iterator[launch_pb2.LaunchEvent]:
         """The launch's state changes and progress until it ends, across a server restart (see
@@ -334,6 +347,14 @@ class Client:
     def cancel_experiment(self, name: str) -> experiment_pb2.Experiment:
         return self.call(self.experiments.CancelExperiment,  # type: ignore[no-any-return]
                          experiment_pb2.CancelExperimentRequest(name=name))
+
+    def label_experiment(self, name: str, set_labels: dict[str, str],
+                         remove: Sequence[str] = ()) -> experiment_pb2.Experiment:
+        """label_launch for an experiment (UpdateExperiment); its launches keep their labels."""
+        req = experiment_pb2.UpdateExperimentRequest(
+            experiment=experiment_pb2.Experiment(name=name, labels=set_labels),
+            update_mask=label_mask(set_labels, remove))
+        return self.call(self.experiments.UpdateExperiment, req)  # type: ignore[no-any-return]
 
     def watch_experiment(self, name: str, timeout: float = 24 * 3600, resume_for: float = RESUME_SECONDS,
                          on_resume: OnResume | None = None) -> Iterator[experiment_pb2.Experiment]:

@@ -17,6 +17,7 @@ from cgsvc_client import render
 from cgsvc_client.args import (
     INTERRUPTED,
     CliError,
+    add_label_changes,
     add_label_columns,
     add_labels,
     add_list_verb,
@@ -26,8 +27,10 @@ from cgsvc_client.args import (
     add_workload,
     bad,
     engine,
+    label_changes,
     label_columns,
     labels,
+    labels_text,
     list_filter,
     listing,
     read_json,
@@ -437,6 +440,17 @@ def cmd_experiments_wait(ns: argparse.Namespace) -> int:
         return wait_for_experiment(c, c.get_experiment(resource_name("experiments", ns.name)), ns)
 
 
+def cmd_experiments_label(ns: argparse.Namespace) -> int:
+    set_labels, remove = label_changes(ns)
+    with Client.from_args(ns) as c:
+        msg = c.label_experiment(resource_name("experiments", ns.name), set_labels, remove)
+    if render.output_mode(ns) == "json":
+        render.print_json({"experiment": codec.experiment_dict(msg)})
+    else:
+        print(f"{msg.name}: labels {labels_text(msg.labels)} (its launches keep the labels they were made with)")
+    return 0
+
+
 def cmd_experiments_cancel(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
         msg = c.cancel_experiment(resource_name("experiments", ns.name))
@@ -606,6 +620,10 @@ def register(sub: Any) -> None:
                                        "it ends CANCELLED, keeping what it measured")
     ec.add_argument("name", help="experiments/ID or ID")
     ec.set_defaults(func=cmd_experiments_cancel)
+    elab = exs.add_parser("label", help="set or remove an experiment's labels, in any state (audited; the others are "
+                                        "kept, and so are its launches')")
+    add_label_changes(elab, "experiments")
+    elab.set_defaults(func=cmd_experiments_label)
     ew = exs.add_parser("wait", help="follow an experiment until it ends (progress on stderr), then show it: exit 0 "
                                      "when it SUCCEEDED, 4 when it ended otherwise; Ctrl-C stops the waiting only")
     ew.add_argument("name", help="experiments/ID or ID")
@@ -627,6 +645,6 @@ def register(sub: Any) -> None:
     ed.add_argument("--exit-code", action="store_true",
                     help="exit 1 when a metric's verdict did not hold (flipped, or only one can tell), 0 when not")
     ed.set_defaults(func=cmd_experiments_diff)
-    for parser in (el, es, ec, ew, er, ed):
+    for parser in (el, es, ec, elab, ew, er, ed):
         add_output(parser)
         add_server(parser, required=True)

@@ -26,6 +26,7 @@ from cgsvc_client.args import (
     Measure,
     add_explain,
     add_follow,
+    add_label_changes,
     add_label_columns,
     add_labels,
     add_listing,
@@ -39,8 +40,10 @@ from cgsvc_client.args import (
     engine,
     explained_field,
     follow,
+    label_changes,
     label_columns,
     labels,
+    labels_text,
     list_filter,
     listing,
     resource_name,
@@ -400,6 +403,18 @@ def launches_cancel(ns: argparse.Namespace) -> int:
     return 0
 
 
+def launches_label(ns: argparse.Namespace) -> int:
+    set_labels, remove = label_changes(ns)
+    with Client.from_args(ns) as c:
+        launch = c.label_launch(resource_name("launches", ns.name), set_labels, remove)
+    if render.output_mode(ns) == "json":
+        render.print_json({"launch": launch_dict(launch)})
+    else:
+        record = f" (audit {launch.audit_records[-1]})" if launch.audit_records else ""
+        print(f"{launch.name}: labels {labels_text(launch.labels)}{record}")
+    return 0
+
+
 class LogsReplica:
     """Asks for a launch's logs where they are: the server given, or, when it answers that another
     replica keeps them (LOGS_ELSEWHERE, with that replica's address), that replica, with the same
@@ -581,6 +596,9 @@ def register(sub: Any) -> None:
     p3 = ls.add_parser("cancel", help="stop a launch's worker group")
     p3.add_argument("name", help="launches/ID or ID")
     p3.set_defaults(func=launches_cancel)
+    plab = ls.add_parser("label", help="set or remove a launch's labels, in any state (audited; the others are kept)")
+    add_label_changes(plab, "launches")
+    plab.set_defaults(func=launches_label)
     pw = ls.add_parser("wait", help="follow a launch until it ends (progress on stderr), then show it: exit 0 when "
                                     "it SUCCEEDED, 4 when it ended otherwise; Ctrl-C stops the waiting, not the launch")
     pw.add_argument("name", help="launches/ID or ID")
@@ -609,6 +627,6 @@ def register(sub: Any) -> None:
         dest="replicas_command", required=True)
     p5 = rs.add_parser("list", help="list replicas: host, address, release, lease, active launches each supervises")
     p5.set_defaults(func=replicas_list)
-    for parser in (p, pm, p2, p3, pw, pr, p4, p5):
+    for parser in (p, pm, p2, p3, plab, pw, pr, p4, p5):
         add_output(parser)
         add_server(parser, required=True)

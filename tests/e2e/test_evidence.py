@@ -304,6 +304,18 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
     assert d["metrics"][0]["b"]["mean"] == pytest.approx(-as_given["mean"]), (d["metrics"][0], as_given)
     wrong = cli(srv, "experiments", "diff", exp["name"], "plans/x", "-o", "json")
     assert wrong.returncode == 2 and '"field": "b"' in wrong.stdout, wrong.stdout
+    # `experiments label`: an ended experiment's labels change, audited; its launches keep theirs
+    relabel = cli(srv, "experiments", "label", exp["name"], "owner=ana", "ticket-", "-o", "table")
+    assert relabel.returncode == 0 and "labels owner=ana, team=infra" in relabel.stdout, relabel.stdout + relabel.stderr
+    with Client(srv.address) as c:
+        assert dict(c.get_experiment(exp["name"]).labels) == {"owner": "ana", "team": "infra"}
+        assert [x.name for x in c.list_experiments(filter='labels.owner = "ana"').experiments] == [exp["name"]]
+        assert all(dict(c.get_launch(r["launch"]).labels)["ticket"] == "inc-42" for r in exp["runs"])
+        rec = c.list_audit_records('method = "UpdateExperiment"').records[-1]
+        assert rec.outcome_message == f"{exp['name']}: labels: owner=ana added, ticket=inc-42 removed", rec
+        with pytest.raises(ServiceError) as e:
+            c.label_experiment(exp["name"], {"Owner": "x"})
+        assert {v.field for v in e.value.violations} == {"experiment.labels.Owner", "update_mask"}, e.value
 
 
 def wait_experiment(c: Client, name: str, pred: Any, timeout: float = 300) -> Any:

@@ -737,6 +737,33 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
     assert checked.returncode == 0 and json.loads(checked.stdout)["validated"]["plan"] == auto["plan"], checked.stdout
     missing = cli("launches", "rerun", "launches/nope", "-o", "json", server=srv.address)
     assert missing.returncode != 0 and "NOT_FOUND" in missing.stdout, missing.stdout + missing.stderr
+    # `launches label`: labels change after the fact (a launch found to be the baseline, say), one
+    # key at a time, the others kept, audited with what changed, in any state
+    relabel = cli("launches", "label", rerun["name"], "purpose=baseline", "ticket-", "-o", "json", server=srv.address)
+    assert relabel.returncode == 0, relabel.stdout + relabel.stderr
+    got = json.loads(relabel.stdout)["launch"]
+    assert got["state"] == "SUCCEEDED" and got["labels"] == {"team": "infra", "purpose": "baseline"}, got
+    with Client(srv.address) as c:
+        rec = c.get_audit_record(got["audit_records"][-1])
+        assert (rec.method, rec.principal, rec.launch_id) == (
+            "/cgsvc.v1.LaunchService/UpdateLaunch", "local", rerun["name"].split("/")[1]), rec
+        assert rec.outcome_message == "labels: purpose=baseline added, ticket=inc-42 removed", rec.outcome_message
+        assert [x.name for x in c.list_launches(filter='labels.purpose = "baseline"').launches] == [rerun["name"]]
+        assert [x.name for x in c.list_launches(filter='labels.ticket = "inc-42"').launches] == [asked["name"]]
+        from cgsvc.v1 import launch_pb2  # a raw request: what the CLI cannot send
+        for mask, field in ((["state"], "update_mask"), (["labels.a"], "launch.labels.b")):
+            with pytest.raises(ServiceError) as e:
+                c.call(c.launches.UpdateLaunch, launch_pb2.UpdateLaunchRequest(
+                    launch=launch_pb2.Launch(name=rerun["name"], labels={"b": "1"}), update_mask={"paths": mask}))
+            assert e.value.code == "INVALID_ARGUMENT" and [v.field for v in e.value.violations] == [field], e.value
+        with pytest.raises(ServiceError) as e:
+            c.label_launch("launches/nope", {"a": "1"})
+        assert e.value.code == "NOT_FOUND", e.value
+        refused = c.list_audit_records('method = "UpdateLaunch" AND outcome != "OK"').records
+        assert [r.outcome_code for r in refused] == [3, 3, 5], refused  # every refusal audited too
+        assert dict(c.get_launch(rerun["name"]).labels) == got["labels"]  # nothing changed by them
+    bad = cli("launches", "label", rerun["name"], "team", "-o", "json", server=srv.address)
+    assert bad.returncode == 2 and '"field": "changes"' in bad.stdout, bad.stdout
     # bad settings: each named on its field, with what would do, in one answer; nothing started
     with Client(srv.address) as c:
         before = len(c.list_launches(page_size=100).launches)

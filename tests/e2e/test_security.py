@@ -57,7 +57,9 @@ def test_tokens_and_roles(tmp_path: Path) -> None:
                 assert e.value.code == "PERMISSION_DENIED"
         with Client(srv.address, token=TOKENS["auditor"]) as c:
             for denied_call in (lambda: c.resolve(KIMI),
-                                lambda: c.cancel_experiment("experiments/x")):  # auditors read experiments only
+                                lambda: c.cancel_experiment("experiments/x"),  # auditors read experiments only
+                                lambda: c.label_launch("launches/x", {"a": "b"}),  # ... and launches, labels too
+                                lambda: c.label_experiment("experiments/x", {"a": "b"})):
                 with pytest.raises(ServiceError) as e:
                     denied_call()
                 assert e.value.code == "PERMISSION_DENIED"

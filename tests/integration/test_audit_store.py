@@ -110,6 +110,8 @@ def test_migration_25_gives_experiments_labels_found_by_labels_key(store: AuditS
     assert found('labels.team = "infra"') == ["e2"] and found('labels.team != "infra"') == ["e1", "e3"]
     assert found('labels.ticket = "inc_42" AND state = "RUNNING"') == ["e2"] and found('labels.ticket = "inc-42"') == []
     assert experiments.get("e2").labels == ",team=infra,ticket=inc_42,"  # type: ignore[union-attr]
+    assert experiments.relabel("e3", ",team=infra2,", "") and not experiments.relabel("e3", ",team=infra2,", ",a=b,")
+    assert found('labels.team != "infra"') == ["e1", "e3"] and experiments.get("e3").labels == ""  # type: ignore[union-attr]
     with pytest.raises(filters.FilterError):
         experiments.list_rows('labels.team > "a"')
 
@@ -153,6 +155,10 @@ def test_launches_are_found_by_their_labels_whole(store: AuditStore) -> None:
     assert found('labels.team = "infra" AND labels.ticket = "inc_42"') == ["l1"]
     assert found('plan = "plans/p"') == found('plan = "p"') == ["l1", "l2", "l3"]  # a name, or its bare ID
     assert found('plan != "plans/p"') == [] and found('rerun_of = "launches/l1"') == []
+    # relabelled only from the labels read: a relabel that read before another's was stored loses
+    before = labels_cell({"team": "infra", "ticket": "inc_42"})
+    assert rows.relabel("l1", before, labels_cell({"team": "ml"})) and found('labels.team = "ml"') == ["l1"]
+    assert not rows.relabel("l1", before, labels_cell({"team": "x"})) and found('labels.team = "x"') == []
     for bad in ('labels.team = "%"', 'labels.team = "infra,ticket=inc_42"', 'labels.Team = "infra"',
                 'labels.team > "a"', 'labels = "x"'):
         with pytest.raises(FilterError):
