@@ -191,6 +191,39 @@ def test_launches_are_found_by_the_experiment_that_made_them(store: AuditStore) 
         store.list_records('plan_id = "launches/l1"')
 
 
+def test_a_relabel_that_read_before_another_replicas_was_stored_is_aborted_and_recorded(store: AuditStore) -> None:
+    """Two replicas relabel one launch: the one whose read went stale first records its change,
+    then finds the labels moved, records that it was not applied and answers ABORTED; the
+    labels are the winner's."""
+    import asyncio
+    import functools
+
+    from cgsvc.audit.filters import labels_cell, labels_of
+    from cgsvc.domain.labels import change_labels, read_change
+    from cgsvc.errors import ServiceError
+    from cgsvc.launch.store import LaunchRow, LaunchStore, Workload
+
+    rows = LaunchStore(store)
+    rows.create(LaunchRow("l1", "p", "SUCCEEDED", "alice", "local", 1, "/m", Workload(1, 1, 1, 1), "/r",
+                          labels=labels_cell({"team": "infra"})))
+    read = rows.get("l1").labels  # type: ignore[union-attr]  # what the loser read ...
+    assert rows.relabel("l1", read, labels_cell({"team": "ml"}))  # ... before the winner's change was stored
+
+    async def record(code: str, message: str) -> None:
+        await asyncio.to_thread(store.append, entry(1, launch_id="l1", outcome_code=10 if code == "ABORTED" else 0,
+                                                    outcome_message=message))
+
+    change = read_change({"owner": "ana"}, ["labels.owner"], "launch")
+    with pytest.raises(ServiceError) as err:
+        asyncio.run(change_labels("launches/l1", read, change, "launch.labels", record,
+                                  functools.partial(rows.relabel, "l1")))
+    assert err.value.code == "ABORTED" and "read them again" in err.value.message, err.value
+    said = [(r.outcome_code, r.outcome_message) for r in store.list_records('launch_id = "l1"')[0]]
+    assert said == [(0, "labels: owner=ana added"),
+                    (10, "not applied: labels: owner=ana added (they changed meanwhile, on another replica)")], said
+    assert labels_of(rows.get("l1").labels) == {"team": "ml"}  # type: ignore[union-attr]
+
+
 def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """A schema-2 database (launches without devices, placement and request ids; records and plans
     without a policy; no experiments) with a launch and a record-schema-1 record in it is upgraded
