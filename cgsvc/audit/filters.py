@@ -104,6 +104,11 @@ def labels_cell(labels: Mapping[str, str]) -> str:
     return ",".join(["", *(f"{k}={labels[k]}" for k in sorted(labels)), ""]) if labels else ""
 
 
+def labels_text(labels: Mapping[str, str]) -> str:
+    """Labels as people read them, by key: "team=infra, ticket=inc-42" ("" for none)."""
+    return ", ".join(f"{k}={labels[k]}" for k in sorted(labels))
+
+
 def labels_of(cell: str) -> dict[str, str]:
     """A labels column's cell back as a mapping (labels_cell's inverse)."""
     return dict(pair.split("=", 1) for pair in cell.strip(",").split(",")) if cell.strip(",") else {}

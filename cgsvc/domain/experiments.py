@@ -26,7 +26,7 @@ from typing import Any
 import structlog
 
 from cgsvc import __version__
-from cgsvc.audit.filters import labels_cell, labels_of
+from cgsvc.audit.filters import labels_cell, labels_of, labels_text
 from cgsvc.audit.records import AuditEntry
 from cgsvc.contract import DEFAULT_ENGINE, EngineSettings, ran_alike, ran_as
 from cgsvc.domain import stats
@@ -225,6 +225,8 @@ class Experiments:
                                [FieldViolation("dispatcher", f"one of {', '.join(self.launches.dispatchers)}")])
         experiment_id = new_id()
         again = f", rerun of experiments/{rerun_of}" if rerun_of else ""
+        if cell:  # the log holds every label an experiment had: these, then each UpdateExperiment's change
+            again += f", labels {labels_text(labels_of(cell))}"
         record = await self.audit(CREATE_EXPERIMENT_METHOD, caller.principal, "OK",
                                   f"{plans[0]} (A) vs {plans[1]} (B), {repeats} launches per arm, interleaved{again}",
                                   caller, experiment_id)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from cgsvc.audit import filters
 from cgsvc.audit.filters import TIME_FORM, label_problem, utc_time
 from cgsvc.contract import kv_cache_mib
 from cgsvc.errors import FieldViolation, ServiceError, did_you_mean, one_spelling
@@ -305,7 +306,7 @@ def label_changes(ns: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
 
 def labels_text(labels: Any) -> str:
     """Labels as the tables show them: "team=infra, ticket=inc-42", or "none"."""
-    return ", ".join(f"{k}={labels[k]}" for k in sorted(labels)) or "none"
+    return filters.labels_text(labels) or "none"
 
 
 def labels(ns: argparse.Namespace) -> dict[str, str]:

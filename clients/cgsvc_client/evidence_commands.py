@@ -340,7 +340,7 @@ def experiment_table(d: dict[str, Any], style: render.Style) -> str:
     if d.get("rerun_of"):
         rows.insert(1, ("rerun of", d["rerun_of"]))
     if d.get("labels"):
-        rows.insert(1, ("labels", ", ".join(f"{k}={v}" for k, v in sorted(d["labels"].items()))))
+        rows.insert(1, ("labels", labels_text(d["labels"])))
     if d.get("cancel_requested_by") and d["state"] == "RUNNING":
         rows.append(("cancel", f"asked by {d['cancel_requested_by']}: it ends once its current launch has stopped"))
     if d.get("error"):

@@ -141,8 +141,7 @@ def report_table(launch: Any) -> str:
                 if launch.name else launch.rerun_of)] if launch.rerun_of else []),
             *([("experiment", f"{launch.experiment} (a run of it: `cgsvc-cli experiments show {launch.experiment}`)")]
               if launch.experiment else []),
-            *([("labels", ", ".join(f"{k}={launch.labels[k]}" for k in sorted(launch.labels)))]
-              if launch.labels else []),
+            *([("labels", labels_text(launch.labels))] if launch.labels else []),
             ("workers", f"{render.counted(launch.tp, 'rank')}, {launch.dispatcher} dispatcher, {launch.model_path}"),
             ("workload", render.workload_text(launch.workload)),
             ("engine", f"{render.engine_text(launch.engine)} (as asked)"),

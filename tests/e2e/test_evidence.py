@@ -254,7 +254,9 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
         assert [x.name for x in c.list_experiments(filter='labels.ticket = "inc-42"').experiments] == [exp["name"]]
         assert c.list_experiments(filter='labels.ticket = "inc-43"').experiments == []
         made = c.get_audit_record(launches[3].audit_records[0]).outcome_message
-        assert made.endswith(f", arm B, repeat 2 of {exp['name']}"), made
+        assert made.endswith(f", arm B, repeat 2 of {exp['name']}, labels team=infra, ticket=inc-42"), made
+        started = c.get_audit_record(exp["audit_records"][0]).outcome_message  # the log holds every label it had
+        assert started.endswith(", labels team=infra, ticket=inc-42"), started
         for x in launches:  # each run's launch is created as the last one ends: started once all the same
             assert_started_once(c, x.name)
         assert all(x.workload.seed == 5 for x in launches)
@@ -407,7 +409,7 @@ def test_a_cancelled_experiment_stops_its_launch_ends_cancelled_and_keeps_what_i
     assert f"{again['name']}: {exp.name} again" in rerun.stderr, rerun.stderr
     with Client(srv.address) as c:
         made = c.get_audit_record(again["audit_records"][0])
-        assert made.outcome_message.endswith(f", rerun of {exp.name}"), made.outcome_message
+        assert made.outcome_message.endswith(f", rerun of {exp.name}, labels ticket=inc-7"), made.outcome_message
         assert [x.name for x in c.list_experiments(filter=f'rerun_of = "{exp.name}"').experiments] == [again["name"]]
         c.cancel_experiment(again["name"])
         assert wait_experiment(c, again["name"], lambda m: m.state != "RUNNING").state == "CANCELLED"

@@ -615,7 +615,8 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
     with Client(srv.address) as c:  # the audit log says what was asked, beside the plan
         created = c.get_audit_record(asked["audit_records"][0])
         assert created.method.endswith("CreateLaunch") and created.outcome_message.endswith(
-            "on 4 local ranks (dtype bfloat16, KV cache 8 MiB a rank, CPU decode trace)"), created.outcome_message
+            "on 4 local ranks (dtype bfloat16, KV cache 8 MiB a rank, CPU decode trace), labels team=infra, "
+            "ticket=inc-42"), created.outcome_message  # the log holds every label a launch had
     report = asked["report"]
     assert (report["dtype"], report["kv_cache_budget_bytes"]) == ("bfloat16", 8 << 20), report
     assert report["dtype_reason"] == "asked for: --dtype bfloat16" and "8" in report["kv_cache_budget_reason"]
@@ -678,7 +679,7 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
     assert rerun["rerun_of"] == asked["name"], rerun
     with Client(srv.address) as c:
         made = c.get_audit_record(rerun["audit_records"][0])
-        assert made.outcome_message.endswith(f"rerun of {asked['name']}"), made.outcome_message
+        assert made.outcome_message.endswith(f"rerun of {asked['name']}, labels team=infra, ticket=inc-42"), made
         assert made.launch_id == rerun["name"].split("/")[1], made
         for name in (asked["name"], asked["name"].split("/")[1]):  # every rerun of a launch, by name or ID
             found = c.list_launches(filter=f'rerun_of = "{name}"').launches
