@@ -255,6 +255,11 @@ for _column in _ADDED:
     launches.append_column(_column)
 
 
+def plans_cell(plans: Sequence[str]) -> str:
+    """experiments.plans for an experiment's plans ("plans/A", "plans/B"): ",A,B,"."""
+    return ",".join(["", *(p.removeprefix("plans/") for p in plans), ""]) if plans else ""
+
+
 def reported_cells(report_json: str) -> dict[str, str]:
     """launches.substituted and launches.dtype for a launch's stored report; "" in each while
     there is none, or it does not say (a group that failed before it ran: nothing is known).
@@ -310,7 +315,9 @@ EXPERIMENT_COLUMNS_15 = (sa.Column("cancel_requested_by", sa.Text, nullable=Fals
 EXPERIMENT_COLUMNS_21 = (sa.Column("rerun_of", sa.Text, nullable=False, server_default=""),)
 # Migration 25: the caller's labels of an experiment, in launches.labels' form (",team=infra,").
 EXPERIMENT_COLUMNS_25 = (sa.Column("labels", sa.Text, nullable=False, server_default=""),)
-for _column in EXPERIMENT_COLUMNS_15 + EXPERIMENT_COLUMNS_21 + EXPERIMENT_COLUMNS_25:
+# Migration 26: the IDs of its two plans between commas (",A,B,"), for `plan = "plans/ID"`.
+EXPERIMENT_COLUMNS_26 = (sa.Column("plans", sa.Text, nullable=False, server_default=""),)
+for _column in EXPERIMENT_COLUMNS_15 + EXPERIMENT_COLUMNS_21 + EXPERIMENT_COLUMNS_25 + EXPERIMENT_COLUMNS_26:
     experiments.append_column(_column)
 # One lease per server instance (migration 10), renewed while the server runs, on the database's
 # clock (db_epoch): on a shared database a replica whose lease has lapsed is taken to be gone, and
@@ -394,6 +401,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      tuple((launches, c) for c in LAUNCH_COLUMNS_24)),
     (25, "the caller's labels of each experiment (experiments.labels)", (),
      tuple((experiments, c) for c in EXPERIMENT_COLUMNS_25)),
+    (26, "the plans each experiment measured, to filter on (experiments.plans)", (),
+     tuple((experiments, c) for c in EXPERIMENT_COLUMNS_26)),
 )
 
 # GPUs and catalog models are matched as a spec names them: in any case, a model by an alias too.
@@ -910,10 +919,20 @@ class AuditStore:
                     self._migrate_append_path(conn)
                 if version == 19:
                     self._fill_reported(conn)
+                if version == 26:
+                    self._fill_experiment_plans(conn)
                 conn.execute(schema_migrations.insert().values(
                     version=version, description=description, applied_at=utc_now()))
                 applied_now.append(version)
         return applied_now
+
+    @staticmethod
+    def _fill_experiment_plans(conn: Connection) -> None:
+        """Migration 26: experiments.plans of the experiments there already, from their requests."""
+        rows = conn.execute(sa.select(experiments.c.experiment_id, experiments.c.request_json))
+        for experiment_id, request_json in list(rows):
+            conn.execute(experiments.update().where(experiments.c.experiment_id == experiment_id)
+                         .values(plans=plans_cell(json.loads(request_json).get("plans", []))))
 
     @staticmethod
     def _fill_reported(conn: Connection) -> None:

@@ -29,6 +29,7 @@ from cgsvc.audit.store import (
     launches,
     plans_where,
     replica_leases,
+    plans_cell,
     reported_cells,
     utc_now,
 )
@@ -361,7 +362,7 @@ def _holds_work(active: Sequence[str]) -> sa.ColumnElement[bool]:
 EXPERIMENT_STATES = ("RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
 EXPERIMENT_FILTER_FIELDS: dict[str, filters.FieldKind] = {
     "state": filters.Closed(EXPERIMENT_STATES), "principal": "str", "create_time": "time",
-    "rerun_of": filters.Named("experiments"), "labels": "labels"}
+    "rerun_of": filters.Named("experiments"), "labels": "labels", "plan": filters.Named("plans")}
 
 
 @dataclass(frozen=True)
@@ -422,7 +423,7 @@ class ExperimentStore:
                 create_time=now, update_time=now, request_json=json.dumps(row.request),
                 launches_json=json.dumps(list(row.runs)), result_json=json.dumps(row.result), error=row.error,
                 audit_records_json=json.dumps(list(row.audit_records)), owner=row.owner, rerun_of=row.rerun_of,
-                labels=row.labels))
+                labels=row.labels, plans=plans_cell(row.request.get("plans", []))))
             if request_id:
                 conn.execute(experiment_requests.insert().values(
                     principal=row.principal, request_id=request_id, experiment_id=row.experiment_id,
@@ -487,6 +488,10 @@ class ExperimentStore:
         for t in filters.parse_filter(filter_text, EXPERIMENT_FILTER_FIELDS):
             if t.field.startswith("labels."):
                 where.append(label_where(t, experiments))
+            elif t.field == "plan":  # either arm
+                _equality(t)
+                match = _listed(experiments.c.plans, str(t.value))
+                where.append(match if t.op == "=" else ~match)
             else:
                 terms.append(t)
         rows, token = self.audit.page(experiments, terms, filter_text, page_size, page_token, where=where,

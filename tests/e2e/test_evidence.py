@@ -267,6 +267,9 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
         assert exp["name"] in end.outcome_message and "SUCCEEDED" in end.outcome_message
     listed = json.loads(cli(srv, "experiments", "list", "-o", "json").stdout)["experiments"]
     assert [e["name"] for e in listed] == [exp["name"]]
+    for plan in (a, b.removeprefix("plans/")):  # the experiments that measured a plan, as either arm
+        measured = cli(srv, "experiments", "list", "--filter", f'plan = "{plan}"', "-o", "json").stdout
+        assert [e["name"] for e in json.loads(measured)["experiments"]] == [exp["name"]], measured
     # the list's verdict column is each metric's call in a few words (it was the verdict's first
     # 80 characters: the "ran alike" preface and nothing of TTFT's or TPOT's call)
     assert res["verdict_brief"].startswith("ran alike; TTFT ") and "; TPOT " in res["verdict_brief"]

@@ -48,7 +48,7 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 25
+    assert store.schema_version() == 26
     assert store.migrate() == []  # idempotent
 
 
@@ -114,6 +114,30 @@ def test_migration_25_gives_experiments_labels_found_by_labels_key(store: AuditS
     assert found('labels.team != "infra"') == ["e1", "e3"] and experiments.get("e3").labels == ""  # type: ignore[union-attr]
     with pytest.raises(filters.FilterError):
         experiments.list_rows('labels.team > "a"')
+
+
+def test_migration_26_lets_experiments_be_found_by_the_plans_they_measured(store: AuditStore) -> None:
+    """`plan = "plans/P"` finds the experiments with P as either arm, those made before the
+    column (migration 26 fills it from their requests) and after."""
+    from cgsvc.launch.store import ExperimentRow, ExperimentStore
+
+    experiments = ExperimentStore(store)
+    experiments.create(ExperimentRow("e1", "SUCCEEDED", "alice", {"plans": ["plans/p_1", "plans/p2"]}))
+    with store.write_engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE experiments DROP COLUMN plans"))
+        conn.execute(sa.text("DELETE FROM schema_migrations WHERE version = 26"))
+    assert store.migrate() == [26]
+    experiments.create(ExperimentRow("e2", "RUNNING", "alice", {"plans": ["plans/p2", "plans/p3"]}))
+
+    def found(text: str) -> list[str]:
+        return [r.experiment_id for r in experiments.list_rows(text)[0]]
+
+    assert found('plan = "plans/p2"') == ["e1", "e2"] and found('plan = "p3"') == ["e2"]
+    assert found('plan = "plans/p_1"') == ["e1"] and found('plan = "plans/pX1"') == []  # _ as written
+    assert found('plan != "plans/p3"') == ["e1"] and found('plan = "plans/p2" AND state = "RUNNING"') == ["e2"]
+    for bad in ('plan = "launches/p2"', 'plan > "plans/p2"'):
+        with pytest.raises(filters.FilterError):
+            found(bad)
 
 
 def test_an_experiment_is_made_once_per_principal_and_request_id(store: AuditStore) -> None:
@@ -277,8 +301,8 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
             create_time="2026-01-01T00:00:01Z", update_time="2026-01-01T00:00:01Z", tokens_done=1, tokens_total=1,
             error="", report_json=json.dumps(fidelity_report({"decode.backend": "substituted"})), run_dir="/r",
             handle_json="", owner=""))
-    assert store.migrate() == list(range(3, 26))  # 4 builds the Merkle tree, 5 the rule sets, of the records there
-    assert store.schema_version() == 25
+    assert store.migrate() == list(range(3, 27))  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 26
     old = store.get_record(1)
     assert old is not None and old.schema_version == 1 and old.policy == "cgsvc"
     assert ExperimentStore(store).list_rows() == ([], "")
