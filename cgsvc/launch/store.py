@@ -27,9 +27,9 @@ from cgsvc.audit.store import (
     experiments,
     launch_requests,
     launches,
+    plans_cell,
     plans_where,
     replica_leases,
-    plans_cell,
     reported_cells,
     utc_now,
 )
