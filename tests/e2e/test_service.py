@@ -292,16 +292,15 @@ def test_bad_input_keeps_the_server_up(server: ServerProcess, client: Client) ->
         with pytest.raises(grpc.RpcError) as err:
             raw(b"\x0a" + b"\x80" * 5 * 1024 * 1024, timeout=10)
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        # a deadline that passes: a 1 us one nearly always does before the answer (an empty spec's
-        # refusal) comes back, but not always (it once lost that race); some of five must
-        codes = []
+        # a caller whose 1 us deadline passes as the call goes out: whether the deadline or the
+        # answer (an empty spec's refusal) reaches the client first is a race on loopback (in a
+        # full run the answer has won it five times in five), so either is right, and nothing
+        # else is; a deadline passing inside a handler is test_outcomes.py's slow handler
         for _ in range(5):
             with pytest.raises(grpc.RpcError) as err:
                 ch.unary_unary("/cgsvc.v1.PlanService/ResolvePlan")(
                     plan_service_pb2.ResolvePlanRequest().SerializeToString(), timeout=0.000001)
-            codes.append(err.value.code())
-        assert grpc.StatusCode.DEADLINE_EXCEEDED in codes and set(codes) <= {
-            grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INVALID_ARGUMENT}, codes
+            assert err.value.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INVALID_ARGUMENT), err.value
     for bad, says in (({"filter": "model ="}, "expected FIELD OP VALUE"), ({"page_token": "zzz"}, "is not one this server issued"),
                       ({"page_size": -1}, "must not be negative (0 asks for the default, 50; at most 1000), got -1")):
         with pytest.raises(ServiceError) as e:
