@@ -21,8 +21,11 @@ from dataclasses import dataclass, field
 
 from cgsvc.errors import did_you_mean, one_spelling
 
-_TOKEN = re.compile(r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<op>!=|<=|>=|=|<|>)|(?P<word>[A-Za-z0-9_.:+\-/]+))')
+# A word may hold colons (a time's) but not end in one: `labels.team:*` is a word, then has.
+_TOKEN = re.compile(r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<op>!=|<=|>=|=|<|>)|(?P<has>:\*)'
+                    r'|(?P<word>[A-Za-z0-9_.:+\-/]*[A-Za-z0-9_.+\-/]))')
 OPS = ("=", "!=", "<", "<=", ">", ">=")
+HAS = ":*"  # AIP-160's has, for a label's key alone: `labels.team:*`
 
 
 class FilterError(ValueError):
@@ -178,45 +181,64 @@ def parse_filter(text: str, fields: Mapping[str, FieldKind]) -> list[Term]:
     terms: list[Term] = []
     i = 0
     while True:
-        if i + 3 > len(toks):
-            raise FilterError("expected FIELD OP VALUE, e.g. model = \"deepseek-ai/DeepSeek-V3\"")
-        (k1, name), (k2, op), (k3, raw) = toks[i:i + 3]
-        kind = fields.get(name) if name != "labels" else None
-        if kind is None and name.startswith("labels.") and fields.get("labels") == "labels":
-            kind = "labels"
-        if k1 != "word" or kind is None:
-            known = sorted("labels.KEY" if f == "labels" else f for f in fields)
-            raise FilterError(f"unknown field {name!r}; filterable fields: {', '.join(known)}")
-        if k2 != "op":
-            raise FilterError(f"expected an operator after {name!r}; one of {' '.join(OPS)}")
-        if k3 not in ("str", "word"):
-            raise FilterError(f"expected a value after {name} {op}")
-        value: str | int = raw[1:-1].replace('\\"', '"') if k3 == "str" else raw
-        if kind == "labels":
-            if problem := label_problem(name.removeprefix("labels."), str(value)):
-                raise FilterError(f"{name}: {problem}")
-        elif fields[name] == "int":
-            number: int | None = None
-            with contextlib.suppress(ValueError):
-                number = int(value) if len(str(value)) <= 20 else None
-            if number is None or not -(1 << 63) <= number < 1 << 63:
-                raise FilterError(f"{name} takes an integer from -2^63 to 2^63-1, got {str(value)[:40]!r}")
-            value = number
-        elif fields[name] == "time":  # a moment, compared as the stored UTC text sorts
-            if (moment := utc_time(str(value))) is None:
-                raise FilterError(f"{name}: {TIME_FORM}; got {str(value)[:40]!r}")
-            value = moment
-        elif isinstance(kind, Named):
-            value = _id_in(name, str(value), kind.collection)
-        also: tuple[str, ...] = ()
-        if isinstance(kind, Closed | Catalogued):
-            value, also = _spelled(name, str(value), kind)
-        terms.append(Term(name, op, value, also))
+        if i + 2 <= len(toks) and toks[i + 1][0] == "has":
+            terms.append(_has(toks[i], fields))
+            i += 2
+        else:
+            terms.append(_term(toks[i:i + 3], fields))
+            i += 3
         if len(terms) > MAX_TERMS:
             raise FilterError(f"at most {MAX_TERMS} terms joined by AND")
-        i += 3
         if i == len(toks):
             return terms
         if toks[i] != ("word", "AND"):
             raise FilterError(f"expected AND between terms, got {toks[i][1]!r} (only AND is supported)")
         i += 1
+
+
+def _has(tok: tuple[str, str], fields: Mapping[str, FieldKind]) -> Term:
+    """`labels.KEY:*`: a label with that key, whatever its value."""
+    kind, name = tok
+    if kind != "word" or not name.startswith("labels.") or fields.get("labels") != "labels":
+        raise FilterError(f"{HAS} (has) applies to labels.KEY only (`labels.team:*`), got {name[:80]!r}:*")
+    if problem := label_problem(name.removeprefix("labels."), ""):
+        raise FilterError(f"{name}: {problem}")
+    return Term(name, HAS, "")
+
+
+def _term(toks: list[tuple[str, str]], fields: Mapping[str, FieldKind]) -> Term:
+    """FIELD OP VALUE, its value read as the field's kind."""
+    if len(toks) < 3:
+        raise FilterError("expected FIELD OP VALUE, e.g. model = \"deepseek-ai/DeepSeek-V3\"")
+    (k1, name), (k2, op), (k3, raw) = toks
+    kind = fields.get(name) if name != "labels" else None
+    if kind is None and name.startswith("labels.") and fields.get("labels") == "labels":
+        kind = "labels"
+    if k1 != "word" or kind is None:
+        known = sorted("labels.KEY" if f == "labels" else f for f in fields)
+        raise FilterError(f"unknown field {name!r}; filterable fields: {', '.join(known)}")
+    if k2 != "op":
+        raise FilterError(f"expected an operator after {name!r}; one of {' '.join(OPS)}, or {HAS} after labels.KEY")
+    if k3 not in ("str", "word"):
+        raise FilterError(f"expected a value after {name} {op}")
+    value: str | int = raw[1:-1].replace('\\"', '"') if k3 == "str" else raw
+    if kind == "labels":
+        if problem := label_problem(name.removeprefix("labels."), str(value)):
+            raise FilterError(f"{name}: {problem}")
+    elif fields[name] == "int":
+        number: int | None = None
+        with contextlib.suppress(ValueError):
+            number = int(value) if len(str(value)) <= 20 else None
+        if number is None or not -(1 << 63) <= number < 1 << 63:
+            raise FilterError(f"{name} takes an integer from -2^63 to 2^63-1, got {str(value)[:40]!r}")
+        value = number
+    elif fields[name] == "time":  # a moment, compared as the stored UTC text sorts
+        if (moment := utc_time(str(value))) is None:
+            raise FilterError(f"{name}: {TIME_FORM}; got {str(value)[:40]!r}")
+        value = moment
+    elif isinstance(kind, Named):
+        value = _id_in(name, str(value), kind.collection)
+    also: tuple[str, ...] = ()
+    if isinstance(kind, Closed | Catalogued):
+        value, also = _spelled(name, str(value), kind)
+    return Term(name, op, value, also)

@@ -110,18 +110,21 @@ def _equality(term: filters.Term) -> None:
         raise filters.FilterError(f"{term.field} takes = or !=, got {term.op}")
 
 
-def _listed(column: sa.ColumnElement[str], item: str) -> sa.ColumnElement[bool]:
-    """`item` is one of the comma-delimited items of `column` (",a,b,"): between commas, its
-    underscores matched as written, not as a pattern."""
+def _listed(column: sa.ColumnElement[str], item: str, starts: bool = False) -> sa.ColumnElement[bool]:
+    """`item` is one of the comma-delimited items of `column` (",a,b,"), or with `starts` the
+    start of one: after a comma, its underscores matched as written, not as a pattern."""
     escaped = item.replace("_", "\\_")
-    return column.like(f"%,{escaped},%", escape="\\")
+    return column.like(f"%,{escaped}{'%' if starts else ',%'}", escape="\\")
 
 
 def label_where(term: filters.Term, table: sa.Table = launches) -> sa.ColumnElement[bool]:
     """`labels.KEY = VALUE` (or !=) as SQL on the table's labels (launches', experiments'): the
-    pair key=value, listed."""
+    pair key=value, listed; `labels.KEY:*`: an item that starts key= (keys hold no = or ,)."""
+    key = term.field.removeprefix("labels.")
+    if term.op == filters.HAS:
+        return _listed(table.c.labels, f"{key}=", starts=True)
     _equality(term)
-    match = _listed(table.c.labels, f"{term.field.removeprefix('labels.')}={term.value}")
+    match = _listed(table.c.labels, f"{key}={term.value}")
     return match if term.op == "=" else ~match
 
 

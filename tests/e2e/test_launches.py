@@ -710,6 +710,8 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
         assert [x.name for x in team] == [asked["name"], rerun["name"]], team
         assert asked["name"] not in [x.name for x in c.list_launches(filter='labels.team != "infra"').launches]
         assert c.list_launches(filter='labels.team = "infr"').launches == []  # whole values, not patterns
+        teamed = [x.name for x in c.list_launches(filter="labels.team:*", page_size=1000).launches]  # has the key
+        assert asked["name"] in teamed and auto["name"] not in teamed, teamed
     by_team = json.loads(cli("launches", "summary", "--by", "labels.team", "-o", "json", server=srv.address).stdout)
     teams = {g["labels.team"]: g["launches"] for g in by_team["summary"]["groups"]}
     assert teams["infra"] == 2 and teams["-"] == by_team["summary"]["launches"] - 2, by_team  # unlabelled: "-"

@@ -109,6 +109,7 @@ def test_migration_25_gives_experiments_labels_found_by_labels_key(store: AuditS
 
     assert found('labels.team = "infra"') == ["e2"] and found('labels.team != "infra"') == ["e1", "e3"]
     assert found('labels.ticket = "inc_42" AND state = "RUNNING"') == ["e2"] and found('labels.ticket = "inc-42"') == []
+    assert found("labels.team:*") == ["e2", "e3"] and found("labels.ticket:*") == ["e2"]
     assert experiments.get("e2").labels == ",team=infra,ticket=inc_42,"  # type: ignore[union-attr]
     assert experiments.relabel("e3", ",team=infra2,", "") and not experiments.relabel("e3", ",team=infra2,", ",a=b,")
     assert found('labels.team != "infra"') == ["e1", "e3"] and experiments.get("e3").labels == ""  # type: ignore[union-attr]
@@ -177,6 +178,8 @@ def test_launches_are_found_by_their_labels_whole(store: AuditStore) -> None:
     assert found('labels.team = "infra"') == ["l1"] and found('labels.team != "infra"') == ["l2", "l3"]
     assert found('labels.ticket = "inc_42"') == ["l1"] and found('labels.ticket = "inc-42"') == []  # _ as written
     assert found('labels.team = "infra" AND labels.ticket = "inc_42"') == ["l1"]
+    assert found("labels.team:*") == ["l1", "l2"] and found("labels.ticket:*") == ["l1"]  # has the key
+    assert found("labels.tea:*") == [] and found("labels.team:* AND labels.ticket:*") == ["l1"]
     assert found('plan = "plans/p"') == found('plan = "p"') == ["l1", "l2", "l3"]  # a name, or its bare ID
     assert found('plan != "plans/p"') == [] and found('rerun_of = "launches/l1"') == []
     # relabelled only from the labels read: a relabel that read before another's was stored loses

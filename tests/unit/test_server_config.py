@@ -206,6 +206,20 @@ def test_a_resource_name_in_a_filter_is_read_as_its_id_and_another_collection_is
             parse_filter(bad, fields)
 
 
+def test_a_label_is_asked_for_by_key_alone_with_has() -> None:
+    """AIP-160's has operator, `labels.team:*`: a label with that key, whatever its value; on
+    labels only (a time's colons still read as part of its word)."""
+    fields = {"labels": "labels", "state": "str", "time": "time"}
+    assert parse_filter('labels.team:* AND state = "x"', fields) == [Term("labels.team", ":*", ""),
+                                                                     Term("state", "=", "x")]
+    assert parse_filter("labels.team :*", fields) == [Term("labels.team", ":*", "")]
+    assert parse_filter("time >= 2026-12-06T08:00:00Z", fields)[0].value == "2026-12-06T08:00:00.000000Z"
+    for bad, said in (("state:*", "applies to labels.KEY only"), ("labels.Team:*", "a label key is"),
+                      ("labels:*", "applies to labels.KEY only"), ("labels.team:* state", "expected AND")):
+        with pytest.raises(FilterError, match=said):
+            parse_filter(bad, fields)
+
+
 def test_filter_parser_bounds_what_reaches_sql() -> None:
     """Regressions: an integer past int64 (`sequence > 99999999999999999999999`) was an INTERNAL
     OverflowError in the driver; 40,000 terms were an INTERNAL error from SQLite's expression depth
