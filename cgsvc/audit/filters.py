@@ -26,6 +26,7 @@ _TOKEN = re.compile(r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<op>!=|<=|>=|=|<|>)|(?
                     r'|(?P<word>[A-Za-z0-9_.:+\-/]*[A-Za-z0-9_.+\-/]))')
 OPS = ("=", "!=", "<", "<=", ">", ">=")
 HAS = ":*"  # AIP-160's has, for a label's key alone: `labels.team:*`
+NOT_HAS = "NOT :*"  # `NOT labels.team:*`: no label with that key
 
 
 class FilterError(ValueError):
@@ -181,9 +182,15 @@ def parse_filter(text: str, fields: Mapping[str, FieldKind]) -> list[Term]:
     terms: list[Term] = []
     i = 0
     while True:
+        negated = i < len(toks) and toks[i] == ("word", "NOT")
+        if negated:
+            i += 1
         if i + 2 <= len(toks) and toks[i + 1][0] == "has":
-            terms.append(_has(toks[i], fields))
+            terms.append(_has(toks[i], fields, negated))
             i += 2
+        elif negated:
+            raise FilterError("NOT applies to a has term only (`NOT labels.KEY:*`: no such label); the others "
+                              "take != or the opposite comparison")
         else:
             terms.append(_term(toks[i:i + 3], fields))
             i += 3
@@ -196,14 +203,14 @@ def parse_filter(text: str, fields: Mapping[str, FieldKind]) -> list[Term]:
         i += 1
 
 
-def _has(tok: tuple[str, str], fields: Mapping[str, FieldKind]) -> Term:
-    """`labels.KEY:*`: a label with that key, whatever its value."""
+def _has(tok: tuple[str, str], fields: Mapping[str, FieldKind], negated: bool = False) -> Term:
+    """`labels.KEY:*`: a label with that key, whatever its value (`negated`: none)."""
     kind, name = tok
     if kind != "word" or not name.startswith("labels.") or fields.get("labels") != "labels":
         raise FilterError(f"{HAS} (has) applies to labels.KEY only (`labels.team:*`), got {name[:80]!r}:*")
     if problem := label_problem(name.removeprefix("labels."), ""):
         raise FilterError(f"{name}: {problem}")
-    return Term(name, HAS, "")
+    return Term(name, NOT_HAS if negated else HAS, "")
 
 
 def _term(toks: list[tuple[str, str]], fields: Mapping[str, FieldKind]) -> Term:

@@ -119,10 +119,11 @@ def _listed(column: sa.ColumnElement[str], item: str, starts: bool = False) -> s
 
 def label_where(term: filters.Term, table: sa.Table = launches) -> sa.ColumnElement[bool]:
     """`labels.KEY = VALUE` (or !=) as SQL on the table's labels (launches', experiments'): the
-    pair key=value, listed; `labels.KEY:*`: an item that starts key= (keys hold no = or ,)."""
+    pair key=value, listed; `labels.KEY:*` (or NOT): an item that starts key= (keys hold no = or ,)."""
     key = term.field.removeprefix("labels.")
-    if term.op == filters.HAS:
-        return _listed(table.c.labels, f"{key}=", starts=True)
+    if term.op in (filters.HAS, filters.NOT_HAS):
+        has = _listed(table.c.labels, f"{key}=", starts=True)
+        return has if term.op == filters.HAS else ~has
     _equality(term)
     match = _listed(table.c.labels, f"{key}={term.value}")
     return match if term.op == "=" else ~match

@@ -180,6 +180,7 @@ def test_launches_are_found_by_their_labels_whole(store: AuditStore) -> None:
     assert found('labels.team = "infra" AND labels.ticket = "inc_42"') == ["l1"]
     assert found("labels.team:*") == ["l1", "l2"] and found("labels.ticket:*") == ["l1"]  # has the key
     assert found("labels.tea:*") == [] and found("labels.team:* AND labels.ticket:*") == ["l1"]
+    assert found("NOT labels.ticket:*") == ["l2", "l3"] and found("NOT labels.team:* AND NOT labels.x:*") == ["l3"]
     assert found('plan = "plans/p"') == found('plan = "p"') == ["l1", "l2", "l3"]  # a name, or its bare ID
     assert found('plan != "plans/p"') == [] and found('rerun_of = "launches/l1"') == []
     # relabelled only from the labels read: a relabel that read before another's was stored loses

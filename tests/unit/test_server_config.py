@@ -214,8 +214,10 @@ def test_a_label_is_asked_for_by_key_alone_with_has() -> None:
                                                                      Term("state", "=", "x")]
     assert parse_filter("labels.team :*", fields) == [Term("labels.team", ":*", "")]
     assert parse_filter("time >= 2026-12-06T08:00:00Z", fields)[0].value == "2026-12-06T08:00:00.000000Z"
+    assert parse_filter('NOT labels.team:* AND state = "x"', fields)[0] == Term("labels.team", "NOT :*", "")
     for bad, said in (("state:*", "applies to labels.KEY only"), ("labels.Team:*", "a label key is"),
-                      ("labels:*", "applies to labels.KEY only"), ("labels.team:* state", "expected AND")):
+                      ("labels:*", "applies to labels.KEY only"), ("labels.team:* state", "expected AND"),
+                      ('NOT state = "x"', "NOT applies to a has term only"), ("NOT", "NOT applies to a has")):
         with pytest.raises(FilterError, match=said):
             parse_filter(bad, fields)
 
