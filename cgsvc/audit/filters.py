@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from cgsvc.errors import did_you_mean, one_spelling
@@ -102,10 +102,17 @@ def label_problem(key: str, value: str) -> str:
     return ""
 
 
+def delimited(items: Iterable[str]) -> str:
+    """A delimited cell (labels, plans, substituted fields): each item between commas, ",a,b,"
+    ("," for none), so that an item is matched whole, comma to comma (`_listed` in the launch
+    store reads it)."""
+    return ",".join(["", *items, ""])
+
+
 def labels_cell(labels: Mapping[str, str]) -> str:
     """Labels as a labels column keeps them (launches', experiments'): each key=value between
     commas, by key; "" for none."""
-    return ",".join(["", *(f"{k}={labels[k]}" for k in sorted(labels)), ""]) if labels else ""
+    return delimited(f"{k}={labels[k]}" for k in sorted(labels)) if labels else ""
 
 
 def labels_text(labels: Mapping[str, str]) -> str:

@@ -257,7 +257,7 @@ for _column in _ADDED:
 
 def plans_cell(plans: Sequence[str]) -> str:
     """experiments.plans for an experiment's plans ("plans/A", "plans/B"): ",A,B,"."""
-    return ",".join(["", *(p.removeprefix("plans/") for p in plans), ""]) if plans else ""
+    return filters.delimited(p.removeprefix("plans/") for p in plans) if plans else ""
 
 
 def reported_cells(report_json: str) -> dict[str, str]:
@@ -273,7 +273,7 @@ def reported_cells(report_json: str) -> dict[str, str]:
             report = {}
     if not report or not isinstance(report, dict):
         return {"substituted": "", "dtype": ""}
-    said = ",".join(["", *substituted(report), ""]) if report.get("plan_fidelity") else ""  # a failure may say none
+    said = filters.delimited(substituted(report)) if report.get("plan_fidelity") else ""  # a failure may say none
     return {"substituted": said, "dtype": str(report.get("dtype") or "")}
 
 

@@ -117,6 +117,13 @@ def _listed(column: sa.ColumnElement[str], item: str, starts: bool = False) -> s
     return column.like(f"%,{escaped}{'%' if starts else ',%'}", escape="\\")
 
 
+def _listed_where(term: filters.Term, column: sa.ColumnElement[str], item: str) -> sa.ColumnElement[bool]:
+    """A term taking = or != on whether `item` is listed in `column`."""
+    _equality(term)
+    match = _listed(column, item)
+    return match if term.op == "=" else ~match
+
+
 def label_where(term: filters.Term, table: sa.Table = launches) -> sa.ColumnElement[bool]:
     """`labels.KEY = VALUE` (or !=) as SQL on the table's labels (launches', experiments'): the
     pair key=value, listed; `labels.KEY:*` (or NOT): an item that starts key= (keys hold no = or ,)."""
@@ -124,9 +131,7 @@ def label_where(term: filters.Term, table: sa.Table = launches) -> sa.ColumnElem
     if term.op in (filters.HAS, filters.NOT_HAS):
         has = _listed(table.c.labels, f"{key}=", starts=True)
         return has if term.op == filters.HAS else ~has
-    _equality(term)
-    match = _listed(table.c.labels, f"{key}={term.value}")
-    return match if term.op == "=" else ~match
+    return _listed_where(term, table.c.labels, f"{key}={term.value}")
 
 
 def _to_columns(row: LaunchRow) -> dict[str, Any]:
@@ -493,9 +498,7 @@ class ExperimentStore:
             if t.field.startswith("labels."):
                 where.append(label_where(t, experiments))
             elif t.field == "plan":  # either arm
-                _equality(t)
-                match = _listed(experiments.c.plans, str(t.value))
-                where.append(match if t.op == "=" else ~match)
+                where.append(_listed_where(t, experiments.c.plans, str(t.value)))
             else:
                 terms.append(t)
         rows, token = self.audit.page(experiments, terms, filter_text, page_size, page_token, where=where,
