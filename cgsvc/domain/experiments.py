@@ -26,11 +26,11 @@ from typing import Any
 import structlog
 
 from cgsvc import __version__
-from cgsvc.audit.filters import labels_cell, labels_of, labels_text
+from cgsvc.audit.filters import labels_cell, labels_of
 from cgsvc.audit.records import AuditEntry
 from cgsvc.contract import DEFAULT_ENGINE, EngineSettings, ran_alike, ran_as
 from cgsvc.domain import stats
-from cgsvc.domain.labels import LabelChange, change_labels, label_problems
+from cgsvc.domain.labels import LabelChange, change_labels, created_with, label_problems
 from cgsvc.domain.launches import (
     TERMINAL,
     Launches,
@@ -224,9 +224,7 @@ class Experiments:
             raise ServiceError("FAILED_PRECONDITION", f"dispatcher {dispatcher!r} is not configured on this server",
                                [FieldViolation("dispatcher", f"one of {', '.join(self.launches.dispatchers)}")])
         experiment_id = new_id()
-        again = f", rerun of experiments/{rerun_of}" if rerun_of else ""
-        if cell:  # the log holds every label an experiment had: these, then each UpdateExperiment's change
-            again += f", labels {labels_text(labels_of(cell))}"
+        again = (f", rerun of experiments/{rerun_of}" if rerun_of else "") + created_with(cell)
         record = await self.audit(CREATE_EXPERIMENT_METHOD, caller.principal, "OK",
                                   f"{plans[0]} (A) vs {plans[1]} (B), {repeats} launches per arm, interleaved{again}",
                                   caller, experiment_id)

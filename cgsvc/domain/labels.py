@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from cgsvc.audit.filters import LABEL_FORM, LABEL_KEY, label_problem, labels_cell, labels_of
+from cgsvc.audit.filters import label_problem, labels_cell, labels_of, labels_text
 from cgsvc.errors import FieldViolation, ServiceError
 
 MAX_LABELS = 64
@@ -63,12 +63,14 @@ def read_change(given: Mapping[str, str], mask: Sequence[str], resource: str) ->
     problems = label_problems(given, f"{resource}.labels")
     keys: list[str] = []
     for path in paths:
+        if path == "labels":
+            continue
         key = path.removeprefix("labels.") if path.startswith("labels.") else None
-        if path != "labels" and (key is None or not LABEL_KEY.fullmatch(key)):
-            why = f"a label key is {LABEL_FORM}" if key is not None else f"only labels can be updated: {MASK_FORM}"
-            problems.append(FieldViolation("update_mask", f"{why}; got {path[:80]!r}"))
-        elif key is not None:
-            keys.append(key)
+        why = f"only labels can be updated: {MASK_FORM}" if key is None else label_problem(key, "")
+        if why:
+            problems.append(FieldViolation("update_mask", f"{why} (in {path[:80]!r})"))
+        else:
+            keys.append(str(key))
     mask_read = not problems
     if "labels" in paths and len(paths) > 1:
         problems.append(FieldViolation("update_mask", "labels replaces them all: name it alone, or labels.KEY for each"))
@@ -83,6 +85,12 @@ def read_change(given: Mapping[str, str], mask: Sequence[str], resource: str) ->
     named = sorted(set(keys))
     return LabelChange(replace=False, set={k: given[k] for k in named if k in given},
                        remove=tuple(k for k in named if k not in given))
+
+
+def created_with(cell: str) -> str:
+    """What a creation record says of the labels it was made with (", labels team=infra"), so
+    that the log holds every label a resource has had: these, then each change."""
+    return f", labels {labels_text(labels_of(cell))}" if cell else ""
 
 
 async def change_labels(name: str, cell: str, change: LabelChange, path: str,

@@ -38,7 +38,6 @@ import structlog
 
 from cgsvc import __version__, catalog, codec
 from cgsvc.audit.auditor import Auditor
-from cgsvc.audit.filters import labels_of, labels_text
 from cgsvc.audit.records import AuditEntry
 from cgsvc.audit.store import StoredPlan, utc_now
 from cgsvc.contract import (
@@ -63,7 +62,7 @@ from cgsvc.contract import (
     substituted,
     tp_misfits,
 )
-from cgsvc.domain.labels import LabelChange, change_labels
+from cgsvc.domain.labels import LabelChange, change_labels, created_with
 from cgsvc.domain.plans import Caller
 from cgsvc.errors import CODE_NUMBERS, FieldViolation, ServiceError, did_you_mean, one_spelling
 from cgsvc.ids import new_id
@@ -570,8 +569,7 @@ class Launches:
         again = f", rerun of launches/{order.rerun_of}" if order.rerun_of else ""
         if order.experiment:
             again += f", {order.experiment_run} of experiments/{order.experiment}"
-        if order.labels:  # the log holds every label a launch had: these, then each UpdateLaunch's change
-            again += f", labels {labels_text(labels_of(order.labels))}"
+        again += created_with(order.labels)
         await self.audit_order(created.row, order, caller, f"launch of {order.plan_audit} on "
                                                            f"{counted(order.tp, order.dispatcher + ' rank')}{engine}{again}")
         self.watched[launch_id] = Watched()
