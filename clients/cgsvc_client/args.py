@@ -15,7 +15,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from cgsvc.audit import filters
@@ -287,16 +287,22 @@ def add_label_changes(p: argparse.ArgumentParser, collection: str) -> None:
 def label_changes(ns: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
     """A `label` command's KEY=VALUE (set) and KEY- (remove) arguments; anything else, or a key
     named twice, is bad input on `changes` (the server checks the keys and values)."""
+    return _label_args(ns.changes, "changes", removals=True)
+
+
+def _label_args(given: Iterable[str], field: str, removals: bool) -> tuple[dict[str, str], list[str]]:
+    """KEY=VALUE arguments (and, with `removals`, KEY-) as labels to set and keys to remove; an
+    argument of neither form, or a key given twice, is bad input on `field`."""
     set_labels: dict[str, str] = {}
     remove: list[str] = []
-    for given in ns.changes:
-        key, eq, value = given.partition("=")
-        if not eq and given.endswith("-"):
-            key = given[:-1]
-        elif not eq:
-            raise bad("changes", f"KEY=VALUE to set a label or KEY- to remove one, got {given!r}")
+    for arg in given:
+        key, eq, value = arg.partition("=")
+        if not eq and not (removals and arg.endswith("-")):
+            form = "KEY=VALUE to set a label or KEY- to remove one" if removals else "KEY=VALUE"
+            raise bad(field, f"{form}, got {arg!r}")
+        key = key if eq else arg[:-1]
         if key in set_labels or key in remove:
-            raise bad("changes", f"{key!r} named twice")
+            raise bad(field, f"{key!r} given twice")
         if eq:
             set_labels[key] = value
         else:
@@ -312,15 +318,7 @@ def labels_text(labels: Any) -> str:
 def labels(ns: argparse.Namespace) -> dict[str, str]:
     """--label KEY=VALUE, repeated, as a mapping (the server checks each key and value); a label
     given twice, or with no =, is bad input on `label`."""
-    out: dict[str, str] = {}
-    for given in ns.label or ():
-        key, eq, value = given.partition("=")
-        if not eq:
-            raise ServiceError.invalid([FieldViolation("label", f"KEY=VALUE, got {given!r}")])
-        if key in out:
-            raise ServiceError.invalid([FieldViolation("label", f"{key!r} given twice")])
-        out[key] = value
-    return out
+    return _label_args(ns.label or (), "label", removals=False)[0]
 
 
 def engine(ns: argparse.Namespace) -> dict[str, Any]:
