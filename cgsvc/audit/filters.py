@@ -1,10 +1,15 @@
 """List filters in the AIP-160 style, the subset cgsvc supports:
 
-    filter := term ( "AND" term )*
-    term   := FIELD OP VALUE          OP := = | != | < | <= | > | >=
+    filter := group ( "AND" group )*
+    group  := operand ( "OR" operand )*          (OR binds tighter than AND, as AIP-160 says)
+    operand:= term | "(" filter ")"
+    term   := FIELD OP VALUE | [NOT] labels.KEY:*   OP := = | != | < | <= | > | >=
     VALUE  := "quoted string" | number | bare-word
 
-Parsing yields `Term`s; the store maps them to SQL for its own columns. Bad syntax or an
+Parsing yields a conjunction: each item a `Term`, or an `AnyOf` of terms joined by OR; the store
+maps each term to SQL for its own columns (`alternatives` reads both alike). An AND group as one
+side of OR (`(a AND b) OR c`) would need rewriting into that form and is refused, naming the
+rewriting (`(a OR c) AND (b OR c)`). Bad syntax or an
 unknown field is a `FilterError` naming what would be valid. A filter is input like a spec: a
 field whose values are a closed set (`Closed`: graph backends, launch states) matches them
 case-insensitively and refuses any other value, naming the set; one with catalogued names
@@ -22,7 +27,7 @@ from dataclasses import dataclass, field
 from cgsvc.errors import did_you_mean, one_spelling
 
 # A word may hold colons (a time's) but not end in one: `labels.team:*` is a word, then has.
-_TOKEN = re.compile(r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<op>!=|<=|>=|=|<|>)|(?P<has>:\*)'
+_TOKEN = re.compile(r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<op>!=|<=|>=|=|<|>)|(?P<has>:\*)|(?P<paren>[()])'
                     r'|(?P<word>[A-Za-z0-9_.:+\-/]*[A-Za-z0-9_.+\-/]))')
 OPS = ("=", "!=", "<", "<=", ">", ">=")
 HAS = ":*"  # AIP-160's has, for a label's key alone: `labels.team:*`
@@ -56,6 +61,21 @@ class Term:
     op: str
     value: str | int
     also: tuple[str, ...] = ()  # other spellings `=` matches and `!=` excludes (Catalogued: as typed)
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    """Terms joined by OR: a row matches when any of them does."""
+
+    terms: tuple[Term, ...]
+
+
+Condition = Term | AnyOf  # one item of a parsed filter, all of which a row must match
+
+
+def alternatives(condition: Condition) -> tuple[Term, ...]:
+    """The terms a row may match to match `condition` (a Term alone is one)."""
+    return condition.terms if isinstance(condition, AnyOf) else (condition,)
 
 
 @dataclass(frozen=True)
@@ -180,34 +200,87 @@ def _id_in(name: str, value: str, collection: str) -> str:
     return ident
 
 
-def parse_filter(text: str, fields: Mapping[str, FieldKind]) -> list[Term]:
-    """Parse `text` against `fields` (name -> "str" | "int" | "time" | Closed | Catalogued); empty
-    text is no filter."""
+MAX_DEPTH = 8  # parentheses inside parentheses
+
+
+def parse_filter(text: str, fields: Mapping[str, FieldKind]) -> list[Condition]:
+    """Parse `text` against `fields` (name -> "str" | "int" | "time" | Closed | Catalogued | ...):
+    the conditions a row must all match; empty text is no filter."""
     if not text.strip():
         return []
-    toks = _tokens(text)
-    terms: list[Term] = []
-    i = 0
-    while True:
-        negated = i < len(toks) and toks[i] == ("word", "NOT")
+    parser = _Parser(_tokens(text), fields)
+    groups = parser.conjunction(0)
+    if parser.i < len(parser.toks):
+        raise FilterError("a ) with no ( before it") if parser.at("paren", ")") else parser.unexpected(inside=False)
+    return [group[0] if len(group) == 1 else AnyOf(group) for group in groups]
+
+
+class _Parser:
+    """Recursive descent over the tokens, into groups of alternatives (a conjunction)."""
+
+    def __init__(self, toks: list[tuple[str, str]], fields: Mapping[str, FieldKind]) -> None:
+        self.toks, self.fields, self.i, self.terms = toks, fields, 0, 0
+
+    def at(self, kind: str, text: str) -> bool:
+        return self.i < len(self.toks) and self.toks[self.i] == (kind, text)
+
+    def unexpected(self, inside: bool) -> FilterError:
+        """The token where a joiner (or, `inside` parentheses, their end) was due."""
+        kind, got = self.toks[self.i]
+        if kind == "word" and got.upper() in ("AND", "OR", "NOT"):
+            return FilterError(f"AND, OR and NOT are upper case; got {got!r}")
+        closing = ", or ) to close the (" if inside else ""
+        return FilterError(f"expected AND or OR between terms{closing}, got {got[:40]!r}")
+
+    def conjunction(self, depth: int) -> list[tuple[Term, ...]]:
+        groups = self.disjunction(depth)
+        while self.at("word", "AND"):
+            self.i += 1
+            groups += self.disjunction(depth)
+        return groups
+
+    def disjunction(self, depth: int) -> list[tuple[Term, ...]]:
+        sides = [self.operand(depth)]
+        while self.at("word", "OR"):
+            self.i += 1
+            sides.append(self.operand(depth))
+        if len(sides) == 1:
+            return sides[0]
+        if any(len(side) != 1 for side in sides):
+            raise FilterError("a group joined by AND cannot be one side of OR; write (a AND b) OR c as "
+                              "(a OR c) AND (b OR c)")
+        return [tuple(term for side in sides for term in side[0])]
+
+    def operand(self, depth: int) -> list[tuple[Term, ...]]:
+        """A term (one group of one), or a parenthesised filter (its groups)."""
+        if self.at("paren", "("):
+            if depth == MAX_DEPTH:
+                raise FilterError(f"parentheses nest at most {MAX_DEPTH} deep")
+            self.i += 1
+            groups = self.conjunction(depth + 1)
+            if not self.at("paren", ")"):
+                if self.i < len(self.toks):
+                    raise self.unexpected(inside=True)
+                raise FilterError("expected ) to close the (")
+            self.i += 1
+            return groups
+        negated = self.at("word", "NOT")
         if negated:
-            i += 1
-        if i + 2 <= len(toks) and toks[i + 1][0] == "has":
-            terms.append(_has(toks[i], fields, negated))
-            i += 2
+            self.i += 1
+        toks = self.toks[self.i:self.i + 3]
+        if len(toks) >= 2 and toks[1][0] == "has":
+            term = _has(toks[0], self.fields, negated)
+            self.i += 2
         elif negated:
             raise FilterError("NOT applies to a has term only (`NOT labels.KEY:*`: no such label); the others "
                               "take != or the opposite comparison")
         else:
-            terms.append(_term(toks[i:i + 3], fields))
-            i += 3
-        if len(terms) > MAX_TERMS:
-            raise FilterError(f"at most {MAX_TERMS} terms joined by AND")
-        if i == len(toks):
-            return terms
-        if toks[i] != ("word", "AND"):
-            raise FilterError(f"expected AND between terms, got {toks[i][1]!r} (only AND is supported)")
-        i += 1
+            term = _term(toks, self.fields)
+            self.i += 3
+        self.terms += 1
+        if self.terms > MAX_TERMS:
+            raise FilterError(f"at most {MAX_TERMS} terms, joined by AND or OR")
+        return [(term,)]
 
 
 def _has(tok: tuple[str, str], fields: Mapping[str, FieldKind], negated: bool = False) -> Term:

@@ -20,7 +20,7 @@ import json
 import logging
 import operator
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -730,31 +730,37 @@ def _method_term(column: Any, t: filters.Term) -> Any:
     return column.in_(full) if t.op == "=" else column.not_in(full)
 
 
-def _where(table: sa.Table, terms: Sequence[filters.Term], columns: dict[str, str] | None = None) -> list[Any]:
-    ops = {"=": "__eq__", "!=": "__ne__", "<": "__lt__", "<=": "__le__", ">": "__gt__", ">=": "__ge__"}
-    out: list[Any] = []
-    for t in terms:
-        if t.field == "rule_id":
-            if t.op != "=":
-                raise filters.FilterError("rule_id supports only '='")
-            out.append(table.c.rule_set.in_(rule_sets_with(str(t.value))))
-            continue
-        if t.field == "method" and (clause := _method_term(table.c.method, t)) is not None:
-            out.append(clause)
-            continue
-        if t.field == "outcome":
-            code = CODE_NUMBERS.get(str(t.value).upper())
-            if code is None:
-                raise filters.FilterError(f"unknown outcome {t.value!r}; one of {', '.join(CODE_NUMBERS)}")
-            out.append(getattr(table.c.outcome_code, ops[t.op])(code))
-            continue
-        column = table.c[(columns or {}).get(t.field, t.field)]
-        if t.also and t.op in ("=", "!="):
-            spellings = [t.value, *t.also]
-            out.append(column.in_(spellings) if t.op == "=" else column.not_in(spellings))
-            continue
-        out.append(getattr(column, ops[t.op])(t.value))
-    return out
+_OPS = {"=": "__eq__", "!=": "__ne__", "<": "__lt__", "<=": "__le__", ">": "__gt__", ">=": "__ge__"}
+
+
+def term_where(table: sa.Table, t: filters.Term, columns: dict[str, str] | None = None) -> Any:
+    """One term as SQL on `table`'s columns (fields named as `columns` maps them)."""
+    if t.field == "rule_id":
+        if t.op != "=":
+            raise filters.FilterError("rule_id supports only '='")
+        return table.c.rule_set.in_(rule_sets_with(str(t.value)))
+    if t.field == "method" and (clause := _method_term(table.c.method, t)) is not None:
+        return clause
+    if t.field == "outcome":
+        code = CODE_NUMBERS.get(str(t.value).upper())
+        if code is None:
+            raise filters.FilterError(f"unknown outcome {t.value!r}; one of {', '.join(CODE_NUMBERS)}")
+        return getattr(table.c.outcome_code, _OPS[t.op])(code)
+    column = table.c[(columns or {}).get(t.field, t.field)]
+    if t.also and t.op in ("=", "!="):
+        spellings = [t.value, *t.also]
+        return column.in_(spellings) if t.op == "=" else column.not_in(spellings)
+    return getattr(column, _OPS[t.op])(t.value)
+
+
+def matching(conditions: Sequence[filters.Condition], clause: Callable[[filters.Term], Any]) -> list[Any]:
+    """A parsed filter as SQL, one clause a condition: a term's `clause`, or its alternatives'
+    joined by OR."""
+    return [sa.or_(*map(clause, filters.alternatives(c))) for c in conditions]
+
+
+def _where(table: sa.Table, conditions: Sequence[filters.Condition], columns: dict[str, str] | None = None) -> list[Any]:
+    return matching(conditions, lambda t: term_where(table, t, columns))
 
 
 def rule_sets_with(rule_id: str) -> Any:
@@ -762,8 +768,8 @@ def rule_sets_with(rule_id: str) -> Any:
     return sa.select(rule_set_members.c.set_id).where(rule_set_members.c.rule_id == rule_id)
 
 
-def plans_where(terms: Sequence[filters.Term]) -> Any:
-    """The ids of the plans whose creating record matches every term (a subquery): `rule_id`
+def plans_where(terms: Sequence[filters.Condition]) -> Any:
+    """The ids of the plans whose creating record matches every condition (a subquery): `rule_id`
     (their resolution used the rule), `model`, `gpu`, ... as the audit filter reads them."""
     return sa.select(audit_records.c.plan_id).where(audit_records.c.plan_created == 1, *_where(audit_records, terms))
 
@@ -1211,8 +1217,8 @@ class AuditStore:
 
     def list_records(self, filter_text: str = "", page_size: int = 0, page_token: str = "",
                      order_by: str = "") -> tuple[list[AuditRecord], str]:
-        terms = filters.parse_filter(filter_text, AUDIT_FILTER_FIELDS)
-        rows, next_token = self.page(audit_records, terms, filter_text, page_size, page_token,
+        where = _where(audit_records, filters.parse_filter(filter_text, AUDIT_FILTER_FIELDS))
+        rows, next_token = self.page(audit_records, where, filter_text, page_size, page_token,
                                      newest_first=filters.parse_order(order_by, "sequence"))
         return [self._record(r._mapping) for r in rows], next_token
 
@@ -1261,17 +1267,16 @@ class AuditStore:
     def list_plans(self, filter_text: str = "", page_size: int = 0, page_token: str = "",
                    order_by: str = "") -> tuple[list[StoredPlan], str]:
         terms = filters.parse_filter(filter_text, PLAN_FILTER_FIELDS)
-        rows, next_token = self.page(audit_records, terms, filter_text, page_size, page_token,
-                                     where=(audit_records.c.plan_created == 1,), columns=PLAN_FILTER_COLUMNS,
+        where = [audit_records.c.plan_created == 1, *_where(audit_records, terms, PLAN_FILTER_COLUMNS)]
+        rows, next_token = self.page(audit_records, where, filter_text, page_size, page_token,
                                      newest_first=filters.parse_order(order_by, "create_time"))
         return [self._stored_plan(r) for r in rows], next_token
 
-    def page(self, table: sa.Table, terms: Sequence[filters.Term], filter_text: str, page_size: int,
-             page_token: str, where: Sequence[Any] = (), columns: dict[str, str] | None = None,
-             newest_first: bool = False) -> tuple[list[Any], str]:
-        """A page of `table` in sequence order (`newest_first`: descending): rows matching the
-        filter's terms (fields named as `columns` maps them) and `where`. A page token holds the
-        last sequence returned and is bound to the filter and the order."""
+    def page(self, table: sa.Table, where: Sequence[Any], filter_text: str, page_size: int,
+             page_token: str, newest_first: bool = False) -> tuple[list[Any], str]:
+        """A page of `table` in sequence order (`newest_first`: descending): rows matching every
+        clause of `where` (`filter_text` made into SQL). A page token holds the last sequence
+        returned and is bound to the filter and the order."""
         if page_size < 0:
             raise PageTokenError("page_size", f"must not be negative (0 asks for the default, {DEFAULT_PAGE_SIZE}; at most "
                                               f"{MAX_PAGE_SIZE}), got {page_size}")
@@ -1280,7 +1285,7 @@ class AuditStore:
         last = _decode_token(page_token, bound)
         seq = table.c.sequence
         past = (seq < last if last else sa.true()) if newest_first else seq > last
-        query = (sa.select(table).where(past, *where, *_where(table, terms, columns or {}))
+        query = (sa.select(table).where(past, *where)
                  .order_by(seq.desc() if newest_first else seq).limit(size + 1))
         with self.read_engine.begin() as conn:
             rows = list(conn.execute(query))

@@ -27,10 +27,12 @@ from cgsvc.audit.store import (
     experiments,
     launch_requests,
     launches,
+    matching,
     plans_cell,
     plans_where,
     replica_leases,
     reported_cells,
+    term_where,
     utc_now,
 )
 from cgsvc.contract import DTYPE_ALIASES, MODEL_DTYPE_BYTES, PLAN_FIELDS, EngineSettings
@@ -178,6 +180,27 @@ def reported_where(term: filters.Term) -> sa.ColumnElement[bool]:
     return match if term.op == "=" else (column != "") & ~match
 
 
+def _launch_where(term: filters.Term) -> sa.ColumnElement[bool]:
+    """A term of a launches filter as SQL: a field of its plan, a label, what its report says
+    ran, or one of its own columns."""
+    if term.field in LAUNCH_PLAN_FIELDS:  # of its plan (older launches too: their records carry no rules)
+        return launches.c.plan_id.in_(plans_where([term]))
+    if term.field.startswith("labels."):
+        return label_where(term)
+    if term.field in LAUNCH_REPORTED_FIELDS:
+        return reported_where(term)
+    return term_where(launches, term, {"plan": "plan_id"})
+
+
+def _experiment_where(term: filters.Term) -> sa.ColumnElement[bool]:
+    """A term of an experiments filter as SQL: a label, a plan of either arm, or a column."""
+    if term.field.startswith("labels."):
+        return label_where(term, experiments)
+    if term.field == "plan":  # either arm
+        return _listed_where(term, experiments.c.plans, str(term.value))
+    return term_where(experiments, term)
+
+
 def _relabel(engine: Any, table: sa.Table, which: sa.ColumnElement[bool], before: str, after: str) -> bool:
     with engine.begin() as conn:
         done = conn.execute(table.update().where(which, table.c.labels == before)
@@ -265,21 +288,8 @@ class LaunchStore:
 
     def list_rows(self, filter_text: str = "", page_size: int = 0, page_token: str = "",
                   order_by: str = "") -> tuple[list[LaunchRow], str]:
-        terms, of_plan, where = [], [], []
-        for t in filters.parse_filter(filter_text, LAUNCH_FILTER_FIELDS):
-            if t.field in LAUNCH_PLAN_FIELDS:
-                of_plan.append(t)
-            elif t.field.startswith("labels."):
-                where.append(label_where(t))
-            elif t.field in LAUNCH_REPORTED_FIELDS:
-                where.append(reported_where(t))
-            else:
-                terms.append(t)
-        # the launches of every plan that matches (older launches too: their records carry no rules)
-        if of_plan:
-            where.append(launches.c.plan_id.in_(plans_where(of_plan)))
-        rows, token = self.audit.page(launches, terms, filter_text, page_size, page_token, where=where,
-                                      columns={"plan": "plan_id"},
+        where = matching(filters.parse_filter(filter_text, LAUNCH_FILTER_FIELDS), _launch_where)
+        rows, token = self.audit.page(launches, where, filter_text, page_size, page_token,
                                       newest_first=filters.parse_order(order_by, "create_time"))
         return [_from_columns(r._mapping) for r in rows], token
 
@@ -493,15 +503,8 @@ class ExperimentStore:
 
     def list_rows(self, filter_text: str = "", page_size: int = 0,
                   page_token: str = "", order_by: str = "") -> tuple[list[ExperimentRow], str]:
-        terms, where = [], []
-        for t in filters.parse_filter(filter_text, EXPERIMENT_FILTER_FIELDS):
-            if t.field.startswith("labels."):
-                where.append(label_where(t, experiments))
-            elif t.field == "plan":  # either arm
-                where.append(_listed_where(t, experiments.c.plans, str(t.value)))
-            else:
-                terms.append(t)
-        rows, token = self.audit.page(experiments, terms, filter_text, page_size, page_token, where=where,
+        where = matching(filters.parse_filter(filter_text, EXPERIMENT_FILTER_FIELDS), _experiment_where)
+        rows, token = self.audit.page(experiments, where, filter_text, page_size, page_token,
                                       newest_first=filters.parse_order(order_by, "create_time"))
         return [_experiment_from(r._mapping) for r in rows], token
 

@@ -339,7 +339,8 @@ def add_output(p: argparse.ArgumentParser) -> None:
 def add_filters(p: argparse.ArgumentParser, example: str, time_field: str = "create_time") -> None:
     """--filter and --since (a term on the collection's `time_field`, list_filter()) for the
     commands that read a collection: list and summary."""
-    p.add_argument("--filter", help=f"AIP-160 subset: FIELD OP VALUE joined by AND, e.g. {example}")
+    p.add_argument("--filter", help=f"AIP-160 subset: FIELD OP VALUE terms joined by AND and OR (OR binds tighter; "
+                                    f"parentheses group), e.g. {example}")
     p.add_argument("--since", metavar="WHEN", help=f"only those with {time_field} at or after WHEN: a duration ago "
                                                    "(90s, 15m, 2h, 7d) or an RFC 3339 time; joined to --filter")
     p.set_defaults(time_field=time_field)
@@ -374,7 +375,8 @@ def since_time(when: str) -> str:
 
 
 def list_filter(ns: argparse.Namespace) -> str:
-    """The filter a List command sends: --filter, and --since as a term on its time field."""
+    """The filter a List command sends: --filter, and --since as a term on its time field. AND
+    binds loosest (AIP-160), so the term narrows the whole of --filter, OR terms and all."""
     terms = [ns.filter] if ns.filter else []
     if getattr(ns, "since", None):
         ns.since = since_time(ns.since)  # once: "15m" means the same moment however often it is read

@@ -174,7 +174,7 @@ def follow_records(ns: argparse.Namespace) -> int:
             return False
 
         def step() -> bool:
-            query = " AND ".join(f for f in (user_filter, f"sequence > {last}") if f)
+            query = " AND ".join(f for f in (user_filter, f"sequence > {last}") if f)  # AND binds loosest
             for records, _ in each_page(c.list_audit_records, "records", query, 1000):
                 emit(records)
             return False

@@ -268,6 +268,27 @@ def test_audit_list_table_shows_the_model_its_filter_matches(server: ServerProce
     assert len(rows) == 1 and path in rows[0].split()
 
 
+def test_a_filter_joins_terms_with_or_over_the_wire(server: ServerProcess, client: Client) -> None:
+    """`plans list --filter 'gpu = "GB300" OR gpu = "H200"'` lists the plans of either GPU, as
+    many as the two filters apart; an AND group as one side of OR is refused on `filter`, exit 2,
+    saying how to write it."""
+    client.resolve(KIMI)
+    client.resolve({"model": {"name": "deepseek-ai/DeepSeek-V3"}, "hardware": {"gpu": "H200", "gpu_count": 8}})
+
+    def gpus(text: str) -> list[str]:
+        done = cli("plans", "list", "--all", "--server", server.address, "--filter", text, "-o", "json")
+        assert done.returncode == 0, done.stderr
+        return [p["spec"]["hardware"]["gpu"] for p in json.loads(done.stdout)["plans"]]
+
+    either = gpus('gpu = "gb300" OR gpu = "H200"')
+    assert set(either) == {"GB300", "H200"} and len(either) == len(gpus('gpu = "GB300"')) + len(gpus('gpu = "H200"'))
+    assert set(gpus('(gpu = "GB300" OR gpu = "H200") AND model = "deepseek-v3"')) == {"H200"}
+    bad = cli("plans", "list", "--server", server.address, "--filter", '(gpu = "GB300" AND model = "x") OR gpu = "H200"',
+              "-o", "json")
+    violation = json.loads(bad.stdout)["error"]["field_violations"][0]
+    assert bad.returncode == 2 and violation["field"] == "filter" and "(a OR c) AND (b OR c)" in violation["description"]
+
+
 def test_health_and_reflection(server: ServerProcess) -> None:
     with grpc.insecure_channel(server.address) as ch:
         health = health_pb2_grpc.HealthStub(ch)

@@ -378,6 +378,52 @@ def test_launches_are_found_by_what_their_workers_ran(store: AuditStore) -> None
             launches.list_rows(text)
 
 
+def test_or_finds_what_matches_either_term_in_every_collection(store: AuditStore) -> None:
+    """"Every launch that failed or was cancelled", "plans on GB300 or B200": terms joined by OR,
+    binding tighter than AND (AIP-160), on each collection's fields of every kind: a plain
+    column, a closed set, a label, a plan field of a launch (its plan's record), what a report
+    says ran, an experiment's arm; page tokens carry on as for AND."""
+    from cgsvc.launch.store import ExperimentRow, ExperimentStore, LaunchRow, LaunchStore, Workload
+
+    for i, gpu in ((1, "H100"), (2, "GB300"), (3, "B200"), (4, "GB300")):
+        store.append(entry(i, gpu=gpu, plan_id=f"p{i}", outcome_code=3 if i == 3 else 0), LISTING)
+    assert [r.sequence for r in store.list_records('gpu = "gb300" OR gpu = "B200"')[0]] == [2, 3, 4]
+    assert [r.sequence for r in store.list_records('(gpu = "gb300" OR gpu = "B200") AND outcome = "OK"')[0]] == [2, 4]
+    assert [r.sequence for r in store.list_records('outcome != "OK" OR sequence = 1 OR rule_id = "nope"')[0]] == [1, 3]
+    assert [p.row.plan_id for p in store.list_plans('gpu = "B200" OR model = "Qwen/Qwen3-8B"')[0]] == ["p2", "p3", "p4"]
+    page, token = store.list_records('gpu = "GB300" OR gpu = "B200"', page_size=2)
+    assert [r.sequence for r in page] == [2, 3] and [r.sequence for r in store.list_records(
+        'gpu = "GB300" OR gpu = "B200"', page_size=2, page_token=token)[0]] == [4]
+
+    launches = LaunchStore(store)
+    for launch_id, plan, state, labels, report in (
+            ("l1", "p1", "FAILED", "", ""), ("l2", "p2", "CANCELLED", ",team=infra,", ""),
+            ("l3", "p3", "SUCCEEDED", ",team=ml,", json.dumps(fidelity_report({"decode.backend": "substituted"}))),
+            ("l4", "p4", "SUCCEEDED", "", json.dumps(fidelity_report({})))):
+        launches.create(LaunchRow(launch_id, plan, state, "alice", "local", 1, "/m", Workload(1, 1, 1, 1), "/r",
+                                  labels=labels, report_json=report))
+
+    def found(text: str) -> list[str]:
+        return [r.launch_id for r in launches.list_rows(text)[0]]
+
+    assert found('state = "FAILED" OR state = "cancelled"') == ["l1", "l2"]
+    assert found('gpu = "H100" OR labels.team = "ml"') == ["l1", "l3"]  # a plan field or a label
+    assert found('substituted != "none" OR NOT labels.team:*') == ["l1", "l3", "l4"]
+    assert found('gpu = "GB300" OR gpu = "B200" AND state = "SUCCEEDED"') == ["l3", "l4"]
+    assert found('rule_id = "breakable.mla" OR plan = "plans/p2"') == ["l1", "l2", "l3"]  # odd entries carry the rule
+    assert found('(state = "FAILED" OR labels.team = "infra") AND (gpu = "H100" OR gpu = "GB300")') == ["l1", "l2"]
+
+    experiments = ExperimentStore(store)
+    experiments.create(ExperimentRow("e1", "SUCCEEDED", "alice", {"plans": ["plans/p1", "plans/p2"]}))
+    experiments.create(ExperimentRow("e2", "FAILED", "bob", {"plans": ["plans/p3", "plans/p4"]}, labels=",team=ml,"))
+    experiments.create(ExperimentRow("e3", "RUNNING", "bob", {"plans": ["plans/p2", "plans/p4"]}))
+    assert [e.experiment_id for e in experiments.list_rows('plan = "p1" OR labels.team = "ml"')[0]] == ["e1", "e2"]
+    assert [e.experiment_id for e in experiments.list_rows(
+        'principal = "bob" AND (plan = "p2" OR state = "FAILED")')[0]] == ["e2", "e3"]
+    with pytest.raises(filters.FilterError, match=r"\(a OR c\) AND \(b OR c\)"):
+        launches.list_rows('(state = "FAILED" AND gpu = "H100") OR labels.team:*')
+
+
 def test_filters_name_gpus_models_and_states_as_specs_do(store: AuditStore) -> None:
     """`gpu = "h100"` found nothing where `--gpu h100` resolves: a filter value of a closed set
     is matched as a spec's is (any case, a model by its alias too), a label kept as written
@@ -472,8 +518,8 @@ def test_filters_and_pagination(store: AuditStore) -> None:
     assert [r.sequence for r in store.list_records(f'time > "{t}"', page_size=100)[0]] == list(range(6, 12))
     with pytest.raises(filters.FilterError, match="filterable fields"):
         store.list_records("colour = red")
-    with pytest.raises(filters.FilterError):
-        store.list_records('model = "x" OR gpu = "y"')
+    with pytest.raises(filters.FilterError, match="upper case; got 'or'"):
+        store.list_records('model = "x" or gpu = "y"')
     with pytest.raises(filters.FilterError, match="outcome"):
         store.list_records("outcome = MAYBE")
     # an RPC by the name the listings show stands for its full name; a misspelt one is refused

@@ -163,8 +163,39 @@ def test_a_misspelt_setting_in_the_environment_is_warned_of() -> None:
 def test_filter_parser() -> None:
     fields = {"model": "str", "sequence": "int"}
     assert parse_filter('model = "a b" AND sequence >= 3', fields) == [Term("model", "=", "a b"), Term("sequence", ">=", 3)]
-    for bad in ("model", "model = ", 'model = "x" AND', "sequence = x", "colour = 1", 'model = "x" OR model = "y"', "model ~ 1"):
+    for bad in ("model", "model = ", 'model = "x" AND', "sequence = x", "colour = 1", 'model = "x" OR', "model ~ 1"):
         with pytest.raises(FilterError):
+            parse_filter(bad, fields)
+
+
+def test_or_joins_terms_and_binds_tighter_than_and_as_aip_160_says() -> None:
+    """`a OR b AND c` is `(a OR b) AND c` (AIP-160: OR binds tighter than AND); parentheses
+    group terms joined by OR, and a group may nest; a filter is kept as a conjunction of
+    alternatives, so an AND group as one side of OR is refused, saying how to write it."""
+    from cgsvc.audit.filters import AnyOf
+
+    fields = {"model": "str", "state": "str", "labels": "labels", "sequence": "int"}
+    a, b, m = Term("state", "=", "a"), Term("state", "=", "b"), Term("model", "=", "m")
+    either = AnyOf((a, b))
+    for text in ('state = a OR state = b AND model = m', '(state = a OR state = b) AND model = m',
+                 '((state = a) OR (state = b)) AND (model = m)', '(state = a OR (state = b)) AND model = m'):
+        assert parse_filter(text, fields) == [either, m], text
+    assert parse_filter('model = m AND state = a OR state = b', fields) == [m, either]
+    assert parse_filter('(model = m AND state = a)', fields) == [m, a]  # an AND group inside AND: the same terms
+    assert parse_filter('state = a OR (state = b OR model = m)', fields) == [AnyOf((a, b, m))]
+    assert parse_filter('NOT labels.team:* OR labels.team = "infra"', fields) == [
+        AnyOf((Term("labels.team", "NOT :*", ""), Term("labels.team", "=", "infra")))]
+    for bad, said in (('(state = a AND model = m) OR state = b', r"\(a OR c\) AND \(b OR c\)"),
+                      ('state = b OR (state = a AND model = m)', "cannot be one side of OR"),
+                      ('(state = a OR state = b', r"expected \) to close"),
+                      ('state = a)', r"a \) with no \( before it"), ('()', "expected FIELD OP VALUE"),
+                      ('OR state = a', "unknown field 'OR'"), ('state = a OR', "expected FIELD OP VALUE"),
+                      ('state = a or state = b', "AND, OR and NOT are upper case; got 'or'"),
+                      ('state = a and state = b', "AND, OR and NOT are upper case; got 'and'"),
+                      ('state = a state = b', "expected AND or OR between terms, got 'state'"),
+                      ('NOT (labels.team:*)', "NOT applies to a has term only"),
+                      ("(" * 9 + "state = a" + ")" * 9, "at most 8 deep")):
+        with pytest.raises(FilterError, match=said):
             parse_filter(bad, fields)
 
 
@@ -234,8 +265,9 @@ def test_filter_parser_bounds_what_reaches_sql() -> None:
         with pytest.raises(FilterError, match=r"integer from -2\^63 to 2\^63-1"):
             parse_filter(f"sequence > {big}", fields)
     assert len(parse_filter(" AND ".join(['model = "a"'] * MAX_TERMS), fields)) == MAX_TERMS
-    with pytest.raises(FilterError, match=f"at most {MAX_TERMS} terms"):
-        parse_filter(" AND ".join(['model = "a"'] * (MAX_TERMS + 1)), fields)
+    for joiner in (" AND ", " OR "):  # every term counts, however joined
+        with pytest.raises(FilterError, match=f"at most {MAX_TERMS} terms"):
+            parse_filter(joiner.join(['model = "a"'] * (MAX_TERMS + 1)), fields)
 
 
 def test_a_client_target_is_local_by_its_addresses() -> None:
