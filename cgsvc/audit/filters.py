@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -59,7 +60,7 @@ def parse_order(text: str, key: str) -> bool:
 class Term:
     field: str
     op: str
-    value: str | int
+    value: str | int | float
     also: tuple[str, ...] = ()  # other spellings `=` matches and `!=` excludes (Catalogued: as typed)
 
 
@@ -105,7 +106,8 @@ class Named:
     collection: str
 
 
-FieldKind = str | Closed | Catalogued | Named  # "str", "int", "time", "labels" (labels.KEY), or one of these
+# "str", "int", "number" (a finite decimal: a measure), "time", "labels" (labels.KEY), or one of these
+FieldKind = str | Closed | Catalogued | Named
 
 # A label (a launch's caller-given name, `labels.KEY = VALUE`): what a key and a value may hold.
 LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
@@ -190,6 +192,16 @@ def _spelled(name: str, value: str, kind: Closed | Catalogued) -> tuple[str, tup
         return canonical, ()
     known = kind.lookup(value) if len(value) <= 200 else None
     return (known, (value,)) if known is not None and known != value else (value, ())
+
+
+def _number(name: str, text: str) -> float:
+    """A measure's value: a finite decimal (what NaN or infinity would ask cannot be answered)."""
+    number: float | None = None
+    with contextlib.suppress(ValueError):
+        number = float(text) if len(text) <= 40 else None
+    if number is None or not math.isfinite(number):
+        raise FilterError(f"{name} takes a number (such as 200 or 12.5), got {text[:40]!r}")
+    return number
 
 
 def _id_in(name: str, value: str, collection: str) -> str:
@@ -308,7 +320,7 @@ def _term(toks: list[tuple[str, str]], fields: Mapping[str, FieldKind]) -> Term:
         raise FilterError(f"expected an operator after {name!r}; one of {' '.join(OPS)}, or {HAS} after labels.KEY")
     if k3 not in ("str", "word"):
         raise FilterError(f"expected a value after {name} {op}")
-    value: str | int = raw[1:-1].replace('\\"', '"') if k3 == "str" else raw
+    value: str | int | float = raw[1:-1].replace('\\"', '"') if k3 == "str" else raw
     if kind == "labels":
         if problem := label_problem(name.removeprefix("labels."), str(value)):
             raise FilterError(f"{name}: {problem}")
@@ -319,6 +331,8 @@ def _term(toks: list[tuple[str, str]], fields: Mapping[str, FieldKind]) -> Term:
         if number is None or not -(1 << 63) <= number < 1 << 63:
             raise FilterError(f"{name} takes an integer from -2^63 to 2^63-1, got {str(value)[:40]!r}")
         value = number
+    elif fields[name] == "number":
+        value = _number(name, str(value))
     elif fields[name] == "time":  # a moment, compared as the stored UTC text sorts
         if (moment := utc_time(str(value))) is None:
             raise FilterError(f"{name}: {TIME_FORM}; got {str(value)[:40]!r}")

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import operator
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -248,9 +249,14 @@ LAUNCH_COLUMNS_23 = (sa.Column("labels", sa.Text, nullable=False, server_default
 # Migration 24: the experiment that made a launch (one of its arms' runs), by ID; "" for a launch
 # asked for on its own.
 LAUNCH_COLUMNS_24 = (sa.Column("experiment", sa.Text, nullable=False, server_default=""),)
+# Migration 27: what its report says the run measured, to filter on (`ttft_ms_p50 > 200`):
+# NULL where it measured nothing (no report yet, a failed group, TPOT with no second token), so
+# that no comparison matches it.
+LAUNCH_MEASURES = ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "throughput_tok_s")
+LAUNCH_COLUMNS_27 = tuple(sa.Column(name, sa.Float, nullable=True) for name in LAUNCH_MEASURES)
 _ADDED: tuple[sa.Column[Any], ...] = (*LAUNCH_COLUMNS_9, *LAUNCH_COLUMNS_11, *LAUNCH_COLUMNS_16, *LAUNCH_COLUMNS_17,
                                       *LAUNCH_COLUMNS_18, *LAUNCH_COLUMNS_19, *LAUNCH_COLUMNS_20, *LAUNCH_COLUMNS_23,
-                                      *LAUNCH_COLUMNS_24)
+                                      *LAUNCH_COLUMNS_24, *LAUNCH_COLUMNS_27)
 for _column in _ADDED:
     launches.append_column(_column)
 
@@ -260,11 +266,12 @@ def plans_cell(plans: Sequence[str]) -> str:
     return filters.delimited(p.removeprefix("plans/") for p in plans) if plans else ""
 
 
-def reported_cells(report_json: str) -> dict[str, str]:
-    """launches.substituted and launches.dtype for a launch's stored report; "" in each while
-    there is none, or it does not say (a group that failed before it ran: nothing is known).
-    `substituted`: each plan field the workers substituted between commas (",decode.backend,"),
-    just "," for a launch that ran every field as planned (or as not applicable)."""
+def reported_cells(report_json: str) -> dict[str, Any]:
+    """launches.substituted, .dtype and the measures (LAUNCH_MEASURES) for a launch's stored
+    report; "" in each text cell and None in each measure while there is none, or it does not
+    say (a group that failed before it ran: nothing is known). `substituted`: each plan field
+    the workers substituted between commas (",decode.backend,"), just "," for a launch that ran
+    every field as planned (or as not applicable)."""
     report: Any = {}
     if report_json:
         try:
@@ -272,9 +279,27 @@ def reported_cells(report_json: str) -> dict[str, str]:
         except ValueError:
             report = {}
     if not report or not isinstance(report, dict):
-        return {"substituted": "", "dtype": ""}
+        return {"substituted": "", "dtype": "", **dict.fromkeys(LAUNCH_MEASURES)}
     said = filters.delimited(substituted(report)) if report.get("plan_fidelity") else ""  # a failure may say none
-    return {"substituted": said, "dtype": str(report.get("dtype") or "")}
+    return {"substituted": said, "dtype": str(report.get("dtype") or ""), **_measures(report)}
+
+
+def _measures(report: dict[str, Any]) -> dict[str, float | None]:
+    """What a succeeded run's report aggregate says it measured (LAUNCH_MEASURES), None for
+    each it does not (a percentile of no samples is left out by the workers)."""
+    aggregate = report.get("aggregate") if report.get("status") == "ok" else None
+    aggregate = aggregate if isinstance(aggregate, dict) else {}
+
+    def number(value: Any) -> float | None:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        return float(value) if ok else None
+
+    out: dict[str, float | None] = {"throughput_tok_s": number(aggregate.get("throughput_tok_s"))}
+    for metric in ("ttft_ms", "tpot_ms"):
+        section = aggregate.get(metric)
+        for pct in ("p50", "p99"):
+            out[f"{metric}_{pct}"] = number(section.get(pct)) if isinstance(section, dict) else None
+    return out
 
 
 # One launch per (principal, request_id): a retried CreateLaunch finds the launch it started.
@@ -403,6 +428,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[sa.Table, ...], tuple[tuple[sa.Table, sa
      tuple((experiments, c) for c in EXPERIMENT_COLUMNS_25)),
     (26, "the plans each experiment measured, to filter on (experiments.plans)", (),
      tuple((experiments, c) for c in EXPERIMENT_COLUMNS_26)),
+    (27, "what each launch measured, to filter on: TTFT and TPOT p50 and p99, throughput (launches.ttft_ms_p50, "
+         "...)", (), tuple((launches, c) for c in LAUNCH_COLUMNS_27)),
 )
 
 # GPUs and catalog models are matched as a spec names them: in any case, a model by an alias too.
@@ -910,11 +937,13 @@ class AuditStore:
                 for table, column in columns:
                     have = {c["name"] for c in sa.inspect(conn).get_columns(table.name)}
                     if column.name not in have:  # a table created by an earlier version
-                        # the column's own type (an integer column read back text '0' from a TEXT one)
+                        # the column's own type (an integer column read back text '0' from a TEXT one);
+                        # a nullable one is NULL on the rows there (a measure: none known)
                         arg = getattr(column.server_default, "arg", "")
                         default = arg.text if isinstance(arg, sa.TextClause) else f"'{arg}'"
+                        fill = "" if column.nullable else f" NOT NULL DEFAULT {default}"
                         conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {column.name} "
-                                             f"{column.type.compile(dialect=conn.dialect)} NOT NULL DEFAULT {default}")
+                                             f"{column.type.compile(dialect=conn.dialect)}{fill}")
                 if version == 1:
                     conn.execute(chain_head.insert().values(id=1, sequence=0, record_hash=GENESIS, frontier="{}"))
                 if version == 4:
@@ -923,8 +952,8 @@ class AuditStore:
                     self._build_rule_sets(conn)
                 if version == 7:
                     self._migrate_append_path(conn)
-                if version == 19:
-                    self._fill_reported(conn)
+                if version in (19, 27):
+                    self._fill_reported(conn, [c.name for t, c in columns])
                 if version == 26:
                     self._fill_experiment_plans(conn)
                 conn.execute(schema_migrations.insert().values(
@@ -941,12 +970,14 @@ class AuditStore:
                          .values(plans=plans_cell(json.loads(request_json).get("plans", []))))
 
     @staticmethod
-    def _fill_reported(conn: Connection) -> None:
-        """Migration 19: launches.substituted and .dtype of the launches whose reports are there already."""
+    def _fill_reported(conn: Connection, cells: Sequence[str]) -> None:
+        """Migrations 19 and 27: what the reports there already say (reported_cells), in the
+        `cells` each adds, on their launches."""
         rows = conn.execute(sa.select(launches.c.launch_id, launches.c.report_json).where(launches.c.report_json != ""))
         for launch_id, report_json in list(rows):
+            said = reported_cells(report_json)
             conn.execute(launches.update().where(launches.c.launch_id == launch_id)
-                         .values(**reported_cells(report_json)))
+                         .values({cell: said[cell] for cell in cells}))
 
     @staticmethod
     def _build_tree(conn: Connection) -> None:

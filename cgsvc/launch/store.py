@@ -20,6 +20,7 @@ from cgsvc import __version__
 from cgsvc.audit import filters
 from cgsvc.audit.store import (
     GPU_NAME,
+    LAUNCH_MEASURES,
     MODEL_NAME,
     AuditStore,
     db_epoch,
@@ -48,11 +49,13 @@ LAUNCH_PLAN_FIELDS: dict[str, filters.FieldKind] = {"rule_id": "str", "model": M
 LAUNCH_REPORTED_FIELDS: dict[str, filters.FieldKind] = {
     "substituted": filters.Closed(("none", *PLAN_FIELDS)),
     "dtype": filters.Closed(tuple(MODEL_DTYPE_BYTES), DTYPE_ALIASES)}
+# What its report says the run measured (a launch that measured nothing matches no comparison).
+LAUNCH_MEASURED_FIELDS: dict[str, filters.FieldKind] = dict.fromkeys(LAUNCH_MEASURES, "number")
 LAUNCH_FILTER_FIELDS: dict[str, filters.FieldKind] = {
     "state": filters.Closed(LAUNCH_STATES), "plan": filters.Named("plans"), "principal": "str",
     "dispatcher": filters.Closed(DISPATCHERS), "create_time": "time", "model_path": "str",
     "rerun_of": filters.Named("launches"), "experiment": filters.Named("experiments"), "labels": "labels",
-    **LAUNCH_REPORTED_FIELDS, **LAUNCH_PLAN_FIELDS}
+    **LAUNCH_REPORTED_FIELDS, **LAUNCH_MEASURED_FIELDS, **LAUNCH_PLAN_FIELDS}
 _LAUNCH_LOCK = 727375  # PostgreSQL advisory lock key for launch creation
 
 

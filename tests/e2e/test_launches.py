@@ -666,6 +666,11 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
         listed = json.loads(cli("launches", "list", "--filter", f'dtype = "{dtype}"', "-o", "json",
                                 server=srv.address).stdout)
         assert [x["name"] for x in listed["launches"]] == [expected], (dtype, listed)
+    for launch in (auto, asked):  # what each measured, compared as a number: at least its own TTFT, not above it
+        ttft = launch["report"]["ttft_ms_p50"]
+        for text, found in ((f"ttft_ms_p50 >= {ttft!r}", True), (f"ttft_ms_p50 > {ttft!r}", False)):
+            listed = json.loads(cli("launches", "list", "--filter", text, "-o", "json", server=srv.address).stdout)
+            assert (launch["name"] in [x["name"] for x in listed["launches"]]) is found, (text, listed)
     # `launches rerun`: the same stored plan, checkpoint, workload, dispatcher and engine settings again
     again = cli("launches", "rerun", asked["name"].split("/")[1], "--wait", "--request-id", "rerun-once", "-o", "json",
                 server=srv.address)

@@ -48,7 +48,7 @@ def test_append_chain_and_verify(store: AuditStore) -> None:
     assert v.ok and v.records_checked == 5
     got = store.get_record(3)
     assert got is not None and got.prev_hash == store.get_record(2).record_hash  # type: ignore[union-attr]
-    assert store.schema_version() == 26
+    assert store.schema_version() == 27
     assert store.migrate() == []  # idempotent
 
 
@@ -268,6 +268,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
         LAUNCH_COLUMNS_20,
         LAUNCH_COLUMNS_23,
         LAUNCH_COLUMNS_24,
+        LAUNCH_COLUMNS_27,
         launches,
     )
     from cgsvc.contract import EngineSettings
@@ -278,7 +279,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     monkeypatch.undo()
     new = {c.name for c in LAUNCH_COLUMNS_3 + LAUNCH_COLUMNS_9 + LAUNCH_COLUMNS_11 + LAUNCH_COLUMNS_16
            + LAUNCH_COLUMNS_17 + LAUNCH_COLUMNS_18 + LAUNCH_COLUMNS_19 + LAUNCH_COLUMNS_20
-           + LAUNCH_COLUMNS_23 + LAUNCH_COLUMNS_24}
+           + LAUNCH_COLUMNS_23 + LAUNCH_COLUMNS_24 + LAUNCH_COLUMNS_27}
     with store.write_engine.begin() as conn:
         _layout_before_7(store, conn)
         conn.execute(sa.text("DROP TABLE replica_leases"))
@@ -303,10 +304,10 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
             launch_id="old2", sequence=2, plan_id="p", state="SUCCEEDED", principal="alice", dispatcher="local",
             tp=4, model_path="/m", workload_json='{"input_len": 1, "output_len": 1, "requests": 1, "concurrency": 1}',
             create_time="2026-01-01T00:00:01Z", update_time="2026-01-01T00:00:01Z", tokens_done=1, tokens_total=1,
-            error="", report_json=json.dumps(fidelity_report({"decode.backend": "substituted"})), run_dir="/r",
-            handle_json="", owner=""))
-    assert store.migrate() == list(range(3, 27))  # 4 builds the Merkle tree, 5 the rule sets, of the records there
-    assert store.schema_version() == 26
+            error="", report_json=json.dumps(measured_report(fidelity_report({"decode.backend": "substituted"}),
+                                                             ttft=(40.0, 90.0))), run_dir="/r", handle_json="", owner=""))
+    assert store.migrate() == list(range(3, 28))  # 4 builds the Merkle tree, 5 the rule sets, of the records there
+    assert store.schema_version() == 27
     old = store.get_record(1)
     assert old is not None and old.schema_version == 1 and old.policy == "cgsvc"
     assert ExperimentStore(store).list_rows() == ([], "")
@@ -323,6 +324,7 @@ def test_migrations_upgrade_an_older_schema(store: AuditStore, monkeypatch: pyte
     assert row.rerun_of == "" and LaunchStore(store).list_rows('rerun_of = "launches/old1"')[0] == []  # 20's
     assert row.labels == "" and LaunchStore(store).list_rows('labels.team != "x"')[0] != []  # 23's: no labels
     assert row.experiment == "" and LaunchStore(store).list_rows('experiment = ""')[0] != []  # 24's: on its own
+    assert [r.launch_id for r in LaunchStore(store).list_rows("ttft_ms_p99 > 50")[0]] == ["old2"]  # 27's, filled
     assert store.get_record(1) is not None and store.verify().ok
 
 
@@ -332,6 +334,56 @@ def fidelity_report(status: dict[str, str], dtype: str = "float32") -> dict[str,
 
     return {"dtype": dtype,
             "plan_fidelity": [{"field": f, "status": status.get(f, "honoured")} for f in PLAN_FIELDS]}
+
+
+def measured_report(report: dict[str, Any], ttft: tuple[float, float] | None = None,
+                    tpot: tuple[float, float] | None = None, throughput: float | None = None) -> dict[str, Any]:
+    """`report` with what its run measured, as the workers' aggregate says it (p50, p99): a
+    percentile of no samples is left out, as the workers leave it."""
+    def pct(pair: tuple[float, float] | None) -> dict[str, float]:
+        return {"p50": pair[0], "p99": pair[1]} if pair else {}
+
+    aggregate: dict[str, Any] = {"ttft_ms": pct(ttft), "tpot_ms": pct(tpot)}
+    if throughput is not None:
+        aggregate["throughput_tok_s"] = throughput
+    return {**report, "status": "ok", "aggregate": aggregate}
+
+
+def test_launches_are_found_by_what_they_measured(store: AuditStore) -> None:
+    """"Which launches took over 200 ms to the first token?": `ttft_ms_p50 > 200` (and the other
+    measures a report gives: ttft_ms_p99, tpot_ms_p50, tpot_ms_p99, throughput_tok_s) compares
+    what the launch's report says it measured. A launch that measured nothing (no report yet, a
+    failed group, TPOT of requests that ended at their first token) matches no comparison, = and
+    != alike; a report that lands later is found from then on."""
+    from cgsvc.launch.store import LaunchRow, LaunchStore, Workload
+
+    launches = LaunchStore(store)
+    planned = fidelity_report({})
+    for launch_id, report in (
+            ("fast", measured_report(planned, ttft=(80.0, 120.0), tpot=(9.5, 12.0), throughput=410.0)),
+            ("slow", measured_report(planned, ttft=(250.0, 600.0), tpot=(30.0, 45.5), throughput=95.0)),
+            ("one-token", measured_report(planned, ttft=(150.0, 160.0), throughput=20.0)),  # no second token
+            ("failed", {"status": "failed", "error": "rank 1 exited"}),
+            ("running", None)):
+        launches.create(LaunchRow(launch_id, "p1", "RUNNING" if report is None else "SUCCEEDED", "alice", "local", 1,
+                                  "/m", Workload(8, 8, 1, 1), "/r", report_json=json.dumps(report) if report else ""))
+
+    def found(text: str) -> list[str]:
+        return [r.launch_id for r in launches.list_rows(text)[0]]
+
+    assert found("ttft_ms_p50 > 200") == ["slow"] and found("ttft_ms_p50 <= 150") == ["fast", "one-token"]
+    assert found("ttft_ms_p99 >= 120.0 AND ttft_ms_p99 < 600") == ["fast", "one-token"]
+    assert found("tpot_ms_p99 > 1") == ["fast", "slow"] and found("tpot_ms_p50 != 9.5") == ["slow"]  # measured only
+    assert found("throughput_tok_s < 100") == ["slow", "one-token"] and found("throughput_tok_s = 410") == ["fast"]
+    assert found("ttft_ms_p50 > 200 OR throughput_tok_s < 50") == ["slow", "one-token"]
+    assert found("ttft_ms_p50 >= 0") == ["fast", "slow", "one-token"]  # not the failed one, nor the running one
+    assert launches.update("running", state="SUCCEEDED", report_json=json.dumps(
+        measured_report(planned, ttft=(300.0, 310.0), tpot=(5.0, 6.0), throughput=50.0)))
+    assert found("ttft_ms_p50 > 200") == ["slow", "running"]
+    for text, said in (('ttft_ms_p50 > "fast"', "ttft_ms_p50 takes a number"), ("tpot_ms_p99 < nan", "takes a number"),
+                       ("throughput_tok_s > inf", "takes a number"), ("ttft_ms > 1", "unknown field 'ttft_ms'")):
+        with pytest.raises(filters.FilterError, match=said):
+            launches.list_rows(text)
 
 
 def test_launches_are_found_by_what_their_workers_ran(store: AuditStore) -> None:

@@ -45,6 +45,17 @@ def test_every_option_of_every_command_has_a_help_line() -> None:
     assert not missing, f"options without a help line: {missing}"
 
 
+def _before_redirection(line: str) -> str:
+    """A shell line up to its first pipe or redirection outside quotes (a filter's > is not one)."""
+    import re
+
+    pieces = re.split(r"('[^']*'|\"[^\"]*\")", line)  # the odd ones quoted
+    for i in range(0, len(pieces), 2):
+        if cut := re.search(r" \| | > | < | <<< | 2>", pieces[i]):
+            return "".join(pieces[:i]) + pieces[i][:cut.start()]
+    return line
+
+
 def _documented_command_lines() -> list[tuple[str, str, str, list[str]]]:
     """(file, line, program, argv) of every cgsvc, cgsvc-cli and cgsvc-worker command in a code
     block of the README and docs/, as a reader would type it: continuation lines joined, a
@@ -61,7 +72,7 @@ def _documented_command_lines() -> list[tuple[str, str, str, list[str]]]:
                 if not m:
                     continue
                 rest = re.split(r"\s#(?:\s|$)", m[2])[0]
-                rest = re.split(r" \| | > | < | <<< | 2>", rest)[0]
+                rest = _before_redirection(rest)
                 rest = re.sub(r"\$\(?\{?([A-Za-z_]+)\}?\)?", r"X\1", rest)
                 words = [word for word in shlex.split(rest) if word not in ("[", "]", "&")]
                 out.append((doc.name, line.strip(), m[1], [
