@@ -114,6 +114,15 @@ def tokens_cell(launch: Any) -> str:
     return cell + (f" (prefill {launch.prompt_tokens_done}/{launch.prompt_tokens_total})" if prefilling(launch) else "")
 
 
+def measured_cell(launch: Any) -> str:
+    """`launches list`'s ttft/tpot column: the p50s a succeeded launch measured, in ms, as the
+    filter's ttft_ms_p50 and tpot_ms_p50 compare them ("-" for what it did not measure)."""
+    if launch.state != "SUCCEEDED":
+        return "-"
+    ttft, tpot = (codec.measured(launch.report, f"{m}_ms_p50") for m in ("ttft", "tpot"))
+    return "/".join("-" if v is None else f"{v:.1f}" for v in (ttft, tpot))
+
+
 def progress_count(launch: Any) -> tuple[int, int, str]:
     """What a launch's bar counts, as (done, total, what): tokens generated, or while its prompts
     are prefilled before the first token (a long prompt is many steps), prompt tokens prefilled,
@@ -291,8 +300,8 @@ def launches_list(ns: argparse.Namespace) -> int:
     if render.output_mode(ns) == "json":
         render.print_json({"launches": [launch_dict(x) for x in launches], "next_page_token": token})
         return 0
-    print(render.page(["name", "state", "plan", "tp", "devices", "tokens", "created", "error", *keys],
-                      [(x.name, x.state, x.plan, x.tp, ",".join(x.devices), tokens_cell(x),
+    print(render.page(["name", "state", "plan", "tp", "devices", "tokens", "ttft/tpot ms", "created", "error", *keys],
+                      [(x.name, x.state, x.plan, x.tp, ",".join(x.devices), tokens_cell(x), measured_cell(x),
                         x.create_time.ToJsonString(), x.error.splitlines()[0] if x.error else "",
                         *(x.labels.get(k, "-") for k in keys)) for x in launches], token, "launches", list_filter(ns)))
     return 0

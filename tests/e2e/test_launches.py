@@ -733,6 +733,8 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
     by_name = {row[0]: row[-2:] for row in rows if row[0].startswith("launches/")}
     assert by_name[asked["name"]] == ["infra", "inc-42"] and by_name[rerun["name"]] == ["infra", "inc-42"], listed
     assert by_name[auto["name"]] == ["-", "-"], listed  # a launch without them
+    measured = {row[0]: row[6] for row in rows if row[0].startswith("launches/")}  # the p50s, as the filter reads them
+    assert measured[asked["name"]] == f"{asked['report']['ttft_ms_p50']:.1f}/{asked['report']['tpot_ms_p50']:.1f}", listed
     wrong = cli("launches", "list", "-L", "Team", "-o", "json", server=srv.address)
     assert wrong.returncode == 2 and '"field": "label-columns"' in wrong.stdout, wrong.stdout
     rerun_shown = cli("launches", "show", rerun["name"], "-o", "table", server=srv.address).stdout
