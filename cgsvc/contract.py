@@ -379,6 +379,11 @@ class RankPlacement:
     visible_devices: str  # its CUDA_VISIBLE_DEVICES ("" when unset)
 
 
+# What a run measured, as Launch.report names them: what a launch filter compares and a listing
+# may be ordered by (`ttft_ms_p50 desc`).
+REPORT_MEASURES = ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "throughput_tok_s")
+
+
 @dataclass(frozen=True)
 class WorkerReport:
     """How a worker group's run ended. `body` is the whole JSON (requests, timings, notes, ...);

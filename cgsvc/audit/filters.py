@@ -22,7 +22,7 @@ import contextlib
 import datetime as dt
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cgsvc.errors import did_you_mean, one_spelling
@@ -43,15 +43,29 @@ class OrderError(ValueError):
     """An order_by this collection cannot be listed in."""
 
 
-def parse_order(text: str, key: str) -> bool:
-    """AIP-132 `order_by` over the one order a collection is kept in, when its items were made
-    (`key`: sequence, create_time): "", KEY or "KEY asc" is oldest first (False), "KEY desc"
-    newest first (True). Anything else is refused, naming what is valid."""
+@dataclass(frozen=True)
+class Order:
+    """An AIP-132 order_by as read: by `field` ("": when the items were made, the order a
+    collection is kept in), descending or not. Ties, and items with no value of `field` (after
+    the rest, whichever way), go in the order they were made."""
+
+    field: str = ""
+    desc: bool = False
+
+
+def parse_order(text: str, key: str, by: Sequence[str] = ()) -> Order:
+    """AIP-132 `order_by` over when a collection's items were made (`key`: sequence, create_time):
+    "", KEY or "KEY asc" is oldest first, "KEY desc" newest first; or over one of the fields `by`
+    names, with asc or desc. Anything else is refused, naming what is valid."""
     words = text.lower().split()
     if not words:
-        return False
-    if words[0] == key and len(words) <= 2 and words[1:] in ([], ["asc"], ["desc"]):
-        return words[1:] == ["desc"]
+        return Order()
+    if words[0] in (key, *by) and len(words) <= 2 and words[1:] in ([], ["asc"], ["desc"]):
+        return Order("" if words[0] == key else words[0], words[1:] == ["desc"])
+    if by:
+        raise OrderError(f"{text[:60]!r}: results are ordered by {key} ({key!r}: oldest first, the default; "
+                         f"'{key} desc': newest first) or by one of {', '.join(by)}, asc or desc ('{by[0]} desc': "
+                         "the highest first; those without one last)")
     raise OrderError(f"{text[:60]!r}: results are ordered by {key} only; give {key!r} (oldest first, the default) "
                      f"or '{key} desc' (newest first)")
 

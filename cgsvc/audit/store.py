@@ -32,7 +32,7 @@ from sqlalchemy.engine import Connection, Engine
 from cgsvc import catalog
 from cgsvc.audit import filters, merkle
 from cgsvc.audit.records import GENESIS, AuditEntry, AuditRecord, chain, utc_now
-from cgsvc.contract import substituted
+from cgsvc.contract import REPORT_MEASURES, substituted
 from cgsvc.errors import CODE_NUMBERS, clip
 from cgsvc.spec import ATTENTION_BACKENDS, DECODE_GRAPH_BACKENDS, PREFILL_GRAPH_BACKENDS
 
@@ -252,8 +252,7 @@ LAUNCH_COLUMNS_24 = (sa.Column("experiment", sa.Text, nullable=False, server_def
 # Migration 27: what its report says the run measured, to filter on (`ttft_ms_p50 > 200`):
 # NULL where it measured nothing (no report yet, a failed group, TPOT with no second token), so
 # that no comparison matches it.
-LAUNCH_MEASURES = ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "throughput_tok_s")
-LAUNCH_COLUMNS_27 = tuple(sa.Column(name, sa.Float, nullable=True) for name in LAUNCH_MEASURES)
+LAUNCH_COLUMNS_27 = tuple(sa.Column(name, sa.Float, nullable=True) for name in REPORT_MEASURES)
 _ADDED: tuple[sa.Column[Any], ...] = (*LAUNCH_COLUMNS_9, *LAUNCH_COLUMNS_11, *LAUNCH_COLUMNS_16, *LAUNCH_COLUMNS_17,
                                       *LAUNCH_COLUMNS_18, *LAUNCH_COLUMNS_19, *LAUNCH_COLUMNS_20, *LAUNCH_COLUMNS_23,
                                       *LAUNCH_COLUMNS_24, *LAUNCH_COLUMNS_27)
@@ -267,7 +266,7 @@ def plans_cell(plans: Sequence[str]) -> str:
 
 
 def reported_cells(report_json: str) -> dict[str, Any]:
-    """launches.substituted, .dtype and the measures (LAUNCH_MEASURES) for a launch's stored
+    """launches.substituted, .dtype and the measures (REPORT_MEASURES) for a launch's stored
     report; "" in each text cell and None in each measure while there is none, or it does not
     say (a group that failed before it ran: nothing is known). `substituted`: each plan field
     the workers substituted between commas (",decode.backend,"), just "," for a launch that ran
@@ -279,13 +278,13 @@ def reported_cells(report_json: str) -> dict[str, Any]:
         except ValueError:
             report = {}
     if not report or not isinstance(report, dict):
-        return {"substituted": "", "dtype": "", **dict.fromkeys(LAUNCH_MEASURES)}
+        return {"substituted": "", "dtype": "", **dict.fromkeys(REPORT_MEASURES)}
     said = filters.delimited(substituted(report)) if report.get("plan_fidelity") else ""  # a failure may say none
     return {"substituted": said, "dtype": str(report.get("dtype") or ""), **_measures(report)}
 
 
 def _measures(report: dict[str, Any]) -> dict[str, float | None]:
-    """What a succeeded run's report aggregate says it measured (LAUNCH_MEASURES), None for
+    """What a succeeded run's report aggregate says it measured (REPORT_MEASURES), None for
     each it does not (a percentile of no samples is left out by the workers)."""
     aggregate = report.get("aggregate") if report.get("status") == "ok" else None
     aggregate = aggregate if isinstance(aggregate, dict) else {}
@@ -692,37 +691,79 @@ class _RawInsert:
             cur.executemany(self.sql, list(map(self._values, rows)))
 
 
-def _page_bound(filter_text: str, newest_first: bool) -> str:
+def _page_bound(filter_text: str, order: filters.Order) -> str:
     """What a page token is bound to: its filter and its order."""
-    return filter_text + ("\norder_by desc" if newest_first else "")
+    if order.field:
+        return f"{filter_text}\norder_by {order.field} {'desc' if order.desc else 'asc'}"
+    return filter_text + ("\norder_by desc" if order.desc else "")
 
 
 def page_token_after(sequence: int, filter_text: str, order_by: str) -> str:
     """The page token that goes on after the item with this sequence, for a listing with this
-    filter and (valid, already checked) order_by: where a page is cut short (it would not fit in
-    one message), the next one starts."""
-    return _encode_token(sequence, _page_bound(filter_text, order_by.lower().split()[1:] == ["desc"]))
+    filter and (valid, already checked) order_by of when items were made: where a page is cut
+    short (it would not fit in one message), the next one starts. (An order by another field
+    takes cursor_token, with the item's value.)"""
+    return cursor_token(Cursor(sequence), filter_text, filters.Order(desc=order_by.lower().split()[1:] == ["desc"]))
 
 
-def _encode_token(after: int, filter_text: str) -> str:
-    raw = json.dumps({"after": after, "f": hashlib.sha256(filter_text.encode()).hexdigest()[:12]})
+@dataclass(frozen=True)
+class Cursor:
+    """Where a page ended: its last item's sequence and, in an order by a field, its value there."""
+
+    sequence: int = 0
+    value: float | None = None
+
+
+def cursor_token(after: Cursor, filter_text: str, order: filters.Order) -> str:
+    """A page token going on after `after`, bound to the filter and the order."""
+    data: dict[str, Any] = {"after": after.sequence,
+                            "f": hashlib.sha256(_page_bound(filter_text, order).encode()).hexdigest()[:12]}
+    if order.field:
+        data["v"] = after.value
+    raw = json.dumps(data)
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def _decode_token(token: str, filter_text: str) -> int:
+def _decode_token(token: str, filter_text: str, order: filters.Order) -> Cursor | None:
+    """The cursor a page token holds (None: no token, the first page)."""
     if not token:
-        return 0
+        return None
     try:
         data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-        after = data["after"]
+        after, value = data["after"], data.get("v")
         digest = str(data["f"])
         if type(after) is not int or not 0 <= after < 1 << 63:  # a token this server made holds a sequence
             raise ValueError(after)
-    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError):
+        if value is not None and (type(value) not in (int, float) or not math.isfinite(value)):
+            raise ValueError(value)
+    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError, AttributeError):
         raise PageTokenError("page_token", "is not one this server issued") from None
-    if digest != hashlib.sha256(filter_text.encode()).hexdigest()[:12]:
+    if digest != hashlib.sha256(_page_bound(filter_text, order).encode()).hexdigest()[:12]:
         raise PageTokenError("page_token", "was issued for a different filter or order")
-    return after
+    return Cursor(after, None if value is None else float(value))
+
+
+def _past(table: sa.Table, last: Cursor | None, order: filters.Order) -> Any:
+    """The rows after `last` in `order` (all of them on a first page): by sequence, or by the
+    order's field then sequence, with the rows without a value after every other."""
+    seq = table.c.sequence
+    if last is None:
+        return sa.true()
+    if not order.field:
+        return seq < last.sequence if order.desc else seq > last.sequence
+    column = table.c[order.field]
+    if last.value is None:
+        return column.is_(None) & (seq > last.sequence)
+    beyond = column < last.value if order.desc else column > last.value
+    return beyond | ((column == last.value) & (seq > last.sequence)) | column.is_(None)
+
+
+def _ordering(table: sa.Table, order: filters.Order) -> list[Any]:
+    seq = table.c.sequence
+    if not order.field:
+        return [seq.desc() if order.desc else seq]
+    column = table.c[order.field]
+    return [(column.desc() if order.desc else column.asc()).nulls_last(), seq]
 
 
 @functools.cache
@@ -1250,7 +1291,7 @@ class AuditStore:
                      order_by: str = "") -> tuple[list[AuditRecord], str]:
         where = _where(audit_records, filters.parse_filter(filter_text, AUDIT_FILTER_FIELDS))
         rows, next_token = self.page(audit_records, where, filter_text, page_size, page_token,
-                                     newest_first=filters.parse_order(order_by, "sequence"))
+                                     order=filters.parse_order(order_by, "sequence"))
         return [self._record(r._mapping) for r in rows], next_token
 
     def spec_groups(self, methods: Sequence[str], filter_text: str = "",
@@ -1300,28 +1341,27 @@ class AuditStore:
         terms = filters.parse_filter(filter_text, PLAN_FILTER_FIELDS)
         where = [audit_records.c.plan_created == 1, *_where(audit_records, terms, PLAN_FILTER_COLUMNS)]
         rows, next_token = self.page(audit_records, where, filter_text, page_size, page_token,
-                                     newest_first=filters.parse_order(order_by, "create_time"))
+                                     order=filters.parse_order(order_by, "create_time"))
         return [self._stored_plan(r) for r in rows], next_token
 
     def page(self, table: sa.Table, where: Sequence[Any], filter_text: str, page_size: int,
-             page_token: str, newest_first: bool = False) -> tuple[list[Any], str]:
-        """A page of `table` in sequence order (`newest_first`: descending): rows matching every
-        clause of `where` (`filter_text` made into SQL). A page token holds the last sequence
-        returned and is bound to the filter and the order."""
+             page_token: str, order: filters.Order) -> tuple[list[Any], str]:
+        """A page of `table` in `order` (by sequence, or by a field of its then by sequence): rows
+        matching every clause of `where` (`filter_text` made into SQL). A page token holds where
+        the page ended and is bound to the filter and the order."""
         if page_size < 0:
             raise PageTokenError("page_size", f"must not be negative (0 asks for the default, {DEFAULT_PAGE_SIZE}; at most "
                                               f"{MAX_PAGE_SIZE}), got {page_size}")
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-        bound = _page_bound(filter_text, newest_first)
-        last = _decode_token(page_token, bound)
-        seq = table.c.sequence
-        past = (seq < last if last else sa.true()) if newest_first else seq > last
-        query = (sa.select(table).where(past, *where)
-                 .order_by(seq.desc() if newest_first else seq).limit(size + 1))
+        last = _decode_token(page_token, filter_text, order)
+        query = (sa.select(table).where(_past(table, last, order), *where)
+                 .order_by(*_ordering(table, order)).limit(size + 1))
         with self.read_engine.begin() as conn:
             rows = list(conn.execute(query))
         if len(rows) > size:
-            return rows[:size], _encode_token(int(rows[size - 1]._mapping["sequence"]), bound)
+            end = rows[size - 1]._mapping
+            cursor = Cursor(int(end["sequence"]), end[order.field] if order.field else None)
+            return rows[:size], cursor_token(cursor, filter_text, order)
         return rows, ""
 
     # ------------------------------------------------------------------ Merkle tree

@@ -20,9 +20,10 @@ from cgsvc import __version__
 from cgsvc.audit import filters
 from cgsvc.audit.store import (
     GPU_NAME,
-    LAUNCH_MEASURES,
     MODEL_NAME,
     AuditStore,
+    Cursor,
+    cursor_token,
     db_epoch,
     experiment_requests,
     experiments,
@@ -36,7 +37,13 @@ from cgsvc.audit.store import (
     term_where,
     utc_now,
 )
-from cgsvc.contract import DTYPE_ALIASES, MODEL_DTYPE_BYTES, PLAN_FIELDS, EngineSettings
+from cgsvc.contract import (
+    DTYPE_ALIASES,
+    MODEL_DTYPE_BYTES,
+    PLAN_FIELDS,
+    REPORT_MEASURES,
+    EngineSettings,
+)
 
 # model, gpu and rule_id are the plan's: a launch matches when the plan it ran does
 LAUNCH_STATES = ("PLACING", "LOADING", "CAPTURING", "RUNNING",  # active, in the order a launch moves through them
@@ -50,7 +57,7 @@ LAUNCH_REPORTED_FIELDS: dict[str, filters.FieldKind] = {
     "substituted": filters.Closed(("none", *PLAN_FIELDS)),
     "dtype": filters.Closed(tuple(MODEL_DTYPE_BYTES), DTYPE_ALIASES)}
 # What its report says the run measured (a launch that measured nothing matches no comparison).
-LAUNCH_MEASURED_FIELDS: dict[str, filters.FieldKind] = dict.fromkeys(LAUNCH_MEASURES, "number")
+LAUNCH_MEASURED_FIELDS: dict[str, filters.FieldKind] = dict.fromkeys(REPORT_MEASURES, "number")
 LAUNCH_FILTER_FIELDS: dict[str, filters.FieldKind] = {
     "state": filters.Closed(LAUNCH_STATES), "plan": filters.Named("plans"), "principal": "str",
     "dispatcher": filters.Closed(DISPATCHERS), "create_time": "time", "model_path": "str",
@@ -293,8 +300,16 @@ class LaunchStore:
                   order_by: str = "") -> tuple[list[LaunchRow], str]:
         where = matching(filters.parse_filter(filter_text, LAUNCH_FILTER_FIELDS), _launch_where)
         rows, token = self.audit.page(launches, where, filter_text, page_size, page_token,
-                                      newest_first=filters.parse_order(order_by, "create_time"))
+                                      order=filters.parse_order(order_by, "create_time", REPORT_MEASURES))
         return [_from_columns(r._mapping) for r in rows], token
+
+    @staticmethod
+    def token_after(row: LaunchRow, filter_text: str, order_by: str) -> str:
+        """The page token going on after `row` in a listing of `filter_text` and (checked)
+        `order_by`: where a page that would not fit in one message is cut short."""
+        order = filters.parse_order(order_by, "create_time", REPORT_MEASURES)
+        value = reported_cells(row.report_json)[order.field] if order.field else None
+        return cursor_token(Cursor(row.sequence, value), filter_text, order)
 
     def in_states(self, states: Sequence[str]) -> list[LaunchRow]:
         with self.read_engine.begin() as conn:
@@ -508,7 +523,7 @@ class ExperimentStore:
                   page_token: str = "", order_by: str = "") -> tuple[list[ExperimentRow], str]:
         where = matching(filters.parse_filter(filter_text, EXPERIMENT_FILTER_FIELDS), _experiment_where)
         rows, token = self.audit.page(experiments, where, filter_text, page_size, page_token,
-                                      newest_first=filters.parse_order(order_by, "create_time"))
+                                      order=filters.parse_order(order_by, "create_time"))
         return [_experiment_from(r._mapping) for r in rows], token
 
     def in_state(self, state: str) -> list[ExperimentRow]:

@@ -214,7 +214,8 @@ class LaunchService:
 
     async def ListLaunches(self, request: launch_pb2.ListLaunchesRequest,  # noqa: N802
                            rc: RequestContext) -> launch_pb2.ListLaunchesResponse:
-        items, token = await list_page(self.store.list_rows, request, codec.launch_proto, self.max_message_bytes)
+        items, token = await list_page(self.store.list_rows, request, codec.launch_proto, self.max_message_bytes,
+                                       self.store.token_after)
         return launch_pb2.ListLaunchesResponse(launches=items, next_page_token=token)
 
     async def CancelLaunch(self, request: launch_pb2.CancelLaunchRequest,  # noqa: N802

@@ -70,13 +70,19 @@ def how_many_fit(items: Sequence[Message], space: int) -> int:
     return len(items)
 
 
+def _token_after(row: Any, filter_text: str, order_by: str) -> str:
+    return page_token_after(int(row.sequence), filter_text, order_by)
+
+
 async def list_page(lister: Callable[[str, int, str, str], tuple[list[Any], str]], request: Any,
-                    to_proto: Callable[[Any], Message], max_bytes: int) -> tuple[list[Any], str]:
+                    to_proto: Callable[[Any], Message], max_bytes: int,
+                    token_after: Callable[[Any, str, str], str] = _token_after) -> tuple[list[Any], str]:
     """Run a store listing for a List request, as messages: bad filters, orders and page tokens
     name their field, and a page that would not fit in one message of `max_bytes` (the server's
     max_message_bytes) is cut short, its token going on after the last item kept (AIP-158 lets a
     page hold fewer than page_size). Items carry their plans and reports, so 1,000 of them could
-    not be sent, and `--all` asks for pages of 1,000."""
+    not be sent, and `--all` asks for pages of 1,000. `token_after(row, filter, order_by)`: the
+    token going on after a row kept (the listing's own, where its order is not when made)."""
     try:
         rows, token = await asyncio.to_thread(lister, request.filter, request.page_size, request.page_token,
                                               request.order_by)
@@ -88,7 +94,7 @@ async def list_page(lister: Callable[[str, int, str, str], tuple[list[Any], str]
         raise invalid(exc.field, exc.message) from None
     items = [to_proto(row) for row in rows]
     if (kept := how_many_fit(items, room(max_bytes))) < len(items):
-        return items[:kept], page_token_after(int(rows[kept - 1].sequence), request.filter, request.order_by)
+        return items[:kept], token_after(rows[kept - 1], request.filter, request.order_by)
     return items, token
 
 

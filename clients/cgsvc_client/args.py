@@ -347,11 +347,17 @@ def add_filters(p: argparse.ArgumentParser, example: str, time_field: str = "cre
 
 
 def add_listing(p: argparse.ArgumentParser, example: str, time_field: str = "create_time",
-                order_key: str = "create_time") -> None:
-    """add_filters() and paging for List commands (`order_key`: the order_by key of the collection)."""
+                order_key: str = "create_time", order_fields: Sequence[str] = ()) -> None:
+    """add_filters() and paging for List commands (`order_key`: the order_by key of the collection;
+    `order_fields`: the others it may be listed by, with --order-by)."""
     add_filters(p, example, time_field)
-    p.add_argument("--newest-first", action="store_const", const=f"{order_key} desc", default="", dest="order_by",
-                   help=f"the most recent first (order_by {order_key} desc); the default is the oldest first")
+    order = p.add_mutually_exclusive_group()
+    order.add_argument("--newest-first", action="store_const", const=f"{order_key} desc", default="", dest="order_by",
+                       help=f"the most recent first (order_by {order_key} desc); the default is the oldest first")
+    if order_fields:
+        order.add_argument("--order-by", metavar="'FIELD [asc|desc]'", dest="order_by",
+                           help=f"AIP-132 order_by: {order_key} or one of {', '.join(order_fields)}, with asc or "
+                                f"desc ('{order_fields[0]} desc': the highest first; those without one last)")
     p.add_argument("--page-size", type=int, default=50, help="results per page (default 50, at most 1000)")
     p.add_argument("--page-token", help="next_page_token of the previous page")
     p.add_argument("--all", action="store_true",

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 from google.protobuf import json_format
 
 from cgsvc import codec
-from cgsvc.contract import EngineSettings
+from cgsvc.contract import REPORT_MEASURES, EngineSettings
 from cgsvc.errors import FieldViolation, ServiceError
 from cgsvc_client import evidence_commands, render
 from cgsvc_client.args import (
@@ -589,7 +589,7 @@ def register(sub: Any) -> None:
 
     ls = sub.add_parser("launches", help="launches").add_subparsers(dest="launches_command", required=True)
     p = ls.add_parser("list", help="list launches")
-    add_listing(p, LAUNCH_FILTER_EXAMPLE)
+    add_listing(p, LAUNCH_FILTER_EXAMPLE, order_fields=REPORT_MEASURES)
     add_label_columns(p, "a launch")
     p.set_defaults(func=launches_list)
     pm = ls.add_parser("summary", help="launches counted by some fields, with the median TTFT, TPOT and "

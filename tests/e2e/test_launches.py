@@ -671,6 +671,14 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
         for text, found in ((f"ttft_ms_p50 >= {ttft!r}", True), (f"ttft_ms_p50 > {ttft!r}", False)):
             listed = json.loads(cli("launches", "list", "--filter", text, "-o", "json", server=srv.address).stdout)
             assert (launch["name"] in [x["name"] for x in listed["launches"]]) is found, (text, listed)
+    slowest = json.loads(cli("launches", "list", "--filter", 'state = "SUCCEEDED"', "--order-by", "ttft_ms_p50 desc",
+                             "--all", "-o", "json", server=srv.address).stdout)["launches"]
+    ttfts = [x["report"]["ttft_ms_p50"] for x in slowest]  # the slowest start first
+    assert len(ttfts) >= 2 and ttfts == sorted(ttfts, reverse=True), ttfts
+    both = cli("launches", "list", "--order-by", "ttft_ms_p50", "--newest-first", "-o", "json", server=srv.address)
+    assert both.returncode == 2 and "not allowed with" in both.stdout, both.stdout
+    wrong = cli("launches", "list", "--order-by", "ttft desc", "-o", "json", server=srv.address)
+    assert wrong.returncode == 2 and '"field": "order_by"' in wrong.stdout and "ttft_ms_p50" in wrong.stdout, wrong.stdout
     # `launches rerun`: the same stored plan, checkpoint, workload, dispatcher and engine settings again
     again = cli("launches", "rerun", asked["name"].split("/")[1], "--wait", "--request-id", "rerun-once", "-o", "json",
                 server=srv.address)

@@ -386,6 +386,56 @@ def test_launches_are_found_by_what_they_measured(store: AuditStore) -> None:
             launches.list_rows(text)
 
 
+def test_launches_are_listed_by_what_they_measured_slowest_first(store: AuditStore) -> None:
+    """`order_by = "ttft_ms_p50 desc"`: the slowest starts first, ties in the order the launches
+    were made, and those that measured nothing last whichever way; a page token goes on through
+    ties and through those last ones, and is bound to the order."""
+    from cgsvc.launch.store import LaunchRow, LaunchStore, Workload
+
+    launches = LaunchStore(store)
+    for launch_id, ttft in (("a", 100.0), ("b", 300.0), ("c", 100.0), ("d", None), ("e", 200.0), ("f", None)):
+        report = measured_report(fidelity_report({}), ttft=(ttft, ttft), tpot=(1.0, 1.0)) if ttft else None
+        launches.create(LaunchRow(launch_id, "p1", "SUCCEEDED" if report else "RUNNING", "alice", "local", 1, "/m",
+                                  Workload(8, 8, 1, 1), "/r", report_json=json.dumps(report) if report else ""))
+
+    def listed(order_by: str, text: str = "", page_size: int = 0) -> list[str]:
+        out, token = [], ""
+        while True:
+            rows, token = launches.list_rows(text, page_size, token, order_by)
+            out += [r.launch_id for r in rows]
+            if not token:
+                return out
+
+    for size in (0, 1, 2):
+        assert listed("ttft_ms_p50 desc", page_size=size) == ["b", "e", "a", "c", "d", "f"], size
+        assert listed("TTFT_ms_p50", page_size=size) == listed("ttft_ms_p50 asc") == ["a", "c", "e", "b", "d", "f"]
+    assert listed("ttft_ms_p99 desc", 'state = "SUCCEEDED" AND ttft_ms_p50 < 300', 1) == ["e", "a", "c"]
+    assert listed("create_time desc") == ["f", "e", "d", "c", "b", "a"]
+    _, slowest_first = launches.list_rows("", 2, "", "ttft_ms_p50 desc")
+    for other in ("ttft_ms_p50 asc", "ttft_ms_p99 desc", "create_time desc"):
+        with pytest.raises(PageTokenError, match="different filter or order"):
+            launches.list_rows("", 2, slowest_first, other)
+    for bad in ("ttft_ms_p50 down", "state desc", "ttft_ms_p50 desc, create_time"):
+        with pytest.raises(filters.OrderError, match="or by one of ttft_ms_p50, ttft_ms_p99, tpot_ms_p50"):
+            launches.list_rows(order_by=bad)
+
+    # a page cut short because it would not fit in one message goes on from its last launch kept
+    import asyncio
+
+    from cgsvc import codec
+    from cgsvc.server.services import list_page
+    from cgsvc.v1 import launch_pb2
+
+    got, token = [], ""
+    while True:
+        request = launch_pb2.ListLaunchesRequest(page_size=1000, page_token=token, order_by="ttft_ms_p50 desc")
+        items, token = asyncio.run(list_page(launches.list_rows, request, codec.launch_proto, 1, launches.token_after))
+        got += [item.name.removeprefix("launches/") for item in items]
+        if not token:
+            break
+    assert got == ["b", "e", "a", "c", "d", "f"]
+
+
 def test_launches_are_found_by_what_their_workers_ran(store: AuditStore) -> None:
     """"Which launches did not run as planned, and which ran a substituted decode backend?":
     `substituted = FIELD` finds the launches whose reports say that plan field ran as something
@@ -531,7 +581,7 @@ def test_newest_first_pages_back_through_the_log(store: AuditStore) -> None:
     """AIP-132 order_by: `sequence desc` lists the most recent first and pages backwards; a page
     token is bound to its order as to its filter; any other order is refused, naming the valid
     ones."""
-    from cgsvc.launch.store import LaunchStore
+    from cgsvc.launch.store import ExperimentStore, LaunchStore
 
     for i in range(1, 12):
         store.append(entry(i))
@@ -551,6 +601,8 @@ def test_newest_first_pages_back_through_the_log(store: AuditStore) -> None:
         with pytest.raises(filters.OrderError, match=r"ordered by sequence only; give 'sequence' .* 'sequence desc'"):
             store.list_records("", order_by=bad)
     with pytest.raises(filters.OrderError, match="ordered by create_time only"):
+        ExperimentStore(store).list_rows(order_by="ttft_ms_p50 desc")
+    with pytest.raises(filters.OrderError, match="ordered by create_time .* or by one of ttft_ms_p50, "):
         LaunchStore(store).list_rows(order_by="sequence desc")
 
 
