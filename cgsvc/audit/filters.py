@@ -2,14 +2,16 @@
 
     filter := group ( "AND" group )*
     group  := operand ( "OR" operand )*          (OR binds tighter than AND, as AIP-160 says)
-    operand:= term | "(" filter ")"
-    term   := FIELD OP VALUE | [NOT] labels.KEY:*   OP := = | != | < | <= | > | >=
+    operand:= "NOT" operand | "(" filter ")" | term
+    term   := FIELD OP VALUE | labels.KEY:*         OP := = | != | < | <= | > | >=
     VALUE  := "quoted string" | number | bare-word
 
 Parsing yields a conjunction: each item a `Term`, or an `AnyOf` of terms joined by OR; the store
 maps each term to SQL for its own columns (`alternatives` reads both alike). An AND group as one
 side of OR (`(a AND b) OR c`) would need rewriting into that form and is refused, naming the
-rewriting (`(a OR c) AND (b OR c)`). Bad syntax or an
+rewriting (`(a OR c) AND (b OR c)`). NOT is the opposite term (`NOT a < 3` is `a >= 3`, so it
+means what != and the opposite comparisons mean), and of a group each term's opposite (De
+Morgan's laws). Bad syntax or an
 unknown field is a `FilterError` naming what would be valid. A filter is input like a spec: a
 field whose values are a closed set (`Closed`: graph backends, launch states) matches them
 case-insensitively and refuses any other value, naming the set; one with catalogued names
@@ -19,6 +21,7 @@ case-insensitively and refuses any other value, naming the set; one with catalog
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import math
 import re
@@ -226,7 +229,7 @@ def _id_in(name: str, value: str, collection: str) -> str:
     return ident
 
 
-MAX_DEPTH = 8  # parentheses inside parentheses
+MAX_DEPTH = 8  # parentheses and NOTs inside each other
 
 
 def parse_filter(text: str, fields: Mapping[str, FieldKind]) -> list[Condition]:
@@ -281,7 +284,7 @@ class _Parser:
         """A term (one group of one), or a parenthesised filter (its groups)."""
         if self.at("paren", "("):
             if depth == MAX_DEPTH:
-                raise FilterError(f"parentheses nest at most {MAX_DEPTH} deep")
+                raise FilterError(f"NOT and parentheses nest at most {MAX_DEPTH} deep")
             self.i += 1
             groups = self.conjunction(depth + 1)
             if not self.at("paren", ")"):
@@ -290,16 +293,15 @@ class _Parser:
                 raise FilterError("expected ) to close the (")
             self.i += 1
             return groups
-        negated = self.at("word", "NOT")
-        if negated:
+        if self.at("word", "NOT"):
+            if depth == MAX_DEPTH:
+                raise FilterError(f"NOT and parentheses nest at most {MAX_DEPTH} deep")
             self.i += 1
+            return _negated(self.operand(depth + 1))
         toks = self.toks[self.i:self.i + 3]
         if len(toks) >= 2 and toks[1][0] == "has":
-            term = _has(toks[0], self.fields, negated)
+            term = _has(toks[0], self.fields)
             self.i += 2
-        elif negated:
-            raise FilterError("NOT applies to a has term only (`NOT labels.KEY:*`: no such label); the others "
-                              "take != or the opposite comparison")
         else:
             term = _term(toks, self.fields)
             self.i += 3
@@ -309,14 +311,31 @@ class _Parser:
         return [(term,)]
 
 
-def _has(tok: tuple[str, str], fields: Mapping[str, FieldKind], negated: bool = False) -> Term:
-    """`labels.KEY:*`: a label with that key, whatever its value (`negated`: none)."""
+_OPPOSITE = {"=": "!=", "!=": "=", "<": ">=", ">=": "<", ">": "<=", "<=": ">", HAS: NOT_HAS, NOT_HAS: HAS}
+
+
+def _negated(groups: list[tuple[Term, ...]]) -> list[tuple[Term, ...]]:
+    """NOT of a conjunction of alternatives, as one (De Morgan): NOT (a OR b) is NOT a AND NOT
+    b; NOT (a AND b) is NOT a OR NOT b; NOT of a term, the opposite term."""
+    def opposite(t: Term) -> Term:
+        return dataclasses.replace(t, op=_OPPOSITE[t.op])
+
+    if len(groups) == 1:
+        return [(opposite(t),) for t in groups[0]]
+    if all(len(group) == 1 for group in groups):
+        return [tuple(opposite(group[0]) for group in groups)]
+    raise FilterError("NOT of a group joined by both AND and OR is not supported; NOT ((a OR b) AND c) is "
+                      "(NOT a OR NOT c) AND (NOT b OR NOT c)")
+
+
+def _has(tok: tuple[str, str], fields: Mapping[str, FieldKind]) -> Term:
+    """`labels.KEY:*`: a label with that key, whatever its value."""
     kind, name = tok
     if kind != "word" or not name.startswith("labels.") or fields.get("labels") != "labels":
         raise FilterError(f"{HAS} (has) applies to labels.KEY only (`labels.team:*`), got {name[:80]!r}:*")
     if problem := label_problem(name.removeprefix("labels."), ""):
         raise FilterError(f"{name}: {problem}")
-    return Term(name, NOT_HAS if negated else HAS, "")
+    return Term(name, HAS, "")
 
 
 def _term(toks: list[tuple[str, str]], fields: Mapping[str, FieldKind]) -> Term:

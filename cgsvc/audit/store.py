@@ -803,10 +803,11 @@ _OPS = {"=": "__eq__", "!=": "__ne__", "<": "__lt__", "<=": "__le__", ">": "__gt
 
 def term_where(table: sa.Table, t: filters.Term, columns: dict[str, str] | None = None) -> Any:
     """One term as SQL on `table`'s columns (fields named as `columns` maps them)."""
-    if t.field == "rule_id":
-        if t.op != "=":
-            raise filters.FilterError("rule_id supports only '='")
-        return table.c.rule_set.in_(rule_sets_with(str(t.value)))
+    if t.field == "rule_id":  # `!=`: the records of a resolution that did not use the rule
+        if t.op not in ("=", "!="):
+            raise filters.FilterError(f"rule_id takes = or !=, got {t.op}")
+        used = table.c.rule_set.in_(rule_sets_with(str(t.value)))
+        return used if t.op == "=" else (table.c.rule_set != "") & ~used
     if t.field == "method" and (clause := _method_term(table.c.method, t)) is not None:
         return clause
     if t.field == "outcome":

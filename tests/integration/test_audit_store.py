@@ -515,6 +515,15 @@ def test_or_finds_what_matches_either_term_in_every_collection(store: AuditStore
     assert found('rule_id = "breakable.mla" OR plan = "plans/p2"') == ["l1", "l2", "l3"]  # odd entries carry the rule
     assert found('(state = "FAILED" OR labels.team = "infra") AND (gpu = "H100" OR gpu = "GB300")') == ["l1", "l2"]
 
+    # NOT: the opposite term, and of a group each term's opposite
+    assert found('NOT rule_id = "breakable.mla"') == ["l2", "l4"]  # their plans' resolutions did not use it
+    assert found('NOT (state = "FAILED" OR state = "CANCELLED")') == ["l3", "l4"]
+    assert found('NOT (state = "SUCCEEDED" AND labels.team:*)') == ["l1", "l2", "l4"]
+    assert found("NOT substituted = \"none\"") == ["l3"]  # as != reads it: launches with a report only
+    store.append(entry(9, method="launch.state", rule_ids=()))  # no resolution: in neither rule_id = X nor !=
+    assert [r.sequence for r in store.list_records('NOT rule_id = "breakable.mla"')[0]] == [2, 4]
+    assert [r.sequence for r in store.list_records('rule_id != "attention.mha.hopper"')[0]] == [1, 3]
+
     experiments = ExperimentStore(store)
     experiments.create(ExperimentRow("e1", "SUCCEEDED", "alice", {"plans": ["plans/p1", "plans/p2"]}))
     experiments.create(ExperimentRow("e2", "FAILED", "bob", {"plans": ["plans/p3", "plans/p4"]}, labels=",team=ml,"))

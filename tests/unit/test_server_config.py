@@ -193,7 +193,6 @@ def test_or_joins_terms_and_binds_tighter_than_and_as_aip_160_says() -> None:
                       ('state = a or state = b', "AND, OR and NOT are upper case; got 'or'"),
                       ('state = a and state = b', "AND, OR and NOT are upper case; got 'and'"),
                       ('state = a state = b', "expected AND or OR between terms, got 'state'"),
-                      ('NOT (labels.team:*)', "NOT applies to a has term only"),
                       ("(" * 9 + "state = a" + ")" * 9, "at most 8 deep")):
         with pytest.raises(FilterError, match=said):
             parse_filter(bad, fields)
@@ -248,7 +247,35 @@ def test_a_label_is_asked_for_by_key_alone_with_has() -> None:
     assert parse_filter('NOT labels.team:* AND state = "x"', fields)[0] == Term("labels.team", "NOT :*", "")
     for bad, said in (("state:*", "applies to labels.KEY only"), ("labels.Team:*", "a label key is"),
                       ("labels:*", "applies to labels.KEY only"), ("labels.team:* state", "expected AND"),
-                      ('NOT state = "x"', "NOT applies to a has term only"), ("NOT", "NOT applies to a has")):
+                      ("NOT", "expected FIELD OP VALUE")):
+        with pytest.raises(FilterError, match=said):
+            parse_filter(bad, fields)
+
+
+def test_not_asks_for_the_opposite_of_a_term_or_a_group() -> None:
+    """AIP-160's NOT: of a term, the opposite comparison (so that it means what != and the
+    opposite comparisons mean: a launch with no report, or no measure, matches neither a term nor
+    its NOT); of a group, each term's opposite by De Morgan, so that the filter stays a
+    conjunction of alternatives; of a group of both AND and OR, refused."""
+    from cgsvc.audit.filters import AnyOf
+
+    fields = {"model": "str", "state": "str", "labels": "labels", "sequence": "int"}
+    assert parse_filter('NOT state = "a"', fields) == [Term("state", "!=", "a")]
+    assert parse_filter("NOT sequence > 3 AND NOT sequence <= 1", fields) == [Term("sequence", "<=", 3),
+                                                                            Term("sequence", ">", 1)]
+    assert parse_filter("NOT sequence < 3 AND NOT sequence >= 9", fields) == [Term("sequence", ">=", 3),
+                                                                            Term("sequence", "<", 9)]
+    assert parse_filter('NOT (state = "a" OR state = "b")', fields) == [Term("state", "!=", "a"),
+                                                                       Term("state", "!=", "b")]
+    assert parse_filter('NOT (state = "a" AND model != "m")', fields) == [
+        AnyOf((Term("state", "!=", "a"), Term("model", "=", "m")))]
+    assert parse_filter("NOT NOT labels.team:*", fields) == [Term("labels.team", ":*", "")]
+    assert parse_filter('NOT (labels.team:* OR state = "a") AND model = "m"', fields) == [
+        Term("labels.team", "NOT :*", ""), Term("state", "!=", "a"), Term("model", "=", "m")]
+    assert parse_filter('state = "a" OR NOT (model = "m")', fields) == [
+        AnyOf((Term("state", "=", "a"), Term("model", "!=", "m")))]
+    for bad, said in (('NOT ((state = "a" OR state = "b") AND model = "m")', "NOT of a group joined by both"),
+                      ("NOT " * 9 + "labels.team:*", "at most 8 deep"), ("NOT", "expected FIELD OP VALUE")):
         with pytest.raises(FilterError, match=said):
             parse_filter(bad, fields)
 
