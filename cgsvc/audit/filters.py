@@ -79,6 +79,8 @@ class Term:
     op: str
     value: str | int | float
     also: tuple[str, ...] = ()  # other spellings `=` matches and `!=` excludes (Catalogued: as typed)
+    prefix: bool = False  # `value*`: a value that starts with `value` (= and != only)
+    fold: bool = False  # the prefix in any case (a catalogued name's: models, GPUs)
 
 
 @dataclass(frozen=True)
@@ -328,6 +330,22 @@ def _negated(groups: list[tuple[Term, ...]]) -> list[tuple[Term, ...]]:
                       "(NOT a OR NOT c) AND (NOT b OR NOT c)")
 
 
+def _prefix(name: str, op: str, value: str, kind: FieldKind) -> Term:
+    """`FIELD = "text*"`: a text field's values that start with `text` (AIP-160's wildcard, at the
+    end only); a catalogued name's in any case, as the catalog matches names."""
+    if kind not in ("str", "labels") and not isinstance(kind, Catalogued):
+        raise FilterError(f"{name}: a prefix (*) applies to text fields only (principal, model, labels.KEY, ...), "
+                          f"got {value[:40]!r}")
+    if value.count("*") != 1 or not value.endswith("*"):
+        raise FilterError(f"{name}: a * may only end a value (a prefix: \"ci-*\"), got {value[:40]!r}")
+    if op not in ("=", "!="):
+        raise FilterError(f"{name}: a prefix (*) takes = or !=, got {op}")
+    start = value[:-1]
+    if kind == "labels" and (problem := label_problem(name.removeprefix("labels."), start)):
+        raise FilterError(f"{name}: {problem}")
+    return Term(name, op, start, prefix=True, fold=isinstance(kind, Catalogued))
+
+
 def _has(tok: tuple[str, str], fields: Mapping[str, FieldKind]) -> Term:
     """`labels.KEY:*`: a label with that key, whatever its value."""
     kind, name = tok
@@ -354,6 +372,8 @@ def _term(toks: list[tuple[str, str]], fields: Mapping[str, FieldKind]) -> Term:
     if k3 not in ("str", "word"):
         raise FilterError(f"expected a value after {name} {op}")
     value: str | int | float = raw[1:-1].replace('\\"', '"') if k3 == "str" else raw
+    if "*" in str(value):
+        return _prefix(name, op, str(value), kind)
     if kind == "labels":
         if problem := label_problem(name.removeprefix("labels."), str(value)):
             raise FilterError(f"{name}: {problem}")

@@ -801,8 +801,17 @@ def _method_term(column: Any, t: filters.Term) -> Any:
 _OPS = {"=": "__eq__", "!=": "__ne__", "<": "__lt__", "<=": "__le__", ">": "__gt__", ">=": "__ge__"}
 
 
+def starts_with(column: Any, prefix: str, fold: bool = False) -> Any:
+    """`column` starts with `prefix` (`fold`: in any case): its first characters compared whole,
+    not as a LIKE pattern, and in the same case on every database."""
+    head = sa.func.substr(column, 1, len(prefix))
+    return sa.func.lower(head) == prefix.lower() if fold else head == prefix
+
+
 def term_where(table: sa.Table, t: filters.Term, columns: dict[str, str] | None = None) -> Any:
     """One term as SQL on `table`'s columns (fields named as `columns` maps them)."""
+    if t.prefix:
+        return _prefix_where(table, t, columns)
     if t.field == "rule_id":  # `!=`: the records of a resolution that did not use the rule
         if t.op not in ("=", "!="):
             raise filters.FilterError(f"rule_id takes = or !=, got {t.op}")
@@ -820,6 +829,23 @@ def term_where(table: sa.Table, t: filters.Term, columns: dict[str, str] | None 
         spellings = [t.value, *t.also]
         return column.in_(spellings) if t.op == "=" else column.not_in(spellings)
     return getattr(column, _OPS[t.op])(t.value)
+
+
+def _prefix_where(table: sa.Table, t: filters.Term, columns: dict[str, str] | None) -> Any:
+    """A prefix term (`principal = "ci-*"`, `rule_id = "breakable.*"`) as SQL."""
+    if t.field == "outcome":
+        raise filters.FilterError(f"outcome: a prefix (*) does not apply; give a code name, one of "
+                                  f"{', '.join(CODE_NUMBERS)}")
+    if t.field == "rule_id":  # any rule of the family; `!=`: a resolution that used none of them
+        sets = sa.select(rule_set_members.c.set_id).where(starts_with(rule_set_members.c.rule_id, str(t.value)))
+        used = table.c.rule_set.in_(sets)
+        return used if t.op == "=" else (table.c.rule_set != "") & ~used
+    if t.field == "method" and not any(c in str(t.value) for c in "./"):  # RPCs by name: `Create*`
+        full = [name for short, names in rpc_methods().items() if short.startswith(str(t.value).lower())
+                for name in names]
+        return table.c.method.in_(full) if t.op == "=" else table.c.method.not_in(full)
+    match = starts_with(table.c[(columns or {}).get(t.field, t.field)], str(t.value), t.fold)
+    return match if t.op == "=" else ~match
 
 
 def matching(conditions: Sequence[filters.Condition], clause: Callable[[filters.Term], Any]) -> list[Any]:

@@ -143,6 +143,9 @@ def label_where(term: filters.Term, table: sa.Table = launches) -> sa.ColumnElem
     if term.op in (filters.HAS, filters.NOT_HAS):
         has = _listed(table.c.labels, f"{key}=", starts=True)
         return has if term.op == filters.HAS else ~has
+    if term.prefix:  # `labels.team = "infra-*"`: a value that starts so
+        starts = _listed(table.c.labels, f"{key}={term.value}", starts=True)
+        return starts if term.op == "=" else ~starts
     return _listed_where(term, table.c.labels, f"{key}={term.value}")
 
 

@@ -283,6 +283,9 @@ def test_a_filter_joins_terms_with_or_over_the_wire(server: ServerProcess, clien
     either = gpus('gpu = "gb300" OR gpu = "H200"')
     assert set(either) == {"GB300", "H200"} and len(either) == len(gpus('gpu = "GB300"')) + len(gpus('gpu = "H200"'))
     assert set(gpus('(gpu = "GB300" OR gpu = "H200") AND model = "deepseek-v3"')) == {"H200"}
+    family = cli("plans", "list", "--all", "--server", server.address, "--filter", 'model = "NVIDIA/*"', "-o", "json")
+    models = {p["spec"]["model"]["name"] for p in json.loads(family.stdout)["plans"]}  # a prefix, in any case
+    assert "nvidia/Kimi-K2.6-NVFP4" in models and all(m.startswith("nvidia/") for m in models), models
     bad = cli("plans", "list", "--server", server.address, "--filter", '(gpu = "GB300" AND model = "x") OR gpu = "H200"',
               "-o", "json")
     violation = json.loads(bad.stdout)["error"]["field_violations"][0]

@@ -535,6 +535,38 @@ def test_or_finds_what_matches_either_term_in_every_collection(store: AuditStore
         launches.list_rows('(state = "FAILED" AND gpu = "H100") OR labels.team:*')
 
 
+def test_a_prefix_finds_a_family_of_names(store: AuditStore) -> None:
+    """`model = "deepseek-ai/*"` (in any case, as a model is named), `principal = "ci-*"` (as
+    written), `rule_id = "breakable.*"` (any rule of the family), `method =
+    "/cgsvc.v1.LaunchService/*"`, `labels.team = "infra_*"` (its _ as written, not a pattern)."""
+    from cgsvc.launch.store import LaunchRow, LaunchStore, Workload
+
+    store.append(entry(1, principal="ci-nightly"))  # DeepSeek-V3, breakable.mla
+    store.append(entry(2, principal="CI-manual"))  # Qwen3-8B, attention.mha.hopper
+    store.append(entry(3, principal="alice", method="/cgsvc.v1.LaunchService/CreateLaunch"))
+    store.append(entry(4, principal="ci-", rule_ids=("breakable.gdn", "attention.mha.hopper")))
+
+    def seqs(text: str) -> list[int]:
+        return [r.sequence for r in store.list_records(text)[0]]
+
+    assert seqs('principal = "ci-*"') == [1, 4] and seqs('principal != "ci-*"') == [2, 3]  # case as written
+    assert seqs('model = "DEEPSEEK-ai/*"') == [1, 3] and seqs('model = "qwen/*" OR model = "x/*"') == [2, 4]
+    assert seqs('rule_id = "breakable.*"') == [1, 3, 4] and seqs('rule_id = "attention.*"') == [2, 4]
+    assert seqs('NOT rule_id = "breakable.*"') == [2]
+    assert seqs('method = "/cgsvc.v1.LaunchService/*"') == [3] and seqs('principal = "*"') == [1, 2, 3, 4]
+    assert seqs('method = "create*"') == [3] and seqs('method != "Resolve*"') == [3]  # RPCs by name, any case
+    assert seqs('principal = "ci_*"') == []  # not a pattern
+    launches = LaunchStore(store)
+    for launch_id, labels in (("l1", ",team=infra_a,"), ("l2", ",team=infrax,"), ("l3", "")):
+        launches.create(LaunchRow(launch_id, "p", "SUCCEEDED", "alice", "local", 1, "/m/kimi-k2.6", Workload(1, 1, 1, 1),
+                                  "/r", labels=labels))
+    found = [r.launch_id for r in launches.list_rows('labels.team = "infra_*"')[0]]
+    assert found == ["l1"] and [r.launch_id for r in launches.list_rows('labels.team != "infra*"')[0]] == ["l3"]
+    assert [r.launch_id for r in launches.list_rows('model_path = "/m/kimi*"')[0]] == ["l1", "l2", "l3"]
+    with pytest.raises(filters.FilterError, match="outcome: a prefix"):
+        store.list_records('outcome = "IN*"')
+
+
 def test_filters_name_gpus_models_and_states_as_specs_do(store: AuditStore) -> None:
     """`gpu = "h100"` found nothing where `--gpu h100` resolves: a filter value of a closed set
     is matched as a spec's is (any case, a model by its alias too), a label kept as written

@@ -280,6 +280,30 @@ def test_not_asks_for_the_opposite_of_a_term_or_a_group() -> None:
             parse_filter(bad, fields)
 
 
+def test_a_trailing_star_asks_for_a_prefix_of_a_text_field() -> None:
+    """AIP-160's wildcard, at a value's end: `principal = "ci-*"`, `model = "deepseek-ai/*"` (not
+    looked up in the catalog: a family, not a model), `labels.team = "infra-*"`, `rule_id =
+    "breakable.*"`; anywhere else, or on a field of a closed set, a number, a time or a resource
+    name, refused by name."""
+    from cgsvc.audit.filters import Catalogued, Closed, Named
+
+    fields = {"principal": "str", "labels": "labels", "state": Closed(("RUNNING",)), "sequence": "int",
+              "model": Catalogued(lambda v: "deepseek-ai/DeepSeek-V3" if v.lower() == "deepseek-v3" else None),
+              "plan": Named("plans"), "time": "time"}
+    assert parse_filter('principal = "ci-*"', fields) == [Term("principal", "=", "ci-", prefix=True)]
+    assert parse_filter('model = "deepseek-ai/*" AND NOT labels.team = "infra-*"', fields) == [
+        Term("model", "=", "deepseek-ai/", prefix=True, fold=True), Term("labels.team", "!=", "infra-", prefix=True)]
+    assert parse_filter('principal = "*"', fields) == [Term("principal", "=", "", prefix=True)]
+    for bad, said in (('principal = "c*i"', r"a \* may only end a value \(a prefix: \"ci-\*\"\)"),
+                      ('principal = "**"', "may only end a value"),
+                      ('principal > "ci-*"', r"a prefix \(\*\) takes = or !="),
+                      ('state = "RUN*"', r"state: a prefix \(\*\) applies to text fields only"),
+                      ('plan = "plans/*"', "plan: a prefix"), ('time = "2026-*"', "time: a prefix"),
+                      ('sequence = "1*"', "sequence: a prefix"), ('labels.team = "In*"', "a label value is")):
+        with pytest.raises(FilterError, match=said):
+            parse_filter(bad, fields)
+
+
 def test_filter_parser_bounds_what_reaches_sql() -> None:
     """Regressions: an integer past int64 (`sequence > 99999999999999999999999`) was an INTERNAL
     OverflowError in the driver; 40,000 terms were an INTERNAL error from SQLite's expression depth
