@@ -219,3 +219,27 @@ def test_a_failed_pg_append_run_gives_its_batch_back_and_closes_before_dropping_
     eng.dispose()
     assert still == 0  # the store's connections were closed, not left to the garbage collector
     assert left == []
+
+
+def test_the_filter_bench_runs_each_filter_and_finds_what_it_says(tmp_path: Path) -> None:
+    """bench/filter_bench.py's filters stay ones the store takes (a grammar change would break
+    the bench, not a test), and each finds the records the fill put there: every rare principal's
+    record and only those for the rare rows."""
+    bench_spec = importlib.util.spec_from_file_location("filter_bench",
+                                                        Path(__file__).parents[2] / "bench" / "filter_bench.py")
+    assert bench_spec is not None and bench_spec.loader is not None
+    filter_bench = importlib.util.module_from_spec(bench_spec)
+    bench_spec.loader.exec_module(filter_bench)
+    import random
+
+    from cgsvc.audit.store import AuditStore
+
+    store = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}")
+    try:
+        filter_bench.fill(store, 300, random.Random(7))
+        found = {text: filter_bench.timed(store, text)[1] for _, text in filter_bench.FILTERS}
+        assert all(found[text] > 0 for _, text in filter_bench.FILTERS), found
+        assert found['principal = "rare-*"'] == 20 and found['principal = "rare-1"'] == 7, found
+        assert found[filter_bench.FILTERS[-1][1]] == 20, found  # NOT of every other principal: the rare ones
+    finally:
+        store.close()
