@@ -60,7 +60,7 @@ LAUNCH_REPORTED_FIELDS: dict[str, filters.FieldKind] = {
 LAUNCH_MEASURED_FIELDS: dict[str, filters.FieldKind] = dict.fromkeys(REPORT_MEASURES, "number")
 LAUNCH_FILTER_FIELDS: dict[str, filters.FieldKind] = {
     "state": filters.Closed(LAUNCH_STATES), "plan": filters.Named("plans"), "principal": "str",
-    "dispatcher": filters.Closed(DISPATCHERS), "create_time": "time", "model_path": "str",
+    "dispatcher": filters.Closed(DISPATCHERS), "create_time": "time", "model_path": "str", "tp": "int",
     "rerun_of": filters.Named("launches"), "experiment": filters.Named("experiments"), "labels": "labels",
     **LAUNCH_REPORTED_FIELDS, **LAUNCH_MEASURED_FIELDS, **LAUNCH_PLAN_FIELDS}
 _LAUNCH_LOCK = 727375  # PostgreSQL advisory lock key for launch creation

@@ -509,6 +509,7 @@ def test_or_finds_what_matches_either_term_in_every_collection(store: AuditStore
         return [r.launch_id for r in launches.list_rows(text)[0]]
 
     assert found('state = "FAILED" OR state = "cancelled"') == ["l1", "l2"]
+    assert found("tp = 1 AND NOT tp > 1") == ["l1", "l2", "l3", "l4"] and found("tp >= 2") == []  # its TP group's size
     assert found('gpu = "H100" OR labels.team = "ml"') == ["l1", "l3"]  # a plan field or a label
     assert found('substituted != "none" OR NOT labels.team:*') == ["l1", "l3", "l4"]
     assert found('gpu = "GB300" OR gpu = "B200" AND state = "SUCCEEDED"') == ["l3", "l4"]
