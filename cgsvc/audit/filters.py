@@ -66,9 +66,10 @@ def parse_order(text: str, key: str, by: Sequence[str] = ()) -> Order:
     if words[0] in (key, *by) and len(words) <= 2 and words[1:] in ([], ["asc"], ["desc"]):
         return Order("" if words[0] == key else words[0], words[1:] == ["desc"])
     if by:
-        raise OrderError(f"{text[:60]!r}: results are ordered by {key} ({key!r}: oldest first, the default; "
-                         f"'{key} desc': newest first) or by one of {', '.join(by)}, asc or desc ('{by[0]} desc': "
-                         "the highest first; those without one last)")
+        started = [f for f in (key, *by) if f.startswith(words[0])]
+        near = f"did you mean {started[0]!r}? " if started else did_you_mean(words[0], (key, *by))
+        raise OrderError(f"{text[:60]!r}: {near}the order is by {key} or by one of {', '.join(by)}, "
+                         "then asc or desc (those without one last)")
     raise OrderError(f"{text[:60]!r}: results are ordered by {key} only; give {key!r} (oldest first, the default) "
                      f"or '{key} desc' (newest first)")
 

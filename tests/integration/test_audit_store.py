@@ -644,8 +644,10 @@ def test_newest_first_pages_back_through_the_log(store: AuditStore) -> None:
             store.list_records("", order_by=bad)
     with pytest.raises(filters.OrderError, match="ordered by create_time only"):
         ExperimentStore(store).list_rows(order_by="ttft_ms_p50 desc")
-    with pytest.raises(filters.OrderError, match="ordered by create_time .* or by one of ttft_ms_p50, "):
+    with pytest.raises(filters.OrderError, match="the order is by create_time or by one of ttft_ms_p50, "):
         LaunchStore(store).list_rows(order_by="sequence desc")
+    with pytest.raises(filters.OrderError, match="did you mean 'ttft_ms_p50'"):
+        LaunchStore(store).list_rows(order_by="ttft desc")
 
 
 def test_filters_and_pagination(store: AuditStore) -> None:
