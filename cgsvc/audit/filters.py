@@ -367,7 +367,9 @@ def _term(toks: list[tuple[str, str]], fields: Mapping[str, FieldKind]) -> Term:
         kind = "labels"
     if k1 != "word" or kind is None:
         known = sorted("labels.KEY" if f == "labels" else f for f in fields)
-        raise FilterError(f"unknown field {name!r}; filterable fields: {', '.join(known)}")
+        started = [f for f in known if f.startswith(name) and name] if k1 == "word" else []
+        near = f"did you mean {started[0]!r}? " if started else did_you_mean(name, known)
+        raise FilterError(f"unknown field {name[:60]!r}; {near}filterable fields: {', '.join(known)}")
     if k2 != "op":
         raise FilterError(f"expected an operator after {name!r}; one of {' '.join(OPS)}, or {HAS} after labels.KEY")
     if k3 not in ("str", "word"):

@@ -381,7 +381,9 @@ def test_launches_are_found_by_what_they_measured(store: AuditStore) -> None:
         measured_report(planned, ttft=(300.0, 310.0), tpot=(5.0, 6.0), throughput=50.0)))
     assert found("ttft_ms_p50 > 200") == ["slow", "running"]
     for text, said in (('ttft_ms_p50 > "fast"', "ttft_ms_p50 takes a number"), ("tpot_ms_p99 < nan", "takes a number"),
-                       ("throughput_tok_s > inf", "takes a number"), ("ttft_ms > 1", "unknown field 'ttft_ms'")):
+                       ("throughput_tok_s > inf", "takes a number"),
+                       ("ttft_ms > 1", "unknown field 'ttft_ms'; did you mean 'ttft_ms_p50'"),
+                       ("stat = FAILED", "unknown field 'stat'; did you mean 'state'")):
         with pytest.raises(filters.FilterError, match=said):
             launches.list_rows(text)
 
