@@ -153,3 +153,20 @@ def test_the_storage_doc_names_the_schema_version_the_code_migrates_to() -> None
 
     latest = MIGRATIONS[-1][0]
     assert f"schema version {latest} " in (ROOT / "docs" / "audit.md").read_text(), latest
+
+
+def test_the_filter_reference_names_every_field_each_collection_filters_on() -> None:
+    """docs/filters.md is the filter language's reference: a field a store takes but the page
+    does not name is one nobody will find."""
+    import re
+
+    from cgsvc.audit.store import AUDIT_FILTER_FIELDS, PLAN_FILTER_FIELDS
+    from cgsvc.launch.store import EXPERIMENT_FILTER_FIELDS, LAUNCH_FILTER_FIELDS
+
+    text = (ROOT / "docs" / "filters.md").read_text()
+    sections = dict(re.findall(r"\*\*(Plans|Audit records|Launches|Experiments)\*\*(.*?)(?=\n\*\*|\n## )", text, re.S))
+    for section, fields in (("Plans", PLAN_FILTER_FIELDS), ("Audit records", AUDIT_FILTER_FIELDS),
+                            ("Launches", LAUNCH_FILTER_FIELDS), ("Experiments", EXPERIMENT_FILTER_FIELDS)):
+        named = set(re.findall(r"`([a-zA-Z0-9_.]+)`", sections[section]))
+        missing = {"labels.KEY" if f == "labels" else f for f in fields} - named
+        assert not missing, (section, missing)
