@@ -416,10 +416,13 @@ def stop(proc: subprocess.Popen[str]) -> str:
 
 
 def test_audit_list_follow_prints_each_matching_record_as_it_commits(server: ServerProcess, client: Client) -> None:
-    """`audit list --follow`, as `tail -f`: one JSON line per new record that matches, until stopped."""
+    """`audit list --follow`, as `tail -f`: one JSON line per new record that matches, until stopped;
+    a filter of OR terms too (the follow's `AND sequence > N` narrows all of it: OR binds tighter)."""
     client.resolve(KIMI)  # history before the follow starts: not printed without --all
     bad = {**KIMI, "parallelism": {"tp": 3}}
-    refused_filter = ("--filter", 'outcome = "INVALID_ARGUMENT"')
+    with pytest.raises(ServiceError):
+        client.resolve(bad)  # a refusal in the history, which the OR filter below must not print again
+    refused_filter = ("--filter", 'outcome = "INVALID_ARGUMENT" OR outcome = "FAILED_PRECONDITION"')
     proc = follow(server, *refused_filter)
     try:
         assert proc.stderr is not None and proc.stdout is not None
