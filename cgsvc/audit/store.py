@@ -815,8 +815,7 @@ def term_where(table: sa.Table, t: filters.Term, columns: dict[str, str] | None 
     if t.field == "rule_id":  # `!=`: the records of a resolution that did not use the rule
         if t.op not in ("=", "!="):
             raise filters.FilterError(f"rule_id takes = or !=, got {t.op}")
-        used = table.c.rule_set.in_(rule_sets_with(str(t.value)))
-        return used if t.op == "=" else (table.c.rule_set != "") & ~used
+        return _used_rules(table, rule_sets_with(str(t.value)), t.op)
     if t.field == "method" and (clause := _method_term(table.c.method, t)) is not None:
         return clause
     if t.field == "outcome":
@@ -831,6 +830,13 @@ def term_where(table: sa.Table, t: filters.Term, columns: dict[str, str] | None 
     return getattr(column, _OPS[t.op])(t.value)
 
 
+def _used_rules(table: sa.Table, sets: Any, op: str) -> Any:
+    """`=`: the rows whose rule set is one of `sets` (a subquery); `!=`: a resolution's rows
+    whose rule set is not (a row of no resolution, rule set "", matches neither)."""
+    used = table.c.rule_set.in_(sets)
+    return used if op == "=" else (table.c.rule_set != "") & ~used
+
+
 def _prefix_where(table: sa.Table, t: filters.Term, columns: dict[str, str] | None) -> Any:
     """A prefix term (`principal = "ci-*"`, `rule_id = "breakable.*"`) as SQL."""
     if t.field == "outcome":
@@ -838,8 +844,7 @@ def _prefix_where(table: sa.Table, t: filters.Term, columns: dict[str, str] | No
                                   f"{', '.join(CODE_NUMBERS)}")
     if t.field == "rule_id":  # any rule of the family; `!=`: a resolution that used none of them
         sets = sa.select(rule_set_members.c.set_id).where(starts_with(rule_set_members.c.rule_id, str(t.value)))
-        used = table.c.rule_set.in_(sets)
-        return used if t.op == "=" else (table.c.rule_set != "") & ~used
+        return _used_rules(table, sets, t.op)
     if t.field == "method" and not any(c in str(t.value) for c in "./"):  # RPCs by name: `Create*`
         full = [name for short, names in rpc_methods().items() if short.startswith(str(t.value).lower())
                 for name in names]
