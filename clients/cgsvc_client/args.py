@@ -339,8 +339,8 @@ def add_output(p: argparse.ArgumentParser) -> None:
 def add_filters(p: argparse.ArgumentParser, example: str, time_field: str = "create_time") -> None:
     """--filter and --since (a term on the collection's `time_field`, list_filter()) for the
     commands that read a collection: list and summary."""
-    p.add_argument("--filter", help=f"AIP-160 subset: FIELD OP VALUE terms joined by AND and OR (OR binds tighter; "
-                                    f"parentheses group), e.g. {example}")
+    p.add_argument("--filter", help=f"AIP-160 subset (docs/filters.md): FIELD OP VALUE terms joined by AND and OR "
+                                    f"(OR binds tighter), NOT, ( ), a trailing * for a prefix; e.g. {example}")
     p.add_argument("--since", metavar="WHEN", help=f"only those with {time_field} at or after WHEN: a duration ago "
                                                    "(90s, 15m, 2h, 7d) or an RFC 3339 time; joined to --filter")
     p.set_defaults(time_field=time_field)
