@@ -465,11 +465,12 @@ def summarize(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], fie
     return by, sum(counts.values()), groups
 
 
-def add_summary(p: argparse.ArgumentParser, default: str, fields: dict[str, Any], example: str) -> None:
+def add_summary(p: argparse.ArgumentParser, default: str, fields: dict[str, Any], example: str,
+                time_field: str = "create_time") -> None:
     """--by and add_filters() for a `summary` command."""
     p.add_argument("--by", default=default, help=f"the fields to group by, comma-separated (default {default}): "
                                                  f"{', '.join(fields)}")
-    add_filters(p, example)
+    add_filters(p, example, time_field)
 
 
 def streamed(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field: str,

@@ -121,6 +121,29 @@ def _record_row(r: Any) -> tuple[Any, ...]:
 
 
 RECORD_COLUMNS = ("seq", "time", "principal", "method", "model", "outcome", "plan", "launch", "detail", "hash")
+# What `audit summary --by` groups records by, as `audit list` shows them.
+RECORD_FIELDS: dict[str, Callable[[Any], Any]] = {
+    "method": lambda r: r.method.rsplit("/", 1)[-1],
+    "outcome": lambda r: CODE_NAMES.get(r.outcome_code, str(r.outcome_code)),
+    "principal": lambda r: r.principal or "-",
+    "model": _record_model,
+    "gpu": lambda r: r.gpu or "-",
+    "policy": lambda r: r.policy or "cgsvc",
+    "day": lambda r: r.time.ToJsonString()[:10],  # UTC
+}
+
+
+def audit_summary(ns: argparse.Namespace) -> int:
+    """How many records share each value of the --by fields: who calls what, and how it ends."""
+    with Client.from_args(ns) as c:
+        by, total, groups = summarize(ns, c.list_audit_records, "records", RECORD_FIELDS)
+    if render.output_mode(ns) == "json":
+        render.print_json({"summary": {"by": by, "records": total, "groups": groups}})
+        return 0
+    print(render.table([*by, "records", "share"], [(*(g[f] for f in by), g["records"], f"{g['records'] / total:.0%}")
+                                                   for g in groups]))
+    print(f"{render.counted(total, 'record')} in {render.counted(len(groups), 'group')}")
+    return 0
 
 
 def audit_list(ns: argparse.Namespace) -> int:
@@ -357,6 +380,11 @@ def register(sub: Any) -> None:
     add_follow(a, "keep printing the records that match as they commit (from now on; with --all, the history "
                   "first), until Ctrl-C; -o json: one {\"record\": ...} line each")
     a.set_defaults(func=audit_list)
+    asum = audit.add_parser("summary", help="how many records share each value of some fields (who calls what, "
+                                            "and how it ends), the most common first; reads every record that "
+                                            "matches: narrow it with --since and --filter")
+    add_summary(asum, "method,outcome", RECORD_FIELDS, 'outcome != "OK"', time_field="time")
+    asum.set_defaults(func=audit_summary)
     a2 = audit.add_parser("show", help="show one record")
     a2.add_argument("name", help="auditRecords/N or N")
     a2.set_defaults(func=audit_show)
@@ -374,7 +402,7 @@ def register(sub: Any) -> None:
     a7 = audit.add_parser("keys", help="the keys that have signed this log and each rotation between them, "
                                        "checked here (exit 3 when one is not signed by the key it retires)")
     a7.set_defaults(func=audit_keys)
-    for parser in (p, ps, p2, a, a2, a3, a4, a5, a6, a7):
+    for parser in (p, ps, p2, a, asum, a2, a3, a4, a5, a6, a7):
         add_output(parser)
         add_server(parser, required=True)
     add_output(witness.register_evidence(audit))  # offline: the file alone

@@ -610,6 +610,31 @@ def test_plans_summary_counts_the_fleets_plans_by_the_fields_asked(server: Serve
     assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field_violations"][0]["field"] == "by"
 
 
+def test_audit_summary_counts_the_records_by_the_fields_asked(server: ServerProcess, client: Client) -> None:
+    """`audit summary --by principal,outcome --since 1h`: who is refused how often, over every
+    page, as the records list them (an RPC by name, an outcome by its code name, a day)."""
+    start = client.get_audit_record(client.resolve_proto(KIMI).audit_record).time.ToJsonString()
+    for _ in range(2):
+        with pytest.raises(ServiceError):
+            client.resolve({**KIMI, "parallelism": {"tp": 3}})
+
+    def summary(*args: str) -> Any:
+        out = cli("audit", "summary", *args, "--since", start, "--server", server.address, "-o", "json")
+        assert out.returncode == 0, out.stdout + out.stderr
+        return json.loads(out.stdout)["summary"]
+
+    got = summary("--by", "method,Outcome", "--filter", 'method = "ResolvePlan"')
+    assert got["by"] == ["method", "outcome"] and got["records"] == 3, got
+    assert got["groups"] == [{"method": "ResolvePlan", "outcome": "INVALID_ARGUMENT", "records": 2},
+                             {"method": "ResolvePlan", "outcome": "OK", "records": 1}], got
+    day = summary("--by", "day", "--filter", 'outcome != "OK" AND method = "ResolvePlan"')
+    assert day["groups"] == [{"day": start[:10], "records": 2}], day
+    table = cli("audit", "summary", "--since", start, "--server", server.address, "-o", "table").stdout
+    assert "ResolvePlan" in table and "INVALID_ARGUMENT" in table and "share" in table and " records in " in table
+    bad = cli("audit", "summary", "--by", "colour", "--server", server.address, "-o", "json")
+    assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field_violations"][0]["field"] == "by"
+
+
 def test_audit_show_on_a_terminal_renders_the_recorded_plan_with_its_decision_trail(server: ServerProcess,
                                                                                     client: Client) -> None:
     plan = client.resolve_proto(KIMI)
