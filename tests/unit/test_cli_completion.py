@@ -43,7 +43,7 @@ def complete(script: Path, line: str) -> list[str]:
     ("", ["resolve", "rules", "models", "version", "completion", "plans", "audit", "launch", "launches", "replicas",
           "policies", "policy", "experiment", "experiments"]),
     ("au", ["audit"]),
-    ("audit ", ["list", "show", "verify", "checkpoint", "prove", "witness", "keys", "evidence"]),
+    ("audit ", ["list", "summary", "show", "verify", "checkpoint", "prove", "witness", "keys", "evidence"]),
     ("audit list --f", ["--filter", "--follow"]),
     ("resolve -o ", ["table", "json"]),
     ("launches list --output j", ["json"]),
