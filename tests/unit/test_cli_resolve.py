@@ -156,7 +156,7 @@ def test_no_arguments_at_all_is_a_usage_error_not_a_traceback() -> None:
 def test_a_command_group_with_only_options_names_the_missing_subcommand() -> None:
     """Regression: `audit -o json` answered "invalid choice: 'json'" (argparse took the option's
     value for the subcommand), as `-o json` alone once did."""
-    for words, field, choices in ((["audit"], "audit_command", "'list', 'show', 'verify'"),
+    for words, field, choices in ((["audit"], "audit_command", "'list', 'summary', 'show', 'verify'"),
                                   (["launches"], "launches_command", "'list', 'summary', 'show'"), ([], "command", "'resolve'")):
         proc = cli(*words, "-o", "json")
         error = as_json(proc)["error"]
