@@ -320,6 +320,7 @@ LAUNCH_FIELDS: dict[str, Callable[[Any], Any]] = {
     "engine": lambda x: render.engine_text(x.engine),  # the settings asked for
     "dtype": lambda x: x.report.dtype or "-",  # the dtype that ran
     "substituted": lambda x: substituted_text(x.report),
+    "day": lambda x: x.create_time.ToJsonString()[:10],  # made that UTC day
     **{f: (lambda name: lambda x: getattr(x.report, name) or "-")(f)
        for f in ("prefill_requested", "prefill_effective", "decode_requested", "decode_effective",
                  "attention_prefill_effective", "attention_decode_effective")},

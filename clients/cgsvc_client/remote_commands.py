@@ -72,6 +72,7 @@ SUMMARY_FIELDS: dict[str, Callable[[Any], Any]] = {
     "kv_cache_dtype": lambda p: p.kv_cache_dtype,
     "policy": lambda p: p.policy or "cgsvc",
     "policy_version": lambda p: p.policy_version,
+    "day": lambda p: p.create_time.ToJsonString()[:10],  # made that UTC day
 }
 
 

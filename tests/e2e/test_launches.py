@@ -564,6 +564,9 @@ def test_launches_summary_gives_each_group_its_count_and_median_latencies(srv: S
     (group,) = json.loads(cli("launches", "summary", "--by", "substituted", "-o", "json",
                               server=srv.address).stdout)["summary"]["groups"]
     assert group["substituted"] == "attention_backend.prefill,attention_backend.decode,decode.backend", group
+    (group,) = json.loads(cli("launches", "summary", "--by", "day", "-o", "json",  # launches a UTC day
+                              server=srv.address).stdout)["summary"]["groups"]
+    assert group == {**group, "day": done[0].create_time.ToJsonString()[:10], "launches": 2}, group
 
 
 def test_a_launch_that_generated_no_second_token_reports_no_tpot(srv: ServerProcess, ckpt: str) -> None:

@@ -604,6 +604,7 @@ def test_plans_summary_counts_the_fleets_plans_by_the_fields_asked(server: Serve
     assert [g["plans"] for g in got["groups"]] == sorted((g["plans"] for g in got["groups"]), reverse=True)
     only = summary("--by", "model", "--filter", 'gpu = "H200"')
     assert only["plans"] == 1 and only["groups"] == [{"model": "nvidia/Kimi-K2.6-NVFP4", "plans": 1}]
+    assert summary("--by", "day")["groups"] == [{"day": start[:10], "plans": 3}]  # plans made a UTC day
     table = cli("plans", "summary", "--since", start, "--server", server.address, "-o", "table").stdout
     assert "3 plans in" in table and "GB300" in table and "share" in table
     bad = cli("plans", "summary", "--by", "gpu,colour", "--server", server.address, "-o", "json")
