@@ -76,17 +76,22 @@ SUMMARY_FIELDS: dict[str, Callable[[Any], Any]] = {
 }
 
 
+def print_counts(ns: argparse.Namespace, field: str, by: list[str], total: int, groups: list[dict[str, Any]]) -> int:
+    """A counting summary's answer (summarize()'s, of `field`: plans, records): JSON, or a table of
+    the groups with each one's share, then the totals."""
+    if render.output_mode(ns) == "json":
+        render.print_json({"summary": {"by": by, field: total, "groups": groups}})
+        return 0
+    print(render.table([*by, field, "share"], [(*(g[f] for f in by), g[field], f"{g[field] / total:.0%}")
+                                               for g in groups]))
+    print(f"{render.counted(total, field.removesuffix('s'))} in {render.counted(len(groups), 'group')}")
+    return 0
+
+
 def plans_summary(ns: argparse.Namespace) -> int:
     """How many stored plans share each value of the --by fields: what the fleet runs."""
     with Client.from_args(ns) as c:
-        by, total, groups = summarize(ns, c.list_plans, "plans", SUMMARY_FIELDS)
-    if render.output_mode(ns) == "json":
-        render.print_json({"summary": {"by": by, "plans": total, "groups": groups}})
-        return 0
-    print(render.table([*by, "plans", "share"], [(*(g[f] for f in by), g["plans"], f"{g['plans'] / total:.0%}")
-                                                 for g in groups]))
-    print(f"{render.counted(total, 'plan')} in {render.counted(len(groups), 'group')}")
-    return 0
+        return print_counts(ns, "plans", *summarize(ns, c.list_plans, "plans", SUMMARY_FIELDS))
 
 
 def plans_show(ns: argparse.Namespace) -> int:
@@ -137,14 +142,7 @@ RECORD_FIELDS: dict[str, Callable[[Any], Any]] = {
 def audit_summary(ns: argparse.Namespace) -> int:
     """How many records share each value of the --by fields: who calls what, and how it ends."""
     with Client.from_args(ns) as c:
-        by, total, groups = summarize(ns, c.list_audit_records, "records", RECORD_FIELDS)
-    if render.output_mode(ns) == "json":
-        render.print_json({"summary": {"by": by, "records": total, "groups": groups}})
-        return 0
-    print(render.table([*by, "records", "share"], [(*(g[f] for f in by), g["records"], f"{g['records'] / total:.0%}")
-                                                   for g in groups]))
-    print(f"{render.counted(total, 'record')} in {render.counted(len(groups), 'group')}")
-    return 0
+        return print_counts(ns, "records", *summarize(ns, c.list_audit_records, "records", RECORD_FIELDS))
 
 
 def audit_list(ns: argparse.Namespace) -> int:
