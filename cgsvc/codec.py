@@ -168,7 +168,9 @@ def stored_plan_proto(stored: StoredPlan) -> plan_pb2.Plan:
     return msg
 
 
-def record_proto(rec: AuditRecord) -> audit_pb2.AuditRecord:
+def record_proto(rec: AuditRecord, basic: bool = False) -> audit_pb2.AuditRecord:
+    """A record as the API answers it; `basic` (AUDIT_RECORD_VIEW_BASIC): without its plan's JSON
+    and the hashed bytes."""
     return audit_pb2.AuditRecord(
         name=rec.name, sequence=rec.sequence, schema_version=rec.schema_version, time=timestamp(rec.time),
         principal=rec.principal, peer=rec.peer, method=rec.method, request_id=rec.request_id,
@@ -177,7 +179,7 @@ def record_proto(rec: AuditRecord) -> audit_pb2.AuditRecord:
         service_version=rec.service_version, outcome_code=rec.outcome_code,
         outcome_message=rec.outcome_message, launch_id=rec.launch_id, plan_id=rec.plan_id,
         prev_hash=rec.prev_hash, record_hash=rec.record_hash, model=rec.model, gpu=rec.gpu, policy=rec.policy,
-        hashed_json=canonical_json(rec.hashed_fields()))
+        hashed_json="" if basic else canonical_json(rec.hashed_fields()))
 
 
 def checkpoint_from_proto(msg: audit_pb2.Checkpoint) -> Checkpoint:

@@ -1301,10 +1301,11 @@ class AuditStore:
             self._known_bodies[stored] = body
         return body
 
-    def _record(self, m: Any, cur: Any = None) -> AuditRecord:
+    def _record(self, m: Any, cur: Any = None, plan: bool = True) -> AuditRecord:
+        """A record as stored; without its `plan` JSON (""), the plan body is not read."""
         values: dict[str, Any] = {name: m[name] for name in _RECORD_FIELDS}
         values["rule_ids"] = tuple(json.loads(values["rule_ids"]))
-        values["plan_json"] = self._plan_json(values["plan_json"], cur)
+        values["plan_json"] = self._plan_json(values["plan_json"], cur) if plan else ""
         return AuditRecord(**values)
 
     def _stored_plan(self, row: Any) -> StoredPlan:
@@ -1320,11 +1321,12 @@ class AuditStore:
         return self._record(row._mapping) if row is not None else None
 
     def list_records(self, filter_text: str = "", page_size: int = 0, page_token: str = "",
-                     order_by: str = "") -> tuple[list[AuditRecord], str]:
+                     order_by: str = "", plans: bool = True) -> tuple[list[AuditRecord], str]:
+        """A page of records; without their `plans` (a basic view), their plan bodies are not read."""
         where = _where(audit_records, filters.parse_filter(filter_text, AUDIT_FILTER_FIELDS))
         rows, next_token = self.page(audit_records, where, filter_text, page_size, page_token,
                                      order=filters.parse_order(order_by, "sequence"))
-        return [self._record(r._mapping) for r in rows], next_token
+        return [self._record(r._mapping, plan=plans) for r in rows], next_token
 
     def spec_groups(self, methods: Sequence[str], filter_text: str = "",
                     batch: int = 1000) -> Iterator[tuple[str, int, int]]:

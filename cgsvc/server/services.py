@@ -8,6 +8,7 @@ cgsvc.domain.plans, committed before the answer leaves.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import weakref
 from collections.abc import Callable, Sequence
@@ -231,7 +232,9 @@ class AuditService:
 
     async def ListAuditRecords(self, request: audit_pb2.ListAuditRecordsRequest,  # noqa: N802
                                rc: RequestContext) -> audit_pb2.ListAuditRecordsResponse:
-        items, token = await list_page(self.store.list_records, request, codec.record_proto, self.max_message_bytes)
+        basic = request.view == audit_pb2.AUDIT_RECORD_VIEW_BASIC  # AIP-157: UNSPECIFIED is FULL
+        items, token = await list_page(functools.partial(self.store.list_records, plans=not basic), request,
+                                       functools.partial(codec.record_proto, basic=basic), self.max_message_bytes)
         return audit_pb2.ListAuditRecordsResponse(records=items, next_page_token=token)
 
     async def VerifyAuditLog(self, request: audit_pb2.VerifyAuditLogRequest,  # noqa: N802

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x63gsvc/v1/audit.proto\x12\x08\x63gsvc.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x91\x04\n\x0b\x41uditRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x16\n\x0eschema_version\x18\x03 \x01(\x05\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tprincipal\x18\x05 \x01(\t\x12\x0c\n\x04peer\x18\x06 \x01(\t\x12\x0e\n\x06method\x18\x07 \x01(\t\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\x10\n\x08trace_id\x18\t \x01(\t\x12\x11\n\tspec_json\x18\n \x01(\t\x12\x11\n\tspec_hash\x18\x0b \x01(\t\x12\x11\n\tplan_json\x18\x0c \x01(\t\x12\x11\n\tplan_hash\x18\r \x01(\t\x12\x10\n\x08rule_ids\x18\x0e \x03(\t\x12\x16\n\x0epolicy_version\x18\x0f \x01(\t\x12\x17\n\x0fservice_version\x18\x10 \x01(\t\x12\x14\n\x0coutcome_code\x18\x11 \x01(\x05\x12\x17\n\x0foutcome_message\x18\x12 \x01(\t\x12\x11\n\tlaunch_id\x18\x13 \x01(\t\x12\x0f\n\x07plan_id\x18\x14 \x01(\t\x12\x11\n\tprev_hash\x18\x15 \x01(\t\x12\x13\n\x0brecord_hash\x18\x16 \x01(\t\x12\r\n\x05model\x18\x17 \x01(\t\x12\x0b\n\x03gpu\x18\x18 \x01(\t\x12\x13\n\x0bhashed_json\x18\x19 \x01(\t\x12\x0e\n\x06policy\x18\x1a \x01(\t\"%\n\x15GetAuditRecordRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"b\n\x17ListAuditRecordsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06\x66ilter\x18\x03 \x01(\t\x12\x10\n\x08order_by\x18\x04 \x01(\t\"[\n\x18ListAuditRecordsResponse\x12&\n\x07records\x18\x01 \x03(\x0b\x32\x15.cgsvc.v1.AuditRecord\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x17\n\x15VerifyAuditLogRequest\"|\n\x16VerifyAuditLogResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x17\n\x0frecords_checked\x18\x02 \x01(\x03\x12\x1a\n\x12\x66irst_bad_sequence\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x11\n\thead_hash\x18\x05 \x01(\t\"\x16\n\x14GetCheckpointRequest\"\x87\x01\n\nCheckpoint\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x11\n\ttree_size\x18\x02 \x01(\x03\x12\x11\n\troot_hash\x18\x03 \x01(\t\x12\x0c\n\x04time\x18\x04 \x01(\t\x12\x0e\n\x06key_id\x18\x05 \x01(\t\x12\x12\n\npublic_key\x18\x06 \x01(\t\x12\x11\n\tsignature\x18\x07 \x01(\t\";\n\x18GetInclusionProofRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\ttree_size\x18\x02 \x01(\x03\"n\n\x0eInclusionProof\x12\x12\n\nleaf_index\x18\x01 \x01(\x03\x12\x11\n\ttree_size\x18\x02 \x01(\x03\x12\x0e\n\x06hashes\x18\x03 \x03(\t\x12%\n\x06record\x18\x04 \x01(\x0b\x32\x15.cgsvc.v1.AuditRecord\"E\n\x1aGetConsistencyProofRequest\x12\x12\n\nfirst_size\x18\x01 \x01(\x03\x12\x13\n\x0bsecond_size\x18\x02 \x01(\x03\"K\n\x10\x43onsistencyProof\x12\x12\n\nfirst_size\x18\x01 \x01(\x03\x12\x13\n\x0bsecond_size\x18\x02 \x01(\x03\x12\x0e\n\x06hashes\x18\x03 \x03(\t2\xfb\x03\n\x0c\x41uditService\x12H\n\x0eGetAuditRecord\x12\x1f.cgsvc.v1.GetAuditRecordRequest\x1a\x15.cgsvc.v1.AuditRecord\x12Y\n\x10ListAuditRecords\x12!.cgsvc.v1.ListAuditRecordsRequest\x1a\".cgsvc.v1.ListAuditRecordsResponse\x12S\n\x0eVerifyAuditLog\x12\x1f.cgsvc.v1.VerifyAuditLogRequest\x1a .cgsvc.v1.VerifyAuditLogResponse\x12\x45\n\rGetCheckpoint\x12\x1e.cgsvc.v1.GetCheckpointRequest\x1a\x14.cgsvc.v1.Checkpoint\x12Q\n\x11GetInclusionProof\x12\".cgsvc.v1.GetInclusionProofRequest\x1a\x18.cgsvc.v1.InclusionProof\x12W\n\x13GetConsistencyProof\x12$.cgsvc.v1.GetConsistencyProofRequest\x1a\x1a.cgsvc.v1.ConsistencyProofB\x1cZ\x1a\x63gsvc/gen/cgsvc/v1;cgsvcv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x63gsvc/v1/audit.proto\x12\x08\x63gsvc.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x91\x04\n\x0b\x41uditRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x16\n\x0eschema_version\x18\x03 \x01(\x05\x12(\n\x04time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tprincipal\x18\x05 \x01(\t\x12\x0c\n\x04peer\x18\x06 \x01(\t\x12\x0e\n\x06method\x18\x07 \x01(\t\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\x10\n\x08trace_id\x18\t \x01(\t\x12\x11\n\tspec_json\x18\n \x01(\t\x12\x11\n\tspec_hash\x18\x0b \x01(\t\x12\x11\n\tplan_json\x18\x0c \x01(\t\x12\x11\n\tplan_hash\x18\r \x01(\t\x12\x10\n\x08rule_ids\x18\x0e \x03(\t\x12\x16\n\x0epolicy_version\x18\x0f \x01(\t\x12\x17\n\x0fservice_version\x18\x10 \x01(\t\x12\x14\n\x0coutcome_code\x18\x11 \x01(\x05\x12\x17\n\x0foutcome_message\x18\x12 \x01(\t\x12\x11\n\tlaunch_id\x18\x13 \x01(\t\x12\x0f\n\x07plan_id\x18\x14 \x01(\t\x12\x11\n\tprev_hash\x18\x15 \x01(\t\x12\x13\n\x0brecord_hash\x18\x16 \x01(\t\x12\r\n\x05model\x18\x17 \x01(\t\x12\x0b\n\x03gpu\x18\x18 \x01(\t\x12\x13\n\x0bhashed_json\x18\x19 \x01(\t\x12\x0e\n\x06policy\x18\x1a \x01(\t\"%\n\x15GetAuditRecordRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x8b\x01\n\x17ListAuditRecordsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06\x66ilter\x18\x03 \x01(\t\x12\x10\n\x08order_by\x18\x04 \x01(\t\x12\'\n\x04view\x18\x05 \x01(\x0e\x32\x19.cgsvc.v1.AuditRecordView\"[\n\x18ListAuditRecordsResponse\x12&\n\x07records\x18\x01 \x03(\x0b\x32\x15.cgsvc.v1.AuditRecord\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x17\n\x15VerifyAuditLogRequest\"|\n\x16VerifyAuditLogResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x17\n\x0frecords_checked\x18\x02 \x01(\x03\x12\x1a\n\x12\x66irst_bad_sequence\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x11\n\thead_hash\x18\x05 \x01(\t\"\x16\n\x14GetCheckpointRequest\"\x87\x01\n\nCheckpoint\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x11\n\ttree_size\x18\x02 \x01(\x03\x12\x11\n\troot_hash\x18\x03 \x01(\t\x12\x0c\n\x04time\x18\x04 \x01(\t\x12\x0e\n\x06key_id\x18\x05 \x01(\t\x12\x12\n\npublic_key\x18\x06 \x01(\t\x12\x11\n\tsignature\x18\x07 \x01(\t\";\n\x18GetInclusionProofRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\ttree_size\x18\x02 \x01(\x03\"n\n\x0eInclusionProof\x12\x12\n\nleaf_index\x18\x01 \x01(\x03\x12\x11\n\ttree_size\x18\x02 \x01(\x03\x12\x0e\n\x06hashes\x18\x03 \x03(\t\x12%\n\x06record\x18\x04 \x01(\x0b\x32\x15.cgsvc.v1.AuditRecord\"E\n\x1aGetConsistencyProofRequest\x12\x12\n\nfirst_size\x18\x01 \x01(\x03\x12\x13\n\x0bsecond_size\x18\x02 \x01(\x03\"K\n\x10\x43onsistencyProof\x12\x12\n\nfirst_size\x18\x01 \x01(\x03\x12\x13\n\x0bsecond_size\x18\x02 \x01(\x03\x12\x0e\n\x06hashes\x18\x03 \x03(\t*m\n\x0f\x41uditRecordView\x12!\n\x1d\x41UDIT_RECORD_VIEW_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x41UDIT_RECORD_VIEW_BASIC\x10\x01\x12\x1a\n\x16\x41UDIT_RECORD_VIEW_FULL\x10\x02\x32\xfb\x03\n\x0c\x41uditService\x12H\n\x0eGetAuditRecord\x12\x1f.cgsvc.v1.GetAuditRecordRequest\x1a\x15.cgsvc.v1.AuditRecord\x12Y\n\x10ListAuditRecords\x12!.cgsvc.v1.ListAuditRecordsRequest\x1a\".cgsvc.v1.ListAuditRecordsResponse\x12S\n\x0eVerifyAuditLog\x12\x1f.cgsvc.v1.VerifyAuditLogRequest\x1a .cgsvc.v1.VerifyAuditLogResponse\x12\x45\n\rGetCheckpoint\x12\x1e.cgsvc.v1.GetCheckpointRequest\x1a\x14.cgsvc.v1.Checkpoint\x12Q\n\x11GetInclusionProof\x12\".cgsvc.v1.GetInclusionProofRequest\x1a\x18.cgsvc.v1.InclusionProof\x12W\n\x13GetConsistencyProof\x12$.cgsvc.v1.GetConsistencyProofRequest\x1a\x1a.cgsvc.v1.ConsistencyProofB\x1cZ\x1a\x63gsvc/gen/cgsvc/v1;cgsvcv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,30 +33,32 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cgsvc.v1.audit_pb2', _globa
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z\032cgsvc/gen/cgsvc/v1;cgsvcv1'
+  _globals['_AUDITRECORDVIEW']._serialized_start=1507
+  _globals['_AUDITRECORDVIEW']._serialized_end=1616
   _globals['_AUDITRECORD']._serialized_start=68
   _globals['_AUDITRECORD']._serialized_end=597
   _globals['_GETAUDITRECORDREQUEST']._serialized_start=599
   _globals['_GETAUDITRECORDREQUEST']._serialized_end=636
-  _globals['_LISTAUDITRECORDSREQUEST']._serialized_start=638
-  _globals['_LISTAUDITRECORDSREQUEST']._serialized_end=736
-  _globals['_LISTAUDITRECORDSRESPONSE']._serialized_start=738
-  _globals['_LISTAUDITRECORDSRESPONSE']._serialized_end=829
-  _globals['_VERIFYAUDITLOGREQUEST']._serialized_start=831
-  _globals['_VERIFYAUDITLOGREQUEST']._serialized_end=854
-  _globals['_VERIFYAUDITLOGRESPONSE']._serialized_start=856
-  _globals['_VERIFYAUDITLOGRESPONSE']._serialized_end=980
-  _globals['_GETCHECKPOINTREQUEST']._serialized_start=982
-  _globals['_GETCHECKPOINTREQUEST']._serialized_end=1004
-  _globals['_CHECKPOINT']._serialized_start=1007
-  _globals['_CHECKPOINT']._serialized_end=1142
-  _globals['_GETINCLUSIONPROOFREQUEST']._serialized_start=1144
-  _globals['_GETINCLUSIONPROOFREQUEST']._serialized_end=1203
-  _globals['_INCLUSIONPROOF']._serialized_start=1205
-  _globals['_INCLUSIONPROOF']._serialized_end=1315
-  _globals['_GETCONSISTENCYPROOFREQUEST']._serialized_start=1317
-  _globals['_GETCONSISTENCYPROOFREQUEST']._serialized_end=1386
-  _globals['_CONSISTENCYPROOF']._serialized_start=1388
-  _globals['_CONSISTENCYPROOF']._serialized_end=1463
-  _globals['_AUDITSERVICE']._serialized_start=1466
-  _globals['_AUDITSERVICE']._serialized_end=1973
+  _globals['_LISTAUDITRECORDSREQUEST']._serialized_start=639
+  _globals['_LISTAUDITRECORDSREQUEST']._serialized_end=778
+  _globals['_LISTAUDITRECORDSRESPONSE']._serialized_start=780
+  _globals['_LISTAUDITRECORDSRESPONSE']._serialized_end=871
+  _globals['_VERIFYAUDITLOGREQUEST']._serialized_start=873
+  _globals['_VERIFYAUDITLOGREQUEST']._serialized_end=896
+  _globals['_VERIFYAUDITLOGRESPONSE']._serialized_start=898
+  _globals['_VERIFYAUDITLOGRESPONSE']._serialized_end=1022
+  _globals['_GETCHECKPOINTREQUEST']._serialized_start=1024
+  _globals['_GETCHECKPOINTREQUEST']._serialized_end=1046
+  _globals['_CHECKPOINT']._serialized_start=1049
+  _globals['_CHECKPOINT']._serialized_end=1184
+  _globals['_GETINCLUSIONPROOFREQUEST']._serialized_start=1186
+  _globals['_GETINCLUSIONPROOFREQUEST']._serialized_end=1245
+  _globals['_INCLUSIONPROOF']._serialized_start=1247
+  _globals['_INCLUSIONPROOF']._serialized_end=1357
+  _globals['_GETCONSISTENCYPROOFREQUEST']._serialized_start=1359
+  _globals['_GETCONSISTENCYPROOFREQUEST']._serialized_end=1428
+  _globals['_CONSISTENCYPROOF']._serialized_start=1430
+  _globals['_CONSISTENCYPROOF']._serialized_end=1505
+  _globals['_AUDITSERVICE']._serialized_start=1619
+  _globals['_AUDITSERVICE']._serialized_end=2126
 # @@protoc_insertion_point(module_scope)

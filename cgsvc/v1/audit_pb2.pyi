@@ -2,12 +2,22 @@ import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class AuditRecordView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    AUDIT_RECORD_VIEW_UNSPECIFIED: _ClassVar[AuditRecordView]
+    AUDIT_RECORD_VIEW_BASIC: _ClassVar[AuditRecordView]
+    AUDIT_RECORD_VIEW_FULL: _ClassVar[AuditRecordView]
+AUDIT_RECORD_VIEW_UNSPECIFIED: AuditRecordView
+AUDIT_RECORD_VIEW_BASIC: AuditRecordView
+AUDIT_RECORD_VIEW_FULL: AuditRecordView
 
 class AuditRecord(_message.Message):
     __slots__ = ("name", "sequence", "schema_version", "time", "principal", "peer", "method", "request_id", "trace_id", "spec_json", "spec_hash", "plan_json", "plan_hash", "rule_ids", "policy_version", "service_version", "outcome_code", "outcome_message", "launch_id", "plan_id", "prev_hash", "record_hash", "model", "gpu", "hashed_json", "policy")
@@ -72,16 +82,18 @@ class GetAuditRecordRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class ListAuditRecordsRequest(_message.Message):
-    __slots__ = ("page_size", "page_token", "filter", "order_by")
+    __slots__ = ("page_size", "page_token", "filter", "order_by", "view")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
     ORDER_BY_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
     filter: str
     order_by: str
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., filter: _Optional[str] = ..., order_by: _Optional[str] = ...) -> None: ...
+    view: AuditRecordView
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., filter: _Optional[str] = ..., order_by: _Optional[str] = ..., view: _Optional[_Union[AuditRecordView, str]] = ...) -> None: ...
 
 class ListAuditRecordsResponse(_message.Message):
     __slots__ = ("records", "next_page_token")

@@ -187,9 +187,12 @@ class Client:
         return self.call(self.audit.GetAuditRecord, audit_pb2.GetAuditRecordRequest(name=name))  # type: ignore[no-any-return]
 
     def list_audit_records(self, filter: str = "", page_size: int = 0, page_token: str = "",
-                           order_by: str = "") -> audit_pb2.ListAuditRecordsResponse:
+                           order_by: str = "", view: audit_pb2.AuditRecordView = audit_pb2.AUDIT_RECORD_VIEW_UNSPECIFIED,
+                           ) -> audit_pb2.ListAuditRecordsResponse:
+        """A page of records; `view` AUDIT_RECORD_VIEW_BASIC leaves out each one's plan JSON and hashed
+        bytes (what a table or a count never shows)."""
         req = audit_pb2.ListAuditRecordsRequest(filter=filter, page_size=page_size, page_token=page_token,
-                                                order_by=order_by)
+                                                order_by=order_by, view=view)
         return self.call(self.audit.ListAuditRecords, req)  # type: ignore[no-any-return]
 
     def verify_audit_log(self) -> audit_pb2.VerifyAuditLogResponse:

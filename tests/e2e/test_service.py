@@ -636,6 +636,25 @@ def test_audit_summary_counts_the_records_by_the_fields_asked(server: ServerProc
     assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field_violations"][0]["field"] == "by"
 
 
+def test_a_basic_view_of_the_records_leaves_their_plans_out(server: ServerProcess, client: Client) -> None:
+    """AIP-157: ListAuditRecords with view BASIC answers every field but the plan's JSON and the
+    hashed bytes (each the plan again, several KiB a record), which a table or a count never
+    shows; UNSPECIFIED and FULL answer them whole, as before."""
+    from cgsvc.v1 import audit_pb2
+
+    name = client.resolve_proto(KIMI).audit_record
+    text = f'sequence = {name.split("/")[1]}'
+    (full,) = client.list_audit_records(text).records
+    (basic,) = client.list_audit_records(text, view=audit_pb2.AUDIT_RECORD_VIEW_BASIC).records
+    assert full.plan_json and full.hashed_json and not basic.plan_json and not basic.hashed_json
+    assert basic == audit_pb2.AuditRecord(**{**{f.name: getattr(full, f.name) for f in full.DESCRIPTOR.fields
+                                                 if f.name not in ("plan_json", "hashed_json", "rule_ids", "time")}},
+                                          rule_ids=full.rule_ids, time=full.time)
+    assert basic.ByteSize() * 4 < full.ByteSize(), (basic.ByteSize(), full.ByteSize())
+    (explicit,) = client.list_audit_records(text, view=audit_pb2.AUDIT_RECORD_VIEW_FULL).records
+    assert explicit == full
+
+
 def test_audit_show_on_a_terminal_renders_the_recorded_plan_with_its_decision_trail(server: ServerProcess,
                                                                                     client: Client) -> None:
     plan = client.resolve_proto(KIMI)
