@@ -232,6 +232,8 @@ class AuditService:
 
     async def ListAuditRecords(self, request: audit_pb2.ListAuditRecordsRequest,  # noqa: N802
                                rc: RequestContext) -> audit_pb2.ListAuditRecordsResponse:
+        if request.view not in audit_pb2.AuditRecordView.values():
+            raise invalid("view", f"{request.view} is not a view; valid: {', '.join(audit_pb2.AuditRecordView.keys())}")
         basic = request.view == audit_pb2.AUDIT_RECORD_VIEW_BASIC  # AIP-157: UNSPECIFIED is FULL
         items, token = await list_page(functools.partial(self.store.list_records, plans=not basic), request,
                                        functools.partial(codec.record_proto, basic=basic), self.max_message_bytes)

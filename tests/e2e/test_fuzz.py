@@ -36,6 +36,8 @@ def message_strategy(desc: Descriptor, depth: int = 0) -> st.SearchStrategy[dict
             value = INT32
         elif f.type == FieldDescriptor.TYPE_BYTES:
             continue
+        elif f.type == FieldDescriptor.TYPE_ENUM:  # its values, and numbers no value has (proto3 keeps them)
+            value = st.sampled_from([v.number for v in f.enum_type.values]) | INT32
         else:
             value = WORDS | st.text(max_size=20)
         if f.is_repeated:

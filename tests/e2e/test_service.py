@@ -653,6 +653,10 @@ def test_a_basic_view_of_the_records_leaves_their_plans_out(server: ServerProces
     assert basic.ByteSize() * 4 < full.ByteSize(), (basic.ByteSize(), full.ByteSize())
     (explicit,) = client.list_audit_records(text, view=audit_pb2.AUDIT_RECORD_VIEW_FULL).records
     assert explicit == full
+    with pytest.raises(ServiceError) as refused:  # a number no view has (proto3 keeps it): named, not read as FULL
+        client.list_audit_records(text, view=7)  # type: ignore[arg-type]
+    assert refused.value.code == "INVALID_ARGUMENT" and refused.value.violations[0].field == "view", refused.value
+    assert "AUDIT_RECORD_VIEW_BASIC" in refused.value.violations[0].description
 
 
 def test_audit_show_on_a_terminal_renders_the_recorded_plan_with_its_decision_trail(server: ServerProcess,
