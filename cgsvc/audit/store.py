@@ -782,12 +782,17 @@ def rpc_methods() -> dict[str, tuple[str, ...]]:
 
 def _method_term(column: Any, t: filters.Term) -> Any:
     """`method = "CreateLaunch"`: an RPC named as the listings show it (a bare word,
-    case-insensitively) stands for its full name; a full name or an event the service records
-    itself (`launch.state`, `experiment.state`) is compared as it is."""
+    case-insensitively) stands for its full name, and a prefix (`Create*`) for those of the RPCs
+    whose names start so; a full name or an event the service records itself (`launch.state`,
+    `experiment.state`) is compared as it is (None: not an RPC by name)."""
     value = str(t.value)
     if any(c in value for c in "./"):
         return None
-    full = rpc_methods().get(value.lower())
+    if t.prefix:
+        full: tuple[str, ...] | None = tuple(name for short, names in rpc_methods().items()
+                                             if short.startswith(value.lower()) for name in names)
+    else:
+        full = rpc_methods().get(value.lower())
     if full is None:
         near = difflib.get_close_matches(value.lower(), list(rpc_methods()), n=1) if len(value) <= 100 else []
         hint = f"did you mean {rpc_methods()[near[0]][0].rsplit('/', 1)[1]!r}? " if near else ""
@@ -810,14 +815,14 @@ def starts_with(column: Any, prefix: str, fold: bool = False) -> Any:
 
 def term_where(table: sa.Table, t: filters.Term, columns: dict[str, str] | None = None) -> Any:
     """One term as SQL on `table`'s columns (fields named as `columns` maps them)."""
+    if t.field == "method" and (clause := _method_term(table.c.method, t)) is not None:
+        return clause
     if t.prefix:
         return _prefix_where(table, t, columns)
     if t.field == "rule_id":  # `!=`: the records of a resolution that did not use the rule
         if t.op not in ("=", "!="):
             raise filters.FilterError(f"rule_id takes = or !=, got {t.op}")
         return _used_rules(table, rule_sets_with(str(t.value)), t.op)
-    if t.field == "method" and (clause := _method_term(table.c.method, t)) is not None:
-        return clause
     if t.field == "outcome":
         code = CODE_NUMBERS.get(str(t.value).upper())
         if code is None:
@@ -845,10 +850,6 @@ def _prefix_where(table: sa.Table, t: filters.Term, columns: dict[str, str] | No
     if t.field == "rule_id":  # any rule of the family; `!=`: a resolution that used none of them
         sets = sa.select(rule_set_members.c.set_id).where(starts_with(rule_set_members.c.rule_id, str(t.value)))
         return _used_rules(table, sets, t.op)
-    if t.field == "method" and not any(c in str(t.value) for c in "./"):  # RPCs by name: `Create*`
-        full = [name for short, names in rpc_methods().items() if short.startswith(str(t.value).lower())
-                for name in names]
-        return table.c.method.in_(full) if t.op == "=" else table.c.method.not_in(full)
     match = starts_with(table.c[(columns or {}).get(t.field, t.field)], str(t.value), t.fold)
     return match if t.op == "=" else ~match
 
