@@ -138,14 +138,12 @@ def _listed_where(term: filters.Term, column: sa.ColumnElement[str], item: str) 
 
 def label_where(term: filters.Term, table: sa.Table = launches) -> sa.ColumnElement[bool]:
     """`labels.KEY = VALUE` (or !=) as SQL on the table's labels (launches', experiments'): the
-    pair key=value, listed; `labels.KEY:*` (or NOT): an item that starts key= (keys hold no = or ,)."""
+    pair key=value, listed; `labels.KEY = "V*"`: an item that starts key=V; `labels.KEY:*` (or
+    NOT), whose value is "": one that starts key= (keys hold no = or ,)."""
     key = term.field.removeprefix("labels.")
-    if term.op in (filters.HAS, filters.NOT_HAS):
-        has = _listed(table.c.labels, f"{key}=", starts=True)
-        return has if term.op == filters.HAS else ~has
-    if term.prefix:  # `labels.team = "infra-*"`: a value that starts so
+    if term.prefix or term.op in (filters.HAS, filters.NOT_HAS):  # a value that starts so; has: with "" any does
         starts = _listed(table.c.labels, f"{key}={term.value}", starts=True)
-        return starts if term.op == "=" else ~starts
+        return starts if term.op in ("=", filters.HAS) else ~starts
     return _listed_where(term, table.c.labels, f"{key}={term.value}")
 
 
