@@ -141,17 +141,16 @@ RECORD_FIELDS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def records_of(c: Client, ns: argparse.Namespace) -> Callable[..., Any]:
-    """ListAuditRecords as a command reads it: whole records for -o json, and for a table or a
-    count the basic view, without each record's plan JSON and hashed bytes (several KiB each)."""
-    whole = render.output_mode(ns) == "json" and ns.func is not audit_summary
+def records_of(c: Client, whole: bool) -> Callable[..., Any]:
+    """ListAuditRecords as a command reads it: `whole` records (for -o json), or the basic view,
+    without each record's plan JSON and hashed bytes (several KiB each), for a table or a count."""
     return functools.partial(c.list_audit_records, view=audit_pb2.AUDIT_RECORD_VIEW_FULL if whole else audit_pb2.AUDIT_RECORD_VIEW_BASIC)
 
 
 def audit_summary(ns: argparse.Namespace) -> int:
     """How many records share each value of the --by fields: who calls what, and how it ends."""
     with Client.from_args(ns) as c:
-        return print_counts(ns, "records", *summarize(ns, records_of(c, ns), "records", RECORD_FIELDS))
+        return print_counts(ns, "records", *summarize(ns, records_of(c, whole=False), "records", RECORD_FIELDS))
 
 
 def audit_list(ns: argparse.Namespace) -> int:
@@ -160,7 +159,7 @@ def audit_list(ns: argparse.Namespace) -> int:
     with Client.from_args(ns) as c:
         if streamed(ns, c.list_audit_records, "records", as_dict):
             return 0
-        records, token = listing(ns, records_of(c, ns), "records")
+        records, token = listing(ns, records_of(c, render.output_mode(ns) == "json"), "records")
     if render.output_mode(ns) == "json":
         render.print_json({"records": [as_dict(r) for r in records], "next_page_token": token})
         return 0
@@ -197,7 +196,7 @@ def follow_records(ns: argparse.Namespace) -> int:
             if not as_json:
                 print("  ".join(RECORD_COLUMNS), flush=True)
             if ns.all:
-                emit(listing(ns, records_of(c, ns), "records")[0])
+                emit(listing(ns, records_of(c, as_json), "records")[0])
             else:
                 last = c.get_checkpoint().tree_size
             print(f"following the audit log after auditRecords/{last}" + (f" where {user_filter}" if user_filter else "")
@@ -206,7 +205,7 @@ def follow_records(ns: argparse.Namespace) -> int:
 
         def step() -> bool:
             query = " AND ".join(f for f in (user_filter, f"sequence > {last}") if f)  # AND binds loosest
-            for records, _ in each_page(records_of(c, ns), "records", query, 1000):
+            for records, _ in each_page(records_of(c, as_json), "records", query, 1000):
                 emit(records)
             return False
         return follow(ns, first, step)
