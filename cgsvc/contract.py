@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -126,6 +127,13 @@ def kv_cache_mib(text: str) -> float | None:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"a number of MiB or auto, got {text!r}") from None
+
+
+def tp_fits(sizes: dict[str, int]) -> list[int]:
+    """The TP group sizes that split every one of a checkpoint's `sizes` evenly (TP_SHARDED's
+    facts; 0 or absent for none): the divisors of their greatest common divisor."""
+    common = math.gcd(*(v for v in sizes.values() if v))
+    return [d for d in range(1, common + 1) if common % d == 0] if common else []
 
 
 def tp_misfits(tp: int, sizes: dict[str, int]) -> list[str]:

@@ -60,6 +60,7 @@ from cgsvc.contract import (
     parse_event,
     read_report,
     substituted,
+    tp_fits,
     tp_misfits,
 )
 from cgsvc.domain.labels import LabelChange, change_labels, created_with
@@ -228,11 +229,13 @@ def order_for(plan: PlanSource, ckpt: catalog.ModelFacts, model_path: str, workl
                            f"resolved for {wanted.name} ({wanted.text_architecture})",
                            [FieldViolation("model_path", "a checkpoint of the plan's model family")])
     tp = int(spec.get("parallelism", {}).get("tp", 1))
-    if misfits := tp_misfits(tp, {fact: getattr(ckpt, fact) for fact, _ in TP_SHARDED}):
+    sizes = {fact: getattr(ckpt, fact) for fact, _ in TP_SHARDED}
+    if misfits := tp_misfits(tp, sizes):
         why = f"tp={tp} (the plan's) does not divide the checkpoint's {' or '.join(misfits)}"
+        fits = ", ".join(map(str, tp_fits(sizes)))
         raise ServiceError("FAILED_PRECONDITION", f"{why}: its ranks could not split it evenly ({model_path})",
                            [FieldViolation("model_path", f"{why}; a checkpoint whose sizes tp={tp} divides, or a "
-                                                         "plan of another tp")])
+                                                         f"plan of a tp that divides this one's: {fits}")])
     if not any(Path(model_path).glob("*.safetensors")):  # a config alone resolves a plan, but runs nothing
         raise ServiceError.invalid([FieldViolation("model_path", f"no *.safetensors weights in {model_path}: a "
                                                                  "launch needs a checkpoint in hub layout (config.json "

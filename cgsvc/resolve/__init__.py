@@ -62,6 +62,14 @@ def _model_facts(spec: LaunchSpec, out: list[FieldViolation],
     return facts
 
 
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _listed(values: list[int]) -> str:
+    return ", ".join(map(str, values))
+
+
 def validate_and_lock(spec: LaunchSpec, policy: Policy | None = None,
                       roots: catalog.ModelRoots = catalog.ANYWHERE) -> Context:
     """Cross-field validation and the user layer: every explicit key is set and locked.
@@ -86,19 +94,24 @@ def validate_and_lock(spec: LaunchSpec, policy: Policy | None = None,
     tp, pp, dp = par.tp or 1, par.pp or 1, par.dp or 1
     nodes = hw.nodes or 1
     per_node = hw.gpu_count if hw.gpu_count is not None else -(-(tp * pp) // nodes)
-    if tp * pp > per_node * nodes:
-        out.append(FieldViolation("parallelism.tp", f"tp x pp = {tp * pp} exceeds the {per_node * nodes} "
-                                                    "GPUs given (hardware.gpu_count x hardware.nodes); "
-                                                    "lower tp/pp or add GPUs"))
+    gpus = per_node * nodes
+    if tp * pp > gpus:
+        out.append(FieldViolation("parallelism.tp", f"tp x pp = {tp * pp} exceeds the {gpus} GPUs given "
+                                                    f"(hardware.gpu_count x hardware.nodes); valid: tp x pp at most "
+                                                    f"{gpus}: lower tp/pp or add GPUs"))
     if par.enable_dp_attention and tp % dp != 0:
-        out.append(FieldViolation("parallelism.dp", f"with DP attention dp must divide tp ({tp}); got {dp}"))
-    if par.dp is not None and par.dp > 1 and not par.enable_dp_attention and dp * tp * pp > per_node * nodes:
-        out.append(FieldViolation("parallelism.dp", f"dp x tp x pp = {dp * tp * pp} exceeds the "
-                                                    f"{per_node * nodes} GPUs given"))
-    if model is not None and model.num_attention_heads and not par.enable_dp_attention \
-            and model.num_attention_heads % tp != 0:
-        out.append(FieldViolation("parallelism.tp", f"tp={tp} does not divide the model's "
-                                                    f"{model.num_attention_heads} attention heads"))
+        out.append(FieldViolation("parallelism.dp", f"with DP attention dp must divide tp ({tp}); got {dp}; valid: "
+                                                    f"{_listed(_divisors(tp))}"))
+    if par.dp is not None and par.dp > 1 and not par.enable_dp_attention and dp * tp * pp > gpus:
+        out.append(FieldViolation("parallelism.dp", f"dp x tp x pp = {dp * tp * pp} exceeds the {gpus} GPUs "
+                                                    f"given; valid: dp at most {max(1, gpus // (tp * pp))}, "
+                                                    "or add GPUs"))
+    heads = model.num_attention_heads if model is not None else 0
+    if heads and not par.enable_dp_attention and heads % tp != 0:
+        fits = [d for d in _divisors(heads) if d * pp <= gpus]
+        out.append(FieldViolation("parallelism.tp", f"tp={tp} does not divide the model's {heads} attention heads; "
+                                                    f"valid: {_listed(fits)} (the divisors of {heads} that fit "
+                                                    f"the {gpus} GPUs given at pp={pp})"))
 
     ov = spec.overrides
     cg_p, cg_d = ov.cuda_graph.prefill, ov.cuda_graph.decode

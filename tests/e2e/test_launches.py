@@ -357,6 +357,8 @@ def test_bad_launches_start_nothing_and_are_audited(srv: ServerProcess, ckpt: st
                 assert "no *.safetensors weights in" in e.value.violations[0].description, e.value
             if "odd-vocab" in case.get("model_path", ""):
                 assert "tp=4 (the plan's) does not divide the checkpoint's 510 vocabulary rows" in e.value.message
+                # gcd(8 heads, 510 rows, 8 experts) = 2: the plans it could run
+                assert e.value.violations[0].description.endswith("a plan of a tp that divides this one's: 1, 2")
             if field:
                 assert field in [v.field for v in e.value.violations], e.value.violations
         assert list(c.list_launches().launches) == []

@@ -21,6 +21,8 @@ from cgsvc.contract import (
     ran_alike,
     ran_as,
     read_report,
+    tp_fits,
+    tp_misfits,
     write_report,
 )
 
@@ -191,3 +193,14 @@ def test_a_succeeded_record_says_what_the_workers_substituted_count_first() -> N
         "one's reason)")
     assert fidelity_said(report()) == "all 3 plan fields ran as planned (or had nothing to act on)"
     assert fidelity_said({}) == ""
+
+
+def test_the_tp_sizes_a_checkpoint_fits_are_those_that_split_every_sharded_size() -> None:
+    # Kimi-K2.6: 64 heads, 163,840 vocabulary rows, 384 routed experts: gcd 64
+    kimi = {"num_attention_heads": 64, "vocab_size": 163840, "routed_experts": 384}
+    assert tp_fits(kimi) == [1, 2, 4, 8, 16, 32, 64]
+    assert tp_misfits(3, kimi) == ["64 attention heads", "163840 vocabulary rows"]  # 384 = 3 x 128
+    # an odd vocabulary leaves 2 of them; a dense model (no experts) is read by its other sizes
+    assert tp_fits({**kimi, "vocab_size": 510}) == [1, 2]
+    assert tp_fits({"num_attention_heads": 28, "vocab_size": 152064, "routed_experts": 0}) == [1, 2, 4]
+    assert all(not tp_misfits(tp, kimi) for tp in tp_fits(kimi))

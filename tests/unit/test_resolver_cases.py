@@ -77,6 +77,10 @@ def check_case(case: dict[str, Any], policy: str) -> None:
         for f in expect["error"].get("fields", []):
             assert f in fields, f"violation for {f} missing; got {fields}"
         assert all(v.description for v in error.violations)
+        for field, phrases in expect["error"].get("says", {}).items():
+            said = " | ".join(v.description for v in error.violations if v.field == field)
+            for phrase in phrases:
+                assert phrase in said, f"{field}: {phrase!r} not in {said!r}"
         return
     assert error is None, f"unexpected refusal: {error.code} {error.message}"
     assert_subset(expect.get("plan", {}), plan.to_dict())

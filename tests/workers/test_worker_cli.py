@@ -163,7 +163,7 @@ def test_unfollowed_after_without_a_follow_file_is_refused(checkpoints: dict[str
     (("bench", "--log-every", "-1"), "--log-every must be 0 (every step) or more, got -1"),
     # was a ValueError report from each rank after it loaded, three JSON objects on standard output
     (("bench", "--tp", "3"), "--tp 3 does not divide the checkpoint's 8 attention heads or 512 vocabulary rows or "
-                             "8 routed experts"),
+                             "8 routed experts; valid: 1, 2, 4, 8"),
     (("generate", "--prompts", "p.json", "--max-new-tokens", "0"), "--max-new-tokens must be at least 1, got 0"),
     (("check-graphs", "--kv-cache-mb", "0"), "--kv-cache-mb must be auto or more than 0, got 0"),
 ])

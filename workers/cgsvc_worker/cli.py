@@ -31,6 +31,7 @@ from cgsvc.contract import (
     DTYPES,
     KV_PAGE_TOKENS,
     kv_cache_mib,
+    tp_fits,
     tp_misfits,
     write_report,
 )
@@ -195,9 +196,11 @@ def tp_misfit(model_path: str, tp: int) -> str:
         cfg = load_model_config(model_path)
     except (OSError, ValueError, KeyError):
         return ""
-    misfits = tp_misfits(tp, {"num_attention_heads": cfg.num_heads, "vocab_size": cfg.vocab_size,
-                              "routed_experts": cfg.n_routed_experts})
-    return f"--tp {tp} does not divide the checkpoint's {' or '.join(misfits)}" if misfits else ""
+    sizes = {"num_attention_heads": cfg.num_heads, "vocab_size": cfg.vocab_size, "routed_experts": cfg.n_routed_experts}
+    if not (misfits := tp_misfits(tp, sizes)):
+        return ""
+    fits = ", ".join(map(str, tp_fits(sizes)))
+    return f"--tp {tp} does not divide the checkpoint's {' or '.join(misfits)}; valid: {fits}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
