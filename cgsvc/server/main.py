@@ -3,6 +3,7 @@
     cgsvc serve [--config FILE.toml] [--address HOST:PORT] [--data-dir DIR] [--database-url URL]
                 [--tls-cert F --tls-key F [--tls-client-ca F]] [--token-file F] [--metrics-address HOST:PORT]
     cgsvc token new|revoke|check|hash ...   the token file's commands (cgsvc/server/token_commands.py)
+    cgsvc store copy SOURCE TARGET          the whole database into an empty one (cgsvc/server/store_commands.py)
 
 Every setting can also come from the environment as CGSVC_<NAME> (e.g. CGSVC_DATABASE_URL).
 """
@@ -25,7 +26,7 @@ from typing import Any
 import structlog
 
 from cgsvc import __version__
-from cgsvc.server import token_commands
+from cgsvc.server import store_commands, token_commands
 from cgsvc.server.addresses import parse_host_port
 from cgsvc.server.config import EVENT_LOOPS, ServerConfig, load_config, misspelt_environment
 from cgsvc.server.token_commands import EXPIRY_WARNING_DAYS, token_warnings
@@ -233,7 +234,7 @@ def _redact(url: str) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    """`cgsvc`'s command line: serve (every ServerConfig setting a flag) and token."""
+    """`cgsvc`'s command line: serve (every ServerConfig setting a flag), token and store."""
     ap = argparse.ArgumentParser(prog="cgsvc", description="The cgsvc plan, audit and launch service.")
     ap.add_argument("--version", action="version", version=f"cgsvc {__version__}", help="print the release and exit")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -248,6 +249,7 @@ def parser() -> argparse.ArgumentParser:
         else:
             s.add_argument(flag, default=None, help=text)
     token_commands.register(sub)
+    store_commands.register(sub)
     return ap
 
 
@@ -256,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if ns.command == "token":
         return token_commands.run(ns)
+    if ns.command == "store":
+        return store_commands.run(ns)
     try:
         cfg = load_config(ns.config, overrides={f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerConfig)})
         run, loop_line = event_loop(cfg.event_loop)

@@ -56,7 +56,7 @@ def check(path: str, output: str) -> int:
     try:
         tokens, certificates = load_token_file(path)
     except TokenFileError as exc:  # "token_file PATH: where: what"
-        return _refuse(output, "token_file", str(exc).removeprefix("token_file "))
+        return refuse(output, "token_file", str(exc).removeprefix("token_file "))
     rows = ([{"kind": "token", "principal": p.name, "roles": list(p.roles), "sha256": digest, "expires": p.expiry()}
              for digest, p in tokens.items()]
             + [{"kind": "certificate", "principal": p.name, "roles": list(p.roles), "sha256": "", "expires": ""}
@@ -85,14 +85,14 @@ def new(ns: argparse.Namespace) -> int:
 
     name = ns.principal
     if not name.strip() or not name.isprintable():
-        return _refuse(ns.output, "principal", f"a non-empty name of printable characters (every audit record of its calls "
+        return refuse(ns.output, "principal", f"a non-empty name of printable characters (every audit record of its calls "
                                    f"names it); got {name!r}")
     expires: dt.datetime | None = None
     if ns.expires_in_days is not None:
         if ns.expires:
-            return _refuse(ns.output, "expires", "give --expires or --expires-in-days, not both")
+            return refuse(ns.output, "expires", "give --expires or --expires-in-days, not both")
         if ns.expires_in_days <= 0:
-            return _refuse(ns.output, "expires_in_days", f"must be more than 0 days, got {ns.expires_in_days:g}")
+            return refuse(ns.output, "expires_in_days", f"must be more than 0 days, got {ns.expires_in_days:g}")
         expires = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(days=ns.expires_in_days)
     elif ns.expires:
         try:
@@ -100,9 +100,9 @@ def new(ns: argparse.Namespace) -> int:
         except ValueError:
             expires = None
         if expires is None or expires.tzinfo is None:
-            return _refuse(ns.output, "expires", f"a date-time with an offset, e.g. 2027-01-31T00:00:00Z; got {ns.expires!r}")
+            return refuse(ns.output, "expires", f"a date-time with an offset, e.g. 2027-01-31T00:00:00Z; got {ns.expires!r}")
         if expires.timestamp() <= time.time():
-            return _refuse(ns.output, "expires", f"{ns.expires} has passed: the token would be refused from the start")
+            return refuse(ns.output, "expires", f"{ns.expires} has passed: the token would be refused from the start")
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     roles = list(dict.fromkeys(ns.role))
     entry = entry_text("tokens", {"principal": name, "roles": roles, "sha256": hash_token(secret),
@@ -117,15 +117,15 @@ def new(ns: argparse.Namespace) -> int:
                 data = None
             if data is not None and in_another_form(data, token_tables(old)):
                 if not ns.rewrite:
-                    return _refuse(ns.output, "append", f"{ns.append} lists tokens other than as [[tokens]] tables (an "
+                    return refuse(ns.output, "append", f"{ns.append} lists tokens other than as [[tokens]] tables (an "
                                                         f"inline array), to which a table cannot be added: {REWRITE}")
                 write_file(ns.append, as_tables(data) + "\n" + entry)
             else:
                 append_entry(ns.append, entry, old)
         except TokenFileError as exc:
-            return _refuse(ns.output, "append", f"{exc}; nothing was written")
+            return refuse(ns.output, "append", f"{exc}; nothing was written")
         except OSError as exc:
-            return _refuse(ns.output, "append", f"{ns.append}: {exc.strerror or exc}; nothing was written")
+            return refuse(ns.output, "append", f"{ns.append}: {exc.strerror or exc}; nothing was written")
     try:
         if ns.output == "json":
             render.print_json({"token": {"token": secret, "principal": name, "roles": roles,
@@ -193,7 +193,7 @@ def append_entry(path: str, entry: str, old: str) -> None:
     write_file(path, old + blank_line + entry if old.strip() else entry)
 
 
-def _refuse(output: str, field: str, message: str) -> int:
+def refuse(output: str, field: str, message: str) -> int:
     """Bad input: exit 2 naming the field, as JSON under -o json."""
     import cgsvc_client.render as render
 
@@ -236,17 +236,17 @@ def revoke(ns: argparse.Namespace) -> int:
     (or, for a prefix, more than one) matches, the file untouched."""
     chosen = [k for k in ("principal", "sha256", "token") if getattr(ns, k) is not None]
     if len(chosen) != 1:
-        return _refuse(ns.output, "principal", "give one of --principal NAME, --sha256 HEX or --token - (the token on stdin)")
+        return refuse(ns.output, "principal", "give one of --principal NAME, --sha256 HEX or --token - (the token on stdin)")
     try:
         text = Path(ns.file).read_text(encoding="utf-8")
         tokens, _ = load_token_file(ns.file, text)
     except TokenFileError as exc:
-        return _refuse(ns.output, "file", str(exc))
+        return refuse(ns.output, "file", str(exc))
     except OSError as exc:
-        return _refuse(ns.output, "file", f"{ns.file}: {exc.strerror or exc}")
+        return refuse(ns.output, "file", f"{ns.file}: {exc.strerror or exc}")
     if ns.token is not None:
         if ns.token != "-":
-            return _refuse(ns.output, "token", "give - and the token on stdin: a token on the command line stays in the "
+            return refuse(ns.output, "token", "give - and the token on stdin: a token on the command line stays in the "
                                         "shell's history and the process list")
         wanted = hash_token(sys.stdin.readline().strip())
 
@@ -255,11 +255,11 @@ def revoke(ns: argparse.Namespace) -> int:
     elif ns.sha256 is not None:
         prefix = ns.sha256.strip().lower()
         if len(prefix) < 8 or any(c not in "0123456789abcdef" for c in prefix):
-            return _refuse(ns.output, "sha256", f"8 to 64 hex digits of the token's SHA-256 (cgsvc token check lists them); "
+            return refuse(ns.output, "sha256", f"8 to 64 hex digits of the token's SHA-256 (cgsvc token check lists them); "
                                          f"got {ns.sha256!r}")
         found = sorted(d for d in tokens if d.startswith(prefix))
         if len(found) > 1:
-            return _refuse(ns.output, "sha256", f"{prefix} names {len(found)} tokens ({', '.join(tokens[d].name for d in found)}): "
+            return refuse(ns.output, "sha256", f"{prefix} names {len(found)} tokens ({', '.join(tokens[d].name for d in found)}): "
                                          "give more digits")
 
         def matches(entry: dict[str, Any]) -> bool:
@@ -273,11 +273,11 @@ def revoke(ns: argparse.Namespace) -> int:
     if not removed:
         which = {"principal": f"principal {ns.principal!r}", "sha256": f"sha256 {ns.sha256}",
                  "token": "that token"}[chosen[0]]
-        return _refuse(ns.output, chosen[0], f"no token of {which} in {ns.file}; nothing was changed")
+        return refuse(ns.output, chosen[0], f"no token of {which} in {ns.file}; nothing was changed")
     tables = token_tables(text)
     rewritten = in_another_form(data, tables)
     if rewritten and not ns.rewrite:
-        return _refuse(ns.output, "file", f"{ns.file} lists tokens other than as [[tokens]] tables (an inline array): "
+        return refuse(ns.output, "file", f"{ns.file} lists tokens other than as [[tokens]] tables (an inline array): "
                                           + REWRITE)
     if rewritten:  # every entry anew, as tables, the revoked ones left out
         kept = [as_tables(data, matches)]
@@ -287,9 +287,9 @@ def revoke(ns: argparse.Namespace) -> int:
     try:
         write_file(ns.file, "".join(kept))
     except TokenFileError as exc:
-        return _refuse(ns.output, "file", f"{exc}; nothing was changed")
+        return refuse(ns.output, "file", f"{exc}; nothing was changed")
     except OSError as exc:
-        return _refuse(ns.output, "file", f"{ns.file}: {exc.strerror or exc}; nothing was changed")
+        return refuse(ns.output, "file", f"{ns.file}: {exc.strerror or exc}; nothing was changed")
     gone = [{"principal": e["principal"], "sha256": str(e["sha256"]).lower(), "roles": e.get("roles", [])}
             for e in removed]
     if ns.output == "json":
@@ -362,7 +362,7 @@ def _run(ns: argparse.Namespace) -> int:
         return revoke(ns)
     token = (ns.token if ns.token is not None else sys.stdin.readline()).strip()
     if not token:
-        return _refuse("table", "token", "empty: give the token as the argument or on standard input "
+        return refuse("table", "token", "empty: give the token as the argument or on standard input "
                                          "(an empty token is never a credential)")
     print(hash_token(token))
     return 0

@@ -1,0 +1,164 @@
+"""`cgsvc store copy SOURCE TARGET`: the whole database into an empty one, run where both are
+reachable (no server needed; a server may go on writing to the source meanwhile).
+
+    cgsvc store copy var/cgsvc postgresql+psycopg://postgres@db:5432/cgsvc   one box's log to replicas'
+    cgsvc store copy var/cgsvc /backup/cgsvc-2026-12-07                      a backup, key file and all
+
+SOURCE and TARGET are each a database URL (as `serve --database-url` takes) or a data directory
+(as `serve --data-dir`: its cgsvc.db). The copy is cgsvc/audit/copy.py's; this module reads the
+arguments, carries the signing key between data directories, and says what it did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from cgsvc.server.token_commands import refuse
+
+KEY_FILE = "signing_key.pem"  # serve's default --signing-key, in its data directory
+DATABASE_FILE = "cgsvc.db"  # serve's SQLite log, in its data directory
+
+
+def register(sub: Any) -> None:
+    """The `store` command and its subcommands."""
+    s = sub.add_parser("store", help="the database itself: copy it whole (SQLite to PostgreSQL, or a backup)")
+    ssub = s.add_subparsers(dest="store_command", required=True)
+    c = ssub.add_parser(
+        "copy", help="copy every record, plan, launch and experiment into an empty database, then verify the copy",
+        description="Copy a whole cgsvc database into an empty one, from one consistent snapshot (a server may "
+                    "go on writing to the source), in one transaction (a failed copy leaves the target empty), "
+                    "then read the target back: its log must verify and its Merkle root equal the source's at "
+                    "that size, so checkpoints signed before the copy prove against it. Exit 0 when it does, 2 "
+                    "for bad arguments (a target that holds anything), 3 when the copy does not verify, 1 when a "
+                    "database cannot be reached.")
+    c.add_argument("source", help="the database to copy: a URL (sqlite:///PATH, postgresql+psycopg://...) or a "
+                                  "serve --data-dir directory (its cgsvc.db); it is brought to this release's "
+                                  "schema first, as serve would")
+    c.add_argument("target", help="an empty database: a URL, or a data directory (made when absent; the source "
+                                  f"directory's {KEY_FILE} is copied there too)")
+    c.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                   help="table (default; progress on stderr on a terminal) or json")
+
+
+def run(ns: argparse.Namespace) -> int:
+    return copy(ns.source, ns.target, ns.output)
+
+
+def database_url(where: str, must_exist: bool) -> tuple[str, Path | None]:
+    """(URL, its data directory or None) for a URL or a data directory; ValueError when a
+    source that must exist does not, or a target directory is a file."""
+    if "://" in where:
+        url, directory = where, None
+        if url.startswith("sqlite") and must_exist:
+            path = url.split(":///", 1)[-1]
+            if not Path(path).is_file():
+                raise ValueError(f"{url}: no such SQLite file")
+        return url, directory
+    directory = Path(where)
+    if must_exist and not (directory / DATABASE_FILE).is_file():
+        raise ValueError(f"{where}: no {DATABASE_FILE} there (a `cgsvc serve --data-dir` directory), and not a "
+                         "database URL (sqlite:///PATH, postgresql+psycopg://USER@HOST:PORT/DB)")
+    if not must_exist:
+        if directory.exists() and not directory.is_dir():
+            raise ValueError(f"{where}: a file, not a data directory; give a directory or a database URL")
+        directory.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{directory.resolve() / DATABASE_FILE}", directory
+
+
+def copy(source: str, target: str, output: str) -> int:
+    import sqlalchemy as sa
+
+    from cgsvc.audit.copy import CopyError, copy_store
+    from cgsvc.audit.records import mask_secrets
+    from cgsvc.audit.store import AuditStore
+
+    try:
+        source_url, source_dir = database_url(source, must_exist=True)
+    except ValueError as exc:
+        return refuse(output, "source", str(exc))
+    try:
+        target_url, target_dir = database_url(target, must_exist=False)
+    except ValueError as exc:
+        return refuse(output, "target", str(exc))
+    if source_url == target_url:
+        return refuse(output, "target", f"is the source ({mask_secrets(source_url)}): give another database")
+    show = {"source": mask_secrets(source_url), "target": mask_secrets(target_url)}
+
+    def progress(table: str, rows: int) -> None:
+        if output == "table" and sys.stderr.isatty():
+            print(f"\r{table}: {rows} rows", end="", file=sys.stderr, flush=True)
+
+    stores: list[AuditStore] = []
+    try:
+        for url in (source_url, target_url):
+            stores.append(AuditStore(url, wal_checkpoint_every=0))
+        done = copy_store(stores[0], stores[1], progress)
+    except CopyError as exc:
+        return refuse(output, exc.field, str(exc))
+    except sa.exc.SQLAlchemyError as exc:  # unreachable, refused, or a failure inside: nothing was committed
+        which = "source" if len(stores) == 0 else "target" if len(stores) == 1 else "copy"
+        message = f"{which}: {type(exc).__name__}: {str(exc).splitlines()[0]} (the target holds nothing of it)"
+        return _fail(output, {**show, "error": {"code": "UNAVAILABLE", "message": str(mask_secrets(message))}})
+    finally:
+        for store in stores:
+            store.close()
+    if output == "table" and sys.stderr.isatty():
+        print(file=sys.stderr)
+    key = _carry_key(source_dir, target_dir, done.log_key_id)
+    answer = {**show, "tables": done.rows, "tree_size": done.tree_size, "root_hash": done.root_hash,
+              "verified": done.verification.ok, "verification": {
+                  "ok": done.verification.ok, "records_checked": done.verification.records_checked,
+                  "first_bad_sequence": done.verification.first_bad_sequence,
+                  "reason": done.verification.reason}, "signing_key": key}
+    if output == "json":
+        print_json(answer)
+    else:
+        _print_table(answer)
+    return 0 if done.verification.ok else 3
+
+
+def _carry_key(source_dir: Path | None, target_dir: Path | None, key_id: str) -> dict[str, str]:
+    """The log's signing key, where the target's servers will find it: copied (mode 0600) from a
+    source data directory to a target one, or named for --signing-key."""
+    if not key_id:
+        return {"key_id": "", "file": "", "note": "no server has signed this log yet"}
+    given = source_dir / KEY_FILE if source_dir is not None and (source_dir / KEY_FILE).is_file() else None
+    if given is not None and target_dir is not None and not (target_dir / KEY_FILE).exists():
+        shutil.copyfile(given, target_dir / KEY_FILE)
+        (target_dir / KEY_FILE).chmod(0o600)
+        return {"key_id": key_id, "file": str(target_dir / KEY_FILE),
+                "note": "copied: `cgsvc serve --data-dir` on the target signs with the log's key"}
+    where = str(given) if given is not None else "the key the source's servers sign with"
+    return {"key_id": key_id, "file": str(given or ""),
+            "note": f"serve the target with --signing-key {where}: a server with another key does not start on "
+                    "this log (a new key is a rotation: --previous-signing-key)"}
+
+
+def _print_table(answer: dict[str, Any]) -> None:
+    import cgsvc_client.render as render
+
+    print(f"copied {answer['source']} -> {answer['target']}")
+    print(render.table(("table", "rows"), list(answer["tables"].items())))
+    v = answer["verification"]
+    said = "verified" if v["ok"] else f"DOES NOT VERIFY at auditRecords/{v['first_bad_sequence']}: {v['reason']}"
+    print(f"log: {answer['tree_size']} records, root {answer['root_hash']}, {said}")
+    key = answer["signing_key"]
+    print(f"signing key: {key['key_id'] or '-'}: {key['note']}")
+
+
+def print_json(value: Any) -> None:
+    import cgsvc_client.render as render
+
+    render.print_json(value)
+
+
+def _fail(output: str, answer: dict[str, Any]) -> int:
+    if output == "json":
+        print_json(answer)
+    else:
+        print(f"cgsvc: {answer['error']['message']}", file=sys.stderr)
+    return 1

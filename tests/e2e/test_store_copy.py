@@ -1,0 +1,143 @@
+"""`cgsvc store copy`: one box's SQLite log into PostgreSQL (or a backup directory), the copy
+served by a real server and proven against a checkpoint signed before it; bad targets refused
+with nothing written; a tampered source's copy does not verify."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from cgsvc_client.client import Client
+
+from cgsvc.audit.store import AuditStore
+from tests.conftest import ROOT
+from tests.e2e.server import ServerProcess, serve_refused
+from tests.e2e.test_trust import checkpoint_file, cli, resolve_n
+from tests.integration.pg import pg_url_or_skip
+
+
+def store_copy(source: str, target: str, *more: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cgsvc.server.main", "store", "copy", source, target, *more],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def copied(source: str, target: str) -> dict[str, Any]:
+    proc = store_copy(source, target, "-o", "json")
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    return dict(json.loads(proc.stdout))
+
+
+def listing(srv: ServerProcess) -> tuple[list[str], list[str], list[str]]:
+    """The plans, records (with their hashes) and launches a server lists: what a copy must keep."""
+    with Client(srv.address) as c:
+        plans = [p.name for p in c.list_plans(page_size=1000).plans]
+        records = [f"{r.sequence} {r.record_hash}" for r in c.list_audit_records(page_size=1000).records]
+        launches = [x.name for x in c.list_launches(page_size=1000).launches]
+    return plans, records, launches
+
+
+def test_a_sqlite_log_copied_into_postgresql_is_the_same_log(tmp_path: Path) -> None:
+    pg = pg_url_or_skip("store_copy")
+    with ServerProcess(tmp_path / "box") as box:
+        resolve_n(box, 5)
+        cp = checkpoint_file(box, tmp_path / "cp.json")
+        before = listing(box)
+        # the server goes on writing while the copy reads: the copy is the log at one moment, whole
+        writing = threading.Thread(target=resolve_n, args=(box, 40))
+        writing.start()
+        result = copied(str(box.data_dir), pg)
+        writing.join()
+    assert result["verified"] and result["tree_size"] >= 5, result
+    source = AuditStore(f"sqlite:///{box.data_dir / 'cgsvc.db'}")
+    try:  # the source's tree at the copy's size has the copy's root: the same records, in order
+        assert source.root_at(result["tree_size"]).hex() == result["root_hash"]
+    finally:
+        source.close()
+    assert result["tables"]["audit_records"] == result["tree_size"]
+    assert result["signing_key"]["key_id"] == cp["key_id"]
+    assert result["signing_key"]["file"] == str(box.data_dir / "signing_key.pem")
+    assert "--signing-key" in result["signing_key"]["note"]
+    # a replica on the copy, with the log's key, serves the same log and proves the old checkpoint
+    with ServerProcess(tmp_path / "replica", "--database-url", pg,
+                       "--signing-key", str(box.data_dir / "signing_key.pem")) as replica:
+        plans, records, launches = listing(replica)
+        assert (plans[:len(before[0])], records[:len(before[1])], launches) == before
+        assert len(records) == result["tree_size"]
+        verify = cli(replica, "audit", "verify", "--checkpoint", str(tmp_path / "cp.json"))
+        assert verify.returncode == 0 and json.loads(verify.stdout)["verification"]["ok"], verify.stdout
+        prove = cli(replica, "audit", "prove", "auditRecords/3", "--checkpoint", str(tmp_path / "cp.json"))
+        assert prove.returncode == 0, prove.stdout
+        resolve_n(replica, 1)  # and the log goes on from there
+        assert cli(replica, "audit", "verify").returncode == 0
+    # the copied key is the log's: a replica with another key does not start on it
+    refused = serve_refused(tmp_path / "stranger", "--database-url", pg)
+    assert f"signing_key: this log's checkpoints are signed by key {cp['key_id']}" in refused, refused
+
+
+def test_a_backup_directory_is_served_as_the_original_with_its_key(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "box") as box:
+        resolve_n(box, 3)
+        cp = checkpoint_file(box, tmp_path / "cp.json")
+        before = listing(box)
+    table = store_copy(str(box.data_dir), str(tmp_path / "backup"))  # a person's form: a table, exit 0
+    assert table.returncode == 0, table.stderr
+    assert "audit_records        3" in table.stdout and ", verified" in table.stdout, table.stdout
+    assert "copied: `cgsvc serve --data-dir` on the target signs with the log's key" in table.stdout
+    key = tmp_path / "backup" / "signing_key.pem"
+    assert key.read_bytes() == (box.data_dir / "signing_key.pem").read_bytes() and key.stat().st_mode & 0o077 == 0
+    with ServerProcess(tmp_path / "backup") as restored:
+        assert listing(restored) == before
+        assert cli(restored, "audit", "verify", "--checkpoint", str(tmp_path / "cp.json")).returncode == 0
+        assert json.loads(cli(restored, "audit", "checkpoint").stdout)["checkpoint"]["key_id"] == cp["key_id"]
+
+
+def test_bad_copies_are_refused_by_name_and_write_nothing(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "box") as box:
+        resolve_n(box, 2)
+    source = str(box.data_dir)
+    assert copied(source, str(tmp_path / "first"))["verified"]
+    # into a log of its own: refused, and the target keeps exactly what it had
+    again = store_copy(source, str(tmp_path / "first"), "-o", "json")
+    error = json.loads(again.stdout)["error"]
+    assert again.returncode == 2 and error["field_violations"][0]["field"] == "target", again.stdout
+    assert "already holds 2 audit_records" in error["message"] and "copy into an empty database" in error["message"]
+    assert copied(str(tmp_path / "first"), str(tmp_path / "second"))["tree_size"] == 2  # nothing added to first
+    for args, field, said in [
+        ((str(tmp_path / "nowhere"), str(tmp_path / "t1")), "source", "no cgsvc.db there"),
+        ((f"sqlite:///{tmp_path}/none.db", str(tmp_path / "t2")), "source", "no such SQLite file"),
+        ((source, source), "target", "is the source"),
+        ((source, str(box.data_dir / "cgsvc.db")), "target", "a file, not a data directory"),
+    ]:
+        proc = store_copy(*args, "-o", "json")
+        error = json.loads(proc.stdout)["error"]
+        assert proc.returncode == 2 and error["field_violations"][0]["field"] == field, proc.stdout
+        assert said in error["message"], error
+    assert not (tmp_path / "nowhere").exists() and not (tmp_path / "t2" / "cgsvc.db").exists()
+    # a database that cannot be reached: exit 1, said in one line, nothing made
+    down = store_copy(source, "postgresql+psycopg://postgres@127.0.0.1:1/none", "-o", "json")
+    assert down.returncode == 1 and json.loads(down.stdout)["error"]["message"].startswith("target: "), down.stdout
+
+
+def test_a_tampered_log_is_copied_as_it_is_and_said_not_to_verify(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "box") as box:
+        resolve_n(box, 4)
+    con = sqlite3.connect(box.data_dir / "cgsvc.db")
+    con.execute("UPDATE audit_records SET outcome_message = 'nothing to see here' WHERE sequence = 2")
+    con.commit()
+    con.close()
+    proc = store_copy(str(box.data_dir), str(tmp_path / "copy"), "-o", "json")
+    result = json.loads(proc.stdout)
+    assert proc.returncode == 3 and not result["verified"], proc.stdout
+    assert result["verification"]["first_bad_sequence"] == 2
+    assert "the record was modified" in result["verification"]["reason"]
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'copy' / 'cgsvc.db'}")
+    with engine.connect() as conn:  # copied as it was: the evidence of the change goes with it
+        said = conn.exec_driver_sql("SELECT outcome_message FROM audit_records WHERE sequence = 2").scalar_one()
+    engine.dispose()
+    assert said == "nothing to see here"
