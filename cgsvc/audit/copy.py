@@ -70,6 +70,15 @@ def copy_store(source: AuditStore, target: AuditStore,
                progress: Callable[[str, int], None] = lambda table, rows: None) -> Copied:
     """Copy every row of `source` into `target`, which must hold nothing yet; then read the
     target back and verify its log. `progress(table, rows)` hears of each chunk written."""
+    rows = copy_rows(source, target, progress)
+    size, root = target.tree_head()
+    key = target.log_key()
+    return Copied(rows, size, root.hex(), key[1] if key else "", target.verify())
+
+
+def copy_rows(source: AuditStore, target: AuditStore,
+              progress: Callable[[str, int], None] = lambda table, rows: None) -> dict[str, int]:
+    """copy_store's copy, committed, without the read-back: rows copied a table."""
     if source.schema_version() != target.schema_version():
         raise CopyError("target", f"schema version {target.schema_version()}, the source's is "
                                   f"{source.schema_version()}: copy with the release that made the newer one")
@@ -96,7 +105,5 @@ def copy_store(source: AuditStore, target: AuditStore,
                     write.execute(table.insert(), [dict(r._mapping) for r in chunk])
                     rows[table.name] += len(chunk)
                     progress(table.name, rows[table.name])
-    size, root = target.tree_head()
-    key = target.log_key()
-    return Copied(rows, size, root.hex(), key[1] if key else "", target.verify())
+    return rows
 
