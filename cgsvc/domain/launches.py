@@ -29,7 +29,7 @@ import json
 import math
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -415,6 +415,7 @@ class Launches:
         self.poll_seconds = 0.1
         self.taken_over = 0  # launches claimed from replicas whose lease lapsed (a metric)
         self.ended: collections.Counter[tuple[str, str]] = collections.Counter()  # (dispatcher, state) ended here
+        self.on_ended: list[Callable[[LaunchRow], None]] = []  # told of each launch that ends here, as stored
         # One placement at a time: a launch stays PLACING in the store until its group has
         # started, so two schedule() calls at once (two creates, or a create and a launch that
         # ended) each started every PLACING launch, a second group on the same devices.
@@ -502,6 +503,9 @@ class Launches:
                 self.ended[(row.dispatcher, state)] += 1
         new = await asyncio.to_thread(self.store.get, row.launch_id)
         assert new is not None
+        if moved and state in TERMINAL:
+            for hear in self.on_ended:
+                hear(new)
         await self.announce(row.launch_id)
         return new
 

@@ -211,6 +211,8 @@ async def start(cfg: ServerConfig) -> Running:
                         instance=instance, shared=store.dialect != "sqlite", lease_seconds=cfg.lease_seconds)
     experiments = Experiments(ExperimentStore(store), launches, plans)
     metrics.LAUNCHES.launches, metrics.LAUNCHES.experiments = launches, experiments
+    metrics.launch_series(launches.dispatchers)
+    launches.on_ended.append(metrics.observe_launch)
     facts = ServerFacts(instance, HOST, store.dialect, tuple(d.name for d in dispatchers), settled.key_id,
                         tuple(f"/{name}/{m.name}" for name, svc in SERVICES.items() for m in svc.methods))
     servicers: dict[str, Any] = {

@@ -5,15 +5,17 @@ from __future__ import annotations
 import collections
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 
+from cgsvc.audit.store import reported_cells
+from cgsvc.contract import PLAN_FIELDS
 from cgsvc.domain.experiments import Experiments
 from cgsvc.domain.launches import ACTIVE, TERMINAL, Launches
-from cgsvc.launch.store import EXPERIMENT_STATES
+from cgsvc.launch.store import EXPERIMENT_STATES, LaunchRow
 
 REGISTRY = CollectorRegistry()
 GCCollector(registry=REGISTRY)  # python_gc_*: collections and objects collected, per generation
@@ -46,6 +48,37 @@ SERVER_INFO = Gauge("cgsvc_server_info", "Always 1: the labels say this server's
                     "on (--event-loop; read from the running loop)", ["version", "event_loop"], registry=REGISTRY)
 PLANS_TOTAL = Counter("cgsvc_plans_total", "Plans resolved", ["prefill_backend", "decode_backend"],
                       registry=REGISTRY)
+LAUNCH_SUBSTITUTIONS = Counter("cgsvc_launch_substitutions", "Plan fields that the workers of launches ended on this "
+                               "replica ran as something other than planned (their reports' plan fidelity), by "
+                               "dispatcher and field", ["dispatcher", "field"], registry=REGISTRY)
+LAUNCH_TTFT = Histogram("cgsvc_launch_ttft_seconds", "Each launch ended on this replica: the median time to first "
+                        "token its workers measured (none for a launch that measured nothing)", ["dispatcher"],
+                        registry=REGISTRY, buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
+LAUNCH_TPOT = Histogram("cgsvc_launch_tpot_seconds", "Each launch ended on this replica: the median time per output "
+                        "token after the first its workers measured (none where no request got a second token)",
+                        ["dispatcher"], registry=REGISTRY,
+                        buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5))
+
+
+def launch_series(dispatchers: Iterable[str]) -> None:
+    """Every dispatcher's launch series at 0 before any launch ends, so that an alert on one
+    (`increase(cgsvc_launch_substitutions_total{field="decode.backend"}[1h]) > 0`) needs no
+    absent-series care."""
+    for name in dispatchers:
+        for field in PLAN_FIELDS:
+            LAUNCH_SUBSTITUTIONS.labels(name, field)
+        LAUNCH_TTFT.labels(name)
+        LAUNCH_TPOT.labels(name)
+
+
+def observe_launch(row: LaunchRow) -> None:
+    """What an ended launch's report says: each field it substituted, and its median latencies."""
+    said = reported_cells(row.report_json)
+    for field in filter(None, said["substituted"].split(",")):
+        LAUNCH_SUBSTITUTIONS.labels(row.dispatcher, field).inc()
+    for histogram, measure in ((LAUNCH_TTFT, "ttft_ms_p50"), (LAUNCH_TPOT, "tpot_ms_p50")):
+        if said[measure] is not None:
+            histogram.labels(row.dispatcher).observe(said[measure] / 1000)
 
 
 class LaunchCollector:

@@ -89,6 +89,16 @@ def test_launch_watch_succeeds_and_matches_offline_run(srv: ServerProcess, ckpt:
         assert len(fidelity) == 10 and fidelity["decode.backend"].status == "substituted"
         assert fidelity["decode.bs"].requested.startswith("[1, 2, 4, 8") and fidelity["kv_cache_dtype"].effective
         assert launch.tokens_done == launch.tokens_total == 12
+        # what a fleet alerts on: plan fields run as something else, by field; and how fast launches started
+        seen = launch_metrics(srv)
+        for field in ("attention_backend.prefill", "attention_backend.decode", "decode.backend"):
+            assert seen[f'cgsvc_launch_substitutions_total{{dispatcher="local",field="{field}"}}'] == 1, seen
+        assert seen['cgsvc_launch_substitutions_total{dispatcher="local",field="kv_cache_dtype"}'] == 0, seen
+        assert seen['cgsvc_launch_ttft_seconds_count{dispatcher="local"}'] == 1, seen
+        assert seen['cgsvc_launch_ttft_seconds_sum{dispatcher="local"}'] == pytest.approx(report["aggregate"][
+            "ttft_ms"]["p50"] / 1000)
+        assert seen['cgsvc_launch_tpot_seconds_sum{dispatcher="local"}'] == pytest.approx(report["aggregate"][
+            "tpot_ms"]["p50"] / 1000)
         # the audit trail: the plan's record, CreateLaunch and every state change, linked by ids
         recs = [c.get_audit_record(n) for n in launch.audit_records]
         assert [r.method.rsplit("/", 1)[-1] for r in recs][:1] == ["CreateLaunch"]
@@ -158,7 +168,7 @@ def test_a_dead_rank_fails_the_launch_and_stops_the_group(srv: ServerProcess, ck
 def launch_metrics(srv: ServerProcess) -> dict[str, float]:
     """The launch and device series of the server's /metrics: 'name{labels}' -> value."""
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in srv.metrics_text().splitlines()
-            if line.startswith(("cgsvc_launches_", "cgsvc_devices{"))}
+            if line.startswith(("cgsvc_launches_", "cgsvc_devices{", "cgsvc_launch_"))}
 
 
 def test_cancel_stops_every_rank(srv: ServerProcess, ckpt: str) -> None:
