@@ -75,6 +75,11 @@ def test_a_sqlite_log_copied_into_postgresql_is_the_same_log(tmp_path: Path) -> 
         assert prove.returncode == 0, prove.stdout
         resolve_n(replica, 1)  # and the log goes on from there
         assert cli(replica, "audit", "verify").returncode == 0
+    # and back: the shared log into a backup directory, the same log again (its key named, not copied)
+    back = copied(pg, str(tmp_path / "backup"))
+    assert back["verified"] and back["tree_size"] == result["tree_size"] + 1, back
+    assert back["signing_key"]["key_id"] == cp["key_id"] and back["signing_key"]["file"] == ""
+    assert not (tmp_path / "backup" / "signing_key.pem").exists()
     # the copied key is the log's: a replica with another key does not start on it
     refused = serve_refused(tmp_path / "stranger", "--database-url", pg)
     assert f"signing_key: this log's checkpoints are signed by key {cp['key_id']}" in refused, refused
