@@ -21,14 +21,18 @@ from cgsvc.audit.store import (
     AuditStore,
     Verification,
     chain_head,
+    experiments,
+    launches,
     metadata,
     schema_migrations,
 )
+from cgsvc.launch.store import EXPERIMENT_STATES, LAUNCH_STATES
 from cgsvc.text import counted
 
 CHUNK = 2000  # rows a statement
 # Kept by each store for itself: the target has its own, written when its schema was made.
 NOT_COPIED = (schema_migrations.name,)
+ACTIVE_STATES = LAUNCH_STATES[:4]  # PLACING .. RUNNING (cgsvc.domain.launches.ACTIVE)
 # The rows a store holds before anything happened in it (its chain head at the genesis).
 MADE_WITH_THE_SCHEMA = (chain_head.name,)
 
@@ -48,6 +52,7 @@ class Copied:
     root_hash: str  # hex, the target's: the source's root at that size
     log_key_id: str  # the key that signed the log's checkpoints ("" when no server named one)
     verification: Verification  # the target, read back after its commit
+    active: list[str]  # launches and experiments that were running when copied (their names)
 
 
 def tables_of(store: AuditStore) -> list[sa.Table]:
@@ -73,7 +78,20 @@ def copy_store(source: AuditStore, target: AuditStore,
     rows = copy_rows(source, target, progress)
     size, root = target.tree_head()
     key = target.log_key()
-    return Copied(rows, size, root.hex(), key[1] if key else "", target.verify())
+    return Copied(rows, size, root.hex(), key[1] if key else "", target.verify(), running(target))
+
+
+def running(store: AuditStore) -> list[str]:
+    """The launches and experiments a store holds as still running: in a copy, the work of the
+    source's replicas, which the target's take over as a lapsed replica's."""
+    with store.read_engine.begin() as conn:
+        names = [f"launches/{i}" for i in conn.execute(
+            sa.select(launches.c.launch_id).where(launches.c.state.in_(ACTIVE_STATES)).order_by(launches.c.sequence))
+            .scalars()]
+        names += [f"experiments/{i}" for i in conn.execute(
+            sa.select(experiments.c.experiment_id).where(experiments.c.state == EXPERIMENT_STATES[0])
+            .order_by(experiments.c.sequence)).scalars()]
+    return names
 
 
 def copy_rows(source: AuditStore, target: AuditStore,

@@ -113,7 +113,7 @@ def copy(source: str, target: str, output: str) -> int:
               "verified": done.verification.ok, "verification": {
                   "ok": done.verification.ok, "records_checked": done.verification.records_checked,
                   "first_bad_sequence": done.verification.first_bad_sequence,
-                  "reason": done.verification.reason}, "signing_key": key}
+                  "reason": done.verification.reason}, "signing_key": key, "running": done.active}
     if output == "json":
         print_json(answer)
     else:
@@ -148,6 +148,9 @@ def _print_table(answer: dict[str, Any]) -> None:
     print(f"log: {answer['tree_size']} records, root {answer['root_hash']}, {said}")
     key = answer["signing_key"]
     print(f"signing key: {key['key_id'] or '-'}: {key['note']}")
+    if answer["running"]:
+        print(f"running when copied: {', '.join(answer['running'])}: a replica started on the target takes them "
+              "over as a lapsed replica's; copy once they have ended, or with the source's servers stopped")
 
 
 def print_json(value: Any) -> None:

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from cgsvc_client.client import Client
 
 from cgsvc.audit.store import AuditStore
+from cgsvc.launch.store import LaunchRow, LaunchStore, Workload
 from tests.conftest import ROOT
 from tests.e2e.server import ServerProcess, serve_refused
 from tests.e2e.test_trust import checkpoint_file, cli, resolve_n
@@ -59,7 +60,7 @@ def test_a_sqlite_log_copied_into_postgresql_is_the_same_log(tmp_path: Path) -> 
         assert source.root_at(result["tree_size"]).hex() == result["root_hash"]
     finally:
         source.close()
-    assert result["tables"]["audit_records"] == result["tree_size"]
+    assert result["tables"]["audit_records"] == result["tree_size"] and result["running"] == []
     assert result["signing_key"]["key_id"] == cp["key_id"]
     assert result["signing_key"]["file"] == str(box.data_dir / "signing_key.pem")
     assert "--signing-key" in result["signing_key"]["note"]
@@ -146,3 +147,21 @@ def test_a_tampered_log_is_copied_as_it_is_and_said_not_to_verify(tmp_path: Path
         said = conn.exec_driver_sql("SELECT outcome_message FROM audit_records WHERE sequence = 2").scalar_one()
     engine.dispose()
     assert said == "nothing to see here"
+
+
+def test_a_launch_running_when_copied_is_named_for_its_takeover(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "box") as box:
+        resolve_n(box, 1)
+    store = AuditStore(f"sqlite:///{box.data_dir / 'cgsvc.db'}")
+    try:  # what a running server's store holds while a group runs (the launch store's own insert)
+        LaunchStore(store).create(LaunchRow(launch_id="01running", plan_id="p", state="RUNNING", principal="local",
+                                            dispatcher="local", tp=4, model_path="/m",
+                                            workload=Workload(8, 8, 1, 1), run_dir=str(tmp_path / "run")))
+    finally:
+        store.close()
+    result = copied(str(box.data_dir), str(tmp_path / "json"))
+    assert result["verified"] and result["running"] == ["launches/01running"], result
+    table = store_copy(str(box.data_dir), str(tmp_path / "table"))
+    assert table.returncode == 0 and "running when copied: launches/01running: a replica started on the target " \
+                                      "takes them over" in table.stdout, table.stdout
+    assert copied(str(tmp_path / "json"), str(tmp_path / "again"))["running"] == ["launches/01running"]
