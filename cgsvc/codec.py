@@ -299,7 +299,7 @@ def impact_dict(msg: plan_service_pb2.PolicyImpact) -> dict[str, Any]:
     """The message back in the JSON shape of docs/policies.md: counts as numbers, every list present."""
     d = json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     for key in ("specs_examined", "records_examined", "unchanged", "changed_total", "newly_refused_total",
-                "newly_accepted_total"):
+                "newly_accepted_total", "baseline_unknown"):
         d[key] = int(d.get(key, 0))
     for key in ("changed", "newly_refused", "newly_accepted", "recorded_under", "by_field"):
         for item in d.get(key, []):

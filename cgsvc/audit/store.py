@@ -23,7 +23,7 @@ import operator
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -520,6 +520,17 @@ class AppendResult:
     record: AuditRecord
     replay_of: AuditRecord | None = None  # the first record for this request_id, when replayed
     conflict: bool = False  # request_id reused with a different spec
+
+
+class SpecGroup(NamedTuple):
+    """The records of one spec (store.spec_groups): how many, the first, the latest that holds a
+    plan (0 for none) and the latest."""
+
+    spec_hash: str
+    records: int
+    first: int
+    last_planned: int
+    last: int
 
 
 @dataclass(frozen=True)
@@ -1330,20 +1341,23 @@ class AuditStore:
         return [self._record(r._mapping, plan=plans) for r in rows], next_token
 
     def spec_groups(self, methods: Sequence[str], filter_text: str = "",
-                    batch: int = 1000) -> Iterator[tuple[str, int, int]]:
-        """(spec_hash, records, first sequence) of every distinct spec in the records of
-        `methods` that match the filter, in order of first appearance. The database groups
-        and counts; rows stream in batches, so memory does not grow with the log."""
+                    batch: int = 1000) -> Iterator[SpecGroup]:
+        """Every distinct spec in the records of `methods` that match the filter, in order of
+        first appearance. The database groups and counts; rows stream in batches, so memory
+        does not grow with the log."""
         terms = filters.parse_filter(filter_text, AUDIT_FILTER_FIELDS)
-        first = sa.func.min(audit_records.c.sequence).label("first")
-        query = (sa.select(audit_records.c.spec_hash, sa.func.count().label("n"), first)
+        seq = audit_records.c.sequence
+        first = sa.func.min(seq).label("first")
+        planned = sa.func.max(sa.case((audit_records.c.plan_json != "", seq), else_=0)).label("planned")
+        query = (sa.select(audit_records.c.spec_hash, sa.func.count().label("n"), first, planned,
+                           sa.func.max(seq).label("last"))
                  .where(audit_records.c.method.in_(list(methods)), audit_records.c.spec_hash != "",
                         *_where(audit_records, terms))
                  .group_by(audit_records.c.spec_hash).order_by(first))
         with self.read_engine.connect() as conn:
             result = conn.execution_options(stream_results=True, yield_per=batch).execute(query)
             for row in result:
-                yield str(row.spec_hash), int(row.n), int(row.first)
+                yield SpecGroup(str(row.spec_hash), int(row.n), int(row.first), int(row.planned), int(row.last))
 
     def records_by_sequence(self, sequences: Sequence[int]) -> dict[int, AuditRecord]:
         """The records with these sequence numbers (absent ones are left out)."""

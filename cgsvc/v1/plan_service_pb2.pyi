@@ -204,7 +204,7 @@ class RecordedUnder(_message.Message):
     def __init__(self, policy: _Optional[str] = ..., version: _Optional[str] = ..., records: _Optional[int] = ...) -> None: ...
 
 class PolicyImpact(_message.Message):
-    __slots__ = ("baseline", "candidate", "specs_examined", "records_examined", "changed", "newly_refused", "newly_accepted", "unchanged", "recorded_under", "filter", "by_field", "changed_total", "newly_refused_total", "newly_accepted_total")
+    __slots__ = ("baseline", "candidate", "specs_examined", "records_examined", "changed", "newly_refused", "newly_accepted", "unchanged", "recorded_under", "filter", "by_field", "changed_total", "newly_refused_total", "newly_accepted_total", "baseline_unknown")
     BASELINE_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     SPECS_EXAMINED_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +219,7 @@ class PolicyImpact(_message.Message):
     CHANGED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     NEWLY_REFUSED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     NEWLY_ACCEPTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
     baseline: PolicyRef
     candidate: PolicyRef
     specs_examined: int
@@ -233,7 +234,8 @@ class PolicyImpact(_message.Message):
     changed_total: int
     newly_refused_total: int
     newly_accepted_total: int
-    def __init__(self, baseline: _Optional[_Union[PolicyRef, _Mapping]] = ..., candidate: _Optional[_Union[PolicyRef, _Mapping]] = ..., specs_examined: _Optional[int] = ..., records_examined: _Optional[int] = ..., changed: _Optional[_Iterable[_Union[ChangedSpec, _Mapping]]] = ..., newly_refused: _Optional[_Iterable[_Union[RefusalChange, _Mapping]]] = ..., newly_accepted: _Optional[_Iterable[_Union[RefusalChange, _Mapping]]] = ..., unchanged: _Optional[int] = ..., recorded_under: _Optional[_Iterable[_Union[RecordedUnder, _Mapping]]] = ..., filter: _Optional[str] = ..., by_field: _Optional[_Iterable[_Union[FieldImpact, _Mapping]]] = ..., changed_total: _Optional[int] = ..., newly_refused_total: _Optional[int] = ..., newly_accepted_total: _Optional[int] = ...) -> None: ...
+    baseline_unknown: int
+    def __init__(self, baseline: _Optional[_Union[PolicyRef, _Mapping]] = ..., candidate: _Optional[_Union[PolicyRef, _Mapping]] = ..., specs_examined: _Optional[int] = ..., records_examined: _Optional[int] = ..., changed: _Optional[_Iterable[_Union[ChangedSpec, _Mapping]]] = ..., newly_refused: _Optional[_Iterable[_Union[RefusalChange, _Mapping]]] = ..., newly_accepted: _Optional[_Iterable[_Union[RefusalChange, _Mapping]]] = ..., unchanged: _Optional[int] = ..., recorded_under: _Optional[_Iterable[_Union[RecordedUnder, _Mapping]]] = ..., filter: _Optional[str] = ..., by_field: _Optional[_Iterable[_Union[FieldImpact, _Mapping]]] = ..., changed_total: _Optional[int] = ..., newly_refused_total: _Optional[int] = ..., newly_accepted_total: _Optional[int] = ..., baseline_unknown: _Optional[int] = ...) -> None: ...
 
 class FieldImpact(_message.Message):
     __slots__ = ("field", "baseline", "candidate", "specs", "records", "baseline_rules", "candidate_rules", "examples")

@@ -273,7 +273,8 @@ def impact_table(impact: dict[str, Any], style: render.Style) -> str:
     if impact["specs_examined"] == 0:
         return (f"the audit history holds no ResolvePlan or CreateLaunch specs{scope}: nothing to compare "
                 f"({base['name']} vs {cand['name']})")
-    lines = [style(f"{base['name']} {base['version']} -> {cand['name']} {cand['version']}", render.BOLD),
+    sides = (" ".join(filter(None, (base["name"], base["version"]))), f"{cand['name']} {cand['version']}")
+    lines = [style(" -> ".join(sides), render.BOLD),
              f"{render.counted(impact['specs_examined'], 'distinct spec')} in "
              f"{render.counted(impact['records_examined'], 'record')}{scope}: "
              f"{impact['changed_total']} changed, {impact['newly_refused_total']} newly refused, "
@@ -281,6 +282,9 @@ def impact_table(impact: dict[str, Any], style: render.Style) -> str:
     under = ", ".join(f"{r['policy']} {r['version'] or '?'} ({r['records']})" for r in impact["recorded_under"])
     if under:
         lines.append(f"recorded under: {under}")
+    if impact.get("baseline_unknown"):
+        lines.append(f"not compared: {render.counted(impact['baseline_unknown'], 'spec')} with no recorded plan or "
+                     "refusal (records written before records held plans)")
     if impact["by_field"]:  # summed on the server over every changed spec
         lines += ["", style("changes, by field", render.BOLD),
                   render.table(["field", base["name"], cand["name"], "specs", "records",
@@ -289,8 +293,9 @@ def impact_table(impact: dict[str, Any], style: render.Style) -> str:
                                  " | ".join(g["baseline_rules"]), " | ".join(g["candidate_rules"]),
                                  "; ".join(f"{e['model']} on {e['gpu']} ({e['record']})" for e in g["examples"]))
                                 for g in impact["by_field"]])]
+    before = "in the log" if base["name"] == "recorded" else f"under {base['name']}"
     for key, title in (("newly_refused", f"refused under {cand['name']} only"),
-                       ("newly_accepted", f"refused under {base['name']} only")):
+                       ("newly_accepted", f"refused {before} only")):
         if impact[key]:
             lines += ["", style(title, render.BOLD),
                       render.table(["model", "gpu", "records", "refusal", "example"],
@@ -584,7 +589,9 @@ def register(sub: Any) -> None:
     pol = sub.add_parser("policy", help="policy evidence").add_subparsers(dest="policy_command", required=True)
     im = pol.add_parser("impact", help="what a candidate policy would change across the audit history")
     im.add_argument("--candidate", required=True, help="the policy to evaluate, e.g. sglang-0.5.17")
-    im.add_argument("--baseline", help="the policy to compare against (default cgsvc)")
+    im.add_argument("--baseline", help="the policy to compare against (default cgsvc), or recorded: the plans the "
+                    "log holds for each spec under the candidate's own policy (its latest record with one), to weigh a "
+                    "change to that policy's rules against what it resolved before")
     im.add_argument("--filter", help='restrict the history, as audit list does, e.g. gpu = "GB300"')
     add_output(im)
     add_server(im, required=True)

@@ -21,7 +21,7 @@ from cgsvc.audit.store import AuditStore
 from cgsvc.domain.plans import RESOLVE_METHOD
 from cgsvc.errors import CODE_NUMBERS, ServiceError
 from cgsvc.plan import canonical_json
-from cgsvc.resolve import policy_version
+from cgsvc.resolve import policy_version, resolve
 from cgsvc.spec import parse_spec, spec_to_dict
 from tests.conftest import ROOT
 from tests.e2e.server import ServerProcess
@@ -150,6 +150,86 @@ def test_policy_impact_over_a_history(tmp_path: Path) -> None:
         unknown = cli(srv, "policy", "impact", "--candidate", "sglang-9", "-o", "json")
         assert unknown.returncode == 2 and "sglang-0.5.17" in unknown.stdout
         assert c.verify_audit_log().ok
+
+
+def seed_recorded_history(data_dir: Path) -> None:
+    """What an earlier cgsvc release recorded: plans it resolved (this one resolved Kimi's prefill
+    as sglang 0.5.17 does, the regression of the README, and accepted trtllm_mla on Hopper), a
+    refusal, a record of no plan (written before records held plans), and a plan under another
+    policy, which a comparison of cgsvc's recorded plans leaves out."""
+    store = AuditStore(f"sqlite:///{data_dir / 'cgsvc.db'}")
+    old = {"policy": "cgsvc", "policy_version": "00000000000000aa", "service_version": "0.0.9"}
+
+    def record(spec: dict[str, Any], plan_under: str = "", refused: str = "", **more: Any) -> None:
+        canonical = spec_to_dict(parse_spec(spec))
+        fields: dict[str, Any] = {**old, **more}
+        if plan_under:
+            plan = resolve(parse_spec(spec), plan_under)
+            fields.update(plan_json=canonical_json(plan.to_dict()), plan_hash=plan.plan_hash,
+                          rule_ids=tuple(d.rule_id for d in plan.decisions))
+        if refused:
+            fields.update(outcome_code=CODE_NUMBERS[refused], outcome_message="parallelism.tp: tp=3 does not divide")
+        store.append(AuditEntry(principal="old-orchestrator", peer="", method=RESOLVE_METHOD,
+                                model=canonical["model"]["name"], gpu=canonical["hardware"]["gpu"],
+                                spec_json=canonical_json(canonical), **fields))
+
+    try:
+        record(KIMI, "sglang-0.5.17")
+        record(KIMI, "sglang-0.5.17")
+        record(LLAMA, "cgsvc")
+        record(TRTLLM_ON_HOPPER, "sglang-0.5.17")
+        record(REFUSED_BY_ALL, refused="INVALID_ARGUMENT")
+        record(TC_PIECEWISE)  # no plan, no refusal: nothing to compare with
+        record({**LLAMA, "features": {"max_running_requests": 7}}, "sglang-0.5.17", policy="sglang-0.5.17")
+    finally:
+        store.close()
+
+
+def test_policy_impact_against_what_the_log_recorded(tmp_path: Path) -> None:
+    """`--baseline recorded`: the candidate's plans now against the plans the log holds for that
+    policy, which is how a change to a policy's own rules is weighed before it ships (copy the
+    fleet's log with `cgsvc store copy`, serve it with the changed code, compare)."""
+    data = tmp_path / "srv"
+    data.mkdir()
+    seed_recorded_history(data)
+    with ServerProcess(data) as srv, Client(srv.address) as c:
+        proc = cli(srv, "policy", "impact", "--candidate", "cgsvc", "--baseline", "recorded", "-o", "json")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        impact = json.loads(proc.stdout)["impact"]
+        assert impact["baseline"] == {"name": "recorded", "version": ""}
+        assert impact["candidate"] == {"name": "cgsvc", "version": policy_version("cgsvc")}
+        # cgsvc's records only: 5 specs in 6 records; the sglang-0.5.17 one is left out
+        assert (impact["specs_examined"], impact["records_examined"]) == (5, 6), impact
+        assert impact["recorded_under"] == [{"policy": "cgsvc", "version": "00000000000000aa", "records": 6}]
+        (kimi,) = impact["changed"]
+        assert kimi["model"] == "nvidia/Kimi-K2.6-NVFP4" and kimi["records"] == 2
+        change = next(ch for ch in kimi["changes"] if ch["field"] == "prefill.backend")
+        assert (change["baseline"], change["candidate"]) == ("tc_piecewise", "disabled")
+        assert "prefill.upgrade.multimodal_piecewise" in change["baseline_rules"]  # the recorded plan's own trail
+        assert "breakable.mla" in change["candidate_rules"]
+        (refused,) = impact["newly_refused"]
+        assert refused["model"] == "deepseek-ai/DeepSeek-V3" and refused["rule_id"] == \
+            "attention.trtllm_mla.requires_blackwell"
+        assert impact["newly_accepted"] == [] and impact["unchanged"] == 2  # Llama's plan; refused then and now
+        assert impact["baseline_unknown"] == 1  # the record of no plan
+        table = cli(srv, "policy", "impact", "--candidate", "cgsvc", "--baseline", "recorded", "-o", "table").stdout
+        assert "recorded -> cgsvc" in table and "1 spec with no recorded plan or refusal" in table, table
+        # the latest record of a spec is its baseline: resolved now, Kimi's recorded plan is today's
+        c.resolve(KIMI)
+        again = json.loads(cli(srv, "policy", "impact", "--candidate", "cgsvc", "--baseline", "recorded",
+                               "-o", "json").stdout)["impact"]
+        assert again["changed"] == [] and again["unchanged"] == 3 and again["records_examined"] == 7, again
+        # a filter narrows the history as ever; a candidate of another name compares its own records
+        narrowed = json.loads(cli(srv, "policy", "impact", "--candidate", "cgsvc", "--baseline", "recorded",
+                                  "--filter", 'gpu = "H100"', "-o", "json").stdout)["impact"]
+        assert (narrowed["specs_examined"], len(narrowed["newly_refused"])) == (3, 1), narrowed
+        other = json.loads(cli(srv, "policy", "impact", "--candidate", "sglang-0.5.17", "--baseline", "recorded",
+                               "-o", "json").stdout)["impact"]
+        assert (other["specs_examined"], other["unchanged"]) == (1, 1), other
+        unknown = cli(srv, "policy", "impact", "--candidate", "cgsvc", "--baseline", "recordd", "-o", "json")
+        err = json.loads(unknown.stdout)["error"]
+        assert unknown.returncode == 2 and err["field_violations"][0]["field"] == "baseline", err
+        assert "or recorded" in err["message"], err
 
 
 def test_an_impact_too_large_for_one_message_lists_what_fits_and_counts_everything(tmp_path: Path) -> None:
