@@ -123,5 +123,9 @@ def copy_rows(source: AuditStore, target: AuditStore,
                     write.execute(table.insert(), [dict(r._mapping) for r in chunk])
                     rows[table.name] += len(chunk)
                     progress(table.name, rows[table.name])
+    if target.dialect == "postgresql":  # the planner's statistics now, not when autovacuum gets to it:
+        with target.write_engine.begin() as write:  # until then a rare filter scans (bench/RESULTS.md)
+            for table in tables:
+                write.exec_driver_sql(f"ANALYZE {table.name}")
     return rows
 
