@@ -65,12 +65,18 @@ def database_url(where: str, must_exist: bool) -> tuple[str, Path | None]:
     if not must_exist:
         if directory.exists() and not directory.is_dir():
             raise ValueError(f"{where}: a file, not a data directory; give a directory or a database URL")
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     return f"sqlite:///{directory.resolve() / DATABASE_FILE}", directory
 
 
 def copy(source: str, target: str, output: str) -> int:
+    import os
+
     import sqlalchemy as sa
+
+    # What the copy makes is as the server's own: a record is not for every user of the machine to
+    # read (its directory 0700, its database file 0600), as `cgsvc serve` makes them.
+    os.umask(0o077)
 
     from cgsvc.audit.copy import CopyError, copy_store
     from cgsvc.audit.records import mask_secrets

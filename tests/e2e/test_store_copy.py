@@ -103,6 +103,8 @@ def test_a_backup_directory_is_served_as_the_original_with_its_key(tmp_path: Pat
     assert "copied: `cgsvc serve --data-dir` on the target signs with the log's key" in table.stdout
     key = tmp_path / "backup" / "signing_key.pem"
     assert key.read_bytes() == (box.data_dir / "signing_key.pem").read_bytes() and key.stat().st_mode & 0o077 == 0
+    for made in (tmp_path / "backup", tmp_path / "backup" / "cgsvc.db"):  # the server's own, as serve makes them
+        assert made.stat().st_mode & 0o077 == 0, (made, oct(made.stat().st_mode))
     with ServerProcess(tmp_path / "backup") as restored:
         assert listing(restored) == before
         assert cli(restored, "audit", "verify", "--checkpoint", str(tmp_path / "cp.json")).returncode == 0
