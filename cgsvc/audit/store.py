@@ -23,6 +23,7 @@ import operator
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -957,6 +958,41 @@ class _Checkpointer:
         self._stop = True
         self._wake.set()
         self._thread.join(30)
+
+
+STORE_SCHEMA = max(version for version, *_ in MIGRATIONS)  # the schema this release migrates a store to
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a database holds, read without changing it (`cgsvc serve --check`)."""
+
+    schema_version: int  # 0: no cgsvc schema yet (a start makes it)
+    records: int
+    log_key: tuple[int, str] | None  # (generation, key_id) of the key that signs the log today
+
+
+def probe(url: str) -> Probe | None:
+    """Read what the database at `url` holds, writing nothing; None for a SQLite file that does
+    not exist (a start makes it). Raises SQLAlchemyError when it cannot be reached."""
+    if url.startswith("sqlite"):
+        path = sa.engine.make_url(url).database or ""
+        if path != ":memory:" and not Path(path).is_file():
+            return None
+    engine = sa.create_engine(url, connect_args={"connect_timeout": 5} if url.startswith("postgresql") else {})
+    try:
+        with engine.connect() as conn:
+            tables = set(sa.inspect(conn).get_table_names())
+            version = int(conn.execute(sa.select(sa.func.max(schema_migrations.c.version))).scalar() or 0) \
+                if schema_migrations.name in tables else 0
+            records = int(conn.execute(sa.select(sa.func.count()).select_from(audit_records)).scalar_one()) \
+                if audit_records.name in tables else 0
+            row = conn.execute(sa.select(signing_keys.c.generation, signing_keys.c.key_id)
+                               .order_by(signing_keys.c.generation.desc()).limit(1)).first() \
+                if signing_keys.name in tables else None
+    finally:
+        engine.dispose()
+    return Probe(version, records, None if row is None else (int(row.generation), str(row.key_id)))
 
 
 class AuditStore:

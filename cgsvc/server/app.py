@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import os
 import uuid
@@ -12,6 +13,7 @@ from typing import IO, Any
 
 import grpc
 import structlog
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cgsvc import catalog
@@ -136,9 +138,28 @@ class Running:
         self.extras["instance_lock"].close()  # the data directory is free for the next server
 
 
-async def start(cfg: ServerConfig) -> Running:
-    """Start serving; returns once the port is bound. Raises ConfigError on a bad configuration."""
-    loopback = is_loopback(cfg.address)  # resolved once: every rule and warning of this start sees one answer
+@dataclass
+class Prepared:
+    """What a start settles before it opens the database: every check of the configuration passed."""
+
+    loopback: bool  # is_loopback(cfg.address), resolved once: every rule and warning of a start sees one answer
+    inventory: Inventory
+    authenticator: Authenticator
+    admits: credentials.Credentials
+    creds: grpc.ServerCredentials | None
+    key_path: Path
+    signing_key: Ed25519PrivateKey | None  # None only for a dry run where the file is absent (a start makes it)
+    previous_key: Ed25519PrivateKey | None
+    model_roots: catalog.ModelRoots
+    notes: list[str] = field(default_factory=list)  # a dry run: what a start would make, or would meet
+
+
+def prepare(cfg: ServerConfig, dry: bool = False) -> Prepared:
+    """Every check a start makes before it opens the database, in its order; ConfigError at the
+    first that fails. `dry` (serve --check) makes nothing: no data directory, no key file, and
+    an address in use now (by the server a restart replaces) is noted rather than refused."""
+    notes: list[str] = []
+    loopback = is_loopback(cfg.address)
     check_exposure(cfg, loopback)
     check_tls_settings(cfg)
     try:
@@ -146,11 +167,17 @@ async def start(cfg: ServerConfig) -> Running:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if why := cannot_listen(cfg.address):  # before anything is made or opened
-        raise ConfigError(f"address: cannot listen on {cfg.address}: {why}")
-    try:
-        os.makedirs(cfg.data_dir, mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"data_dir: cannot make {cfg.data_dir}: {exc.strerror or exc}") from None
+        if not (dry and why == os.strerror(errno.EADDRINUSE)):
+            raise ConfigError(f"address: cannot listen on {cfg.address}: {why}")
+        notes.append(f"address {cfg.address} is in use now: a start succeeds once whatever listens there stops")
+    if dry:
+        if not Path(cfg.data_dir).is_dir():
+            notes.append(f"data_dir {cfg.data_dir} does not exist: a start makes it (mode 0700)")
+    else:
+        try:
+            os.makedirs(cfg.data_dir, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"data_dir: cannot make {cfg.data_dir}: {exc.strerror or exc}") from None
     try:
         inventory = Inventory.local(cfg.local_devices, cfg.local_slots)
     except (DeviceListError, OSError, ValueError) as exc:
@@ -160,12 +187,15 @@ async def start(cfg: ServerConfig) -> Running:
         admits = credentials.Credentials(cfg, authenticator)
     except credentials.CredentialsError as exc:
         raise ConfigError(str(exc)) from None
-    creds = admits.server_credentials()
     key_path = Path(cfg.signing_key or Path(cfg.data_dir) / "signing_key.pem")
-    try:
-        signing_key = checkpoint.load_or_create_key(key_path)
-    except (checkpoint.CheckpointError, OSError) as exc:
-        raise ConfigError(f"signing_key: {exc}") from None
+    signing_key = None
+    if dry and not key_path.exists():
+        notes.append(f"signing key {key_path} does not exist: a start generates one (mode 0600)")
+    else:
+        try:
+            signing_key = checkpoint.load_or_create_key(key_path)
+        except (checkpoint.CheckpointError, OSError) as exc:
+            raise ConfigError(f"signing_key: {exc}") from None
     previous_key = None
     if cfg.previous_signing_key:
         if cfg.replace_lost_signing_key:
@@ -182,6 +212,17 @@ async def start(cfg: ServerConfig) -> Running:
         model_roots = catalog.ModelRoots.of([r.strip() for r in cfg.model_roots.split(",") if r.strip()])
     except ValueError as exc:
         raise ConfigError(f"model_roots: {exc}; give existing directories, comma-separated") from None
+    return Prepared(loopback, inventory, authenticator, admits, admits.server_credentials(), key_path, signing_key,
+                    previous_key, model_roots, notes)
+
+
+async def start(cfg: ServerConfig) -> Running:
+    """Start serving; returns once the port is bound. Raises ConfigError on a bad configuration."""
+    p = prepare(cfg)
+    loopback, inventory, authenticator, admits, creds = p.loopback, p.inventory, p.authenticator, p.admits, p.creds
+    key_path, previous_key, model_roots = p.key_path, p.previous_key, p.model_roots
+    assert p.signing_key is not None  # made when absent, as this start is not a dry one
+    signing_key = p.signing_key
     instance, instance_lock = server_instance(Path(cfg.data_dir))  # before the database is touched
     store = AuditStore(cfg.effective_database_url)
     writer: Writer = (

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import dataclasses
 import datetime as dt
+import fcntl
 import gc
 import logging
 import os
@@ -21,6 +22,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -79,6 +81,15 @@ def open_to_others(path: str | os.PathLike[str]) -> int:
     return mode if mode & 0o077 else 0
 
 
+def metrics_host_port(address: str) -> tuple[str, int]:
+    """--metrics-address as (host, port); ValueError naming the form otherwise."""
+    parsed = parse_host_port(address)
+    if parsed is None or not parsed[0]:
+        raise ValueError(f"must be HOST:PORT (port 0-65535, 0 picks one; an IPv6 host in brackets; empty turns it "
+                         f"off), got {address!r}")
+    return parsed
+
+
 def start_metrics(address: str) -> str:
     if not address:
         return ""
@@ -86,16 +97,137 @@ def start_metrics(address: str) -> str:
 
     from cgsvc.server import metrics
 
-    parsed = parse_host_port(address)
-    if parsed is None or not parsed[0]:
-        raise ValueError(f"must be HOST:PORT (port 0-65535, 0 picks one; an IPv6 host in brackets; empty turns it "
-                         f"off), got {address!r}")
-    host, port = parsed
+    host, port = metrics_host_port(address)
     try:
         server, _thread = start_http_server(port, addr=host.strip("[]"), registry=metrics.REGISTRY)
     except OSError as exc:
         raise ValueError(f"cannot listen on {address}: {exc.strerror or exc}") from None
     return f"http://{host}:{server.server_port}/metrics"
+
+
+def config_warnings(cfg: ServerConfig, loopback: bool, key_path: Path, log_file: str, model_roots: Any,
+                    metrics_url: str, admits: Any) -> list[str]:
+    """What a start with this configuration warns of, each a line after "WARNING: ": serve prints
+    them, and serve --check."""
+    from cgsvc.server import app
+
+    out = []
+    if not cfg.authenticated and not loopback:
+        out.append(f"--allow-insecure-remote: serving {cfg.address} with no authentication; every remote caller is "
+                   "admin, audited as 'anonymous'. Configure token_file (with TLS) or tls_client_ca.")
+    elif not cfg.authenticated:
+        out.append("insecure local mode: no authentication; every local caller is admin (audited as 'local'). "
+                   "Configure tls_cert/tls_key and token_file before exposing this server.")
+    out += misspelt_environment()
+    if key_path.exists() and (key_mode := open_to_others(key_path)):
+        out.append(f"signing key {key_path} is readable beyond its owner (mode {key_mode:04o}): whoever can read it "
+                   "can sign checkpoints of a rewritten log; chmod 600 it.")
+    if os.path.isdir(cfg.data_dir) and (dir_mode := open_to_others(cfg.data_dir)):
+        out.append(f"data_dir {cfg.data_dir} is open to other users (mode {dir_mode:04o}); the server makes its "
+                   "files there 0600, but chmod 700 it: a file made by hand, or before, may be readable.")
+    if log_file and (log_mode := open_to_others(log_file)):
+        out.append(f"audit log {log_file} is readable beyond its owner (mode {log_mode:04o}): anyone who can read "
+                   "it reads every record without the auditor role; chmod 600 it (and its -wal and -shm files).")
+    if not model_roots.dirs and not loopback:
+        out.append("checkpoint paths unconfined: a caller's model.path or model_path may name any directory "
+                   "this server can read; --model-roots confines them.")
+    if metrics_url and not app.is_loopback(cfg.metrics_address):
+        out.append(f"metrics at {metrics_url} are served beyond loopback with no authentication (Prometheus's "
+                   "way): anyone who reaches it sees RPC and audit counts; firewall it or bind a loopback address.")
+    now = time.time()
+    out += token_warnings(admits.admitted.tokens, admits.admitted.certificates, now)
+    for setting, when in admits.admitted.expiries().items():
+        if when - now < EXPIRY_WARNING_DAYS * 86400:
+            stamp = dt.datetime.fromtimestamp(when, dt.UTC).isoformat()
+            out.append(f"{setting}: " + (f"the certificate expired at {stamp}: clients will refuse the handshake"
+                                         if when <= now else
+                                         f"the certificate expires at {stamp}, in {(when - now) / 86400:.1f} days")
+                       + "; renew it and reload (SIGHUP)")
+    return out
+
+
+def check(cfg: ServerConfig, loop_line: str = "") -> int:
+    """`serve --check`: every check a start makes, what it would make and what it would warn of,
+    with nothing made or written: no data directory, no key file, no database file, no migration.
+    Exit 0 when this configuration starts, 2 naming the first thing that stops it (as serve)."""
+    import sqlalchemy as sa
+
+    from cgsvc.audit import keys
+    from cgsvc.audit.store import STORE_SCHEMA, probe
+    from cgsvc.server import app, signing
+    from cgsvc.server.addresses import cannot_listen
+
+    def refuse(message: str) -> int:
+        print(f"cgsvc: {message}", file=sys.stderr)
+        return 2
+
+    try:
+        if cfg.metrics_address:
+            metrics_host_port(cfg.metrics_address)
+        p = app.prepare(cfg, dry=True)
+    except ValueError as exc:  # ConfigError too
+        return refuse(f"metrics_address: {exc}" if not isinstance(exc, app.ConfigError) else str(exc))
+    notes = list(p.notes)
+    if cfg.metrics_address and (why := cannot_listen(cfg.metrics_address)):
+        notes.append(f"metrics_address {cfg.metrics_address}: cannot listen now ({why})")
+    lock = Path(cfg.data_dir) / "instance"
+    if lock.is_file():
+        with open(lock) as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                notes.append(f"data_dir {cfg.data_dir} is in use by a running cgsvc server: a start is refused "
+                             "until it stops")
+    url = cfg.effective_database_url
+    try:
+        found = probe(url)
+    except sa.exc.SQLAlchemyError as exc:
+        return refuse(f"database: cannot read {_redact(url)}: {str(exc).splitlines()[0]}")
+    ours = keys.own_key_id(p.signing_key) if p.signing_key is not None else ""
+    if found is None or found.schema_version == 0:
+        database = f"no cgsvc schema yet: a start makes schema {STORE_SCHEMA}"
+    elif found.schema_version < STORE_SCHEMA:
+        database = (f"schema {found.schema_version}: a start applies migrations {found.schema_version + 1}-"
+                    f"{STORE_SCHEMA}")
+    else:
+        database = f"schema {found.schema_version}" + (" (this release's)" if found.schema_version == STORE_SCHEMA
+                                                       else f", newer than this release's {STORE_SCHEMA}")
+    if found is not None:
+        database += f", {found.records} audit records"
+    key_line = f"signing key {p.key_path}: " + (f"key {ours}" if ours else "generated at start")
+    if found is not None and found.log_key is not None:
+        generation, log_id = found.log_key
+        if not ours:
+            return refuse(f"signing_key: {p.key_path} does not exist, and this log's checkpoints are signed by key "
+                          f"{log_id}: a start would generate another key and refuse to sign for this log; give the "
+                          "log's key with --signing-key")
+        if ours == log_id:
+            key_line += ", the log's key"
+        elif p.previous_key is not None:
+            if keys.own_key_id(p.previous_key) != log_id:
+                return refuse(f"previous_signing_key: its key {keys.own_key_id(p.previous_key)} is not this log's key "
+                              f"{log_id}; give the key the log's checkpoints are signed with now")
+            notes.append(f"a start rotates this log's key from {log_id} to {ours}, endorsed by the old key")
+        elif cfg.replace_lost_signing_key:
+            notes.append(f"a start replaces this log's key {log_id} with {ours} WITHOUT its endorsement "
+                         "(--replace-lost-signing-key): every witness will refuse it")
+        else:
+            return refuse(signing.not_the_logs_key(log_id, generation, ours))
+    mode = ("TLS" + (" + client certificates" if cfg.tls_client_ca else "")) if cfg.secure else "insecure (no TLS)"
+    auth = "bearer tokens" if cfg.token_file else ("client certificates" if cfg.tls_client_ca else "none")
+    metrics_url = f"http://{cfg.metrics_address}/metrics" if cfg.metrics_address else ""
+    log_file = (sa.engine.make_url(url).database or "") if url.startswith("sqlite") and found is not None else ""
+    print(f"cgsvc {__version__} serve --check: {cfg.address}")
+    for line in (f"transport: {mode}; authentication: {auth}",
+                 f"local devices: {', '.join(p.inventory.devices)} ({p.inventory.source})",
+                 key_line, f"database: {_redact(url)}: {database}", *([loop_line] if loop_line else [])):
+        print(f"ok: {line}")
+    for note in notes:
+        print(f"note: {note}")
+    for warning in config_warnings(cfg, p.loopback, p.key_path, log_file, p.model_roots, metrics_url, p.admits):
+        print(f"WARNING: {warning}")
+    print("this configuration starts" + (" (see the notes)" if notes else ""))
+    return 0
 
 
 async def serve(cfg: ServerConfig, loop_line: str = "") -> int:
@@ -128,14 +260,7 @@ async def serve(cfg: ServerConfig, loop_line: str = "") -> int:
     # The first line is for people and scripts alike (port 0 prints the port picked).
     print(f"cgsvc {__version__} listening on {host}:{running.port}", flush=True)
     loopback = running.extras["loopback"]
-    if not cfg.authenticated and not loopback:
-        print(f"WARNING: --allow-insecure-remote: serving {cfg.address} with no authentication; every remote caller "
-              "is admin, audited as 'anonymous'. Configure token_file (with TLS) or tls_client_ca.", flush=True)
-    elif not cfg.authenticated:
-        print("WARNING: insecure local mode: no authentication; every local caller is admin (audited as 'local'). "
-              "Configure tls_cert/tls_key and token_file before exposing this server.", flush=True)
-    for warning in misspelt_environment():
-        print(f"WARNING: {warning}", flush=True)
+    admits = running.extras["credentials"]
     if loop_line:
         print(loop_line, flush=True)
     inventory = running.extras["devices"]
@@ -146,37 +271,11 @@ async def serve(cfg: ServerConfig, loop_line: str = "") -> int:
         print(f"WARNING: --replace-lost-signing-key: key {settled.key_id} now signs this log with nothing from the "
               f"old key {settled.rotation.previous_key_id} vouching for it ({settled.rotation.record}); every witness "
               "will refuse it until its keeper re-pins it (audit witness --key-id on a new directory).", flush=True)
-    key_path = running.extras["signing_key_path"]
-    if key_mode := open_to_others(key_path):
-        print(f"WARNING: signing key {key_path} is readable beyond its owner (mode {key_mode:04o}): whoever can read it "
-              "can sign checkpoints of a rewritten log; chmod 600 it.", flush=True)
-    if dir_mode := open_to_others(cfg.data_dir):
-        print(f"WARNING: data_dir {cfg.data_dir} is open to other users (mode {dir_mode:04o}); the server makes its "
-              "files there 0600, but chmod 700 it: a file made by hand, or before, may be readable.", flush=True)
-    log_file = running.store.sqlite_path
-    if log_file and (log_mode := open_to_others(log_file)):
-        print(f"WARNING: audit log {log_file} is readable beyond its owner (mode {log_mode:04o}): anyone who can read "
-              "it reads every record without the auditor role; chmod 600 it (and its -wal and -shm files).", flush=True)
+    for warning in config_warnings(cfg, loopback, running.extras["signing_key_path"], running.store.sqlite_path,
+                                   running.extras["model_roots"], metrics_url, admits):
+        print(f"WARNING: {warning}", flush=True)
     if roots := running.extras["model_roots"].dirs:
         print(f"checkpoint paths: under {', '.join(roots)} (--model-roots)", flush=True)
-    elif not loopback:
-        print("WARNING: checkpoint paths unconfined: a caller's model.path or model_path may name any directory "
-              "this server can read; --model-roots confines them.", flush=True)
-    if metrics_url and not app.is_loopback(cfg.metrics_address):
-        print(f"WARNING: metrics at {metrics_url} are served beyond loopback with no authentication (Prometheus's "
-              "way): anyone who reaches it sees RPC and audit counts; firewall it or bind a loopback address.",
-              flush=True)
-    admits = running.extras["credentials"]
-    now = time.time()
-    for warning in token_warnings(admits.admitted.tokens, admits.admitted.certificates, now):
-        print(f"WARNING: {warning}", flush=True)
-    for setting, when in admits.admitted.expiries().items():
-        if when - now < EXPIRY_WARNING_DAYS * 86400:
-            stamp = dt.datetime.fromtimestamp(when, dt.UTC).isoformat()
-            print(f"WARNING: {setting}: " + (f"the certificate expired at {stamp}: clients will refuse the handshake"
-                                             if when <= now else
-                                             f"the certificate expires at {stamp}, in {(when - now) / 86400:.1f} days")
-                  + "; renew it and reload (SIGHUP)", flush=True)
     if admits.paths:
         poll = cfg.credentials_poll_seconds
         print(f"credentials: SIGHUP reloads {', '.join(admits.paths)}"
@@ -248,6 +347,9 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument(flag, action="store_const", const=True, default=None, help=text)
         else:
             s.add_argument(flag, default=None, help=text)
+    s.add_argument("--check", action="store_true", help="check this configuration as a start would (TLS and token "
+                   "files, keys, devices, the database and its key) and say what it would warn of, making and "
+                   "writing nothing; exit 0 when it starts, 2 naming what stops it")
     token_commands.register(sub)
     store_commands.register(sub)
     return ap
@@ -266,6 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"cgsvc: configuration error: {exc}", file=sys.stderr)
         return 2
+    if ns.check:
+        return check(cfg, loop_line)
     configure_logging(cfg.log_level)
     # The logs on stderr are JSON, a line each; gRPC's C core would add lines of its own (a client's
     # failed TLS handshake, at INFO), so it logs errors only unless GRPC_VERBOSITY says otherwise. It

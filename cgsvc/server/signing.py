@@ -66,11 +66,7 @@ async def settle(store: AuditStore, auditor: Auditor, key: Ed25519PrivateKey,
             message = (f"signing key {ours} replaces {log_id} WITHOUT its endorsement: the operator declared the "
                        "old key lost (--replace-lost-signing-key)")
         else:
-            raise SigningKeyError(
-                f"signing_key: this log's checkpoints are signed by key {log_id} (generation {generation}), and this "
-                f"server's key is {ours}. Replicas of one log share one key: give the log's key with "
-                "--signing-key; to rotate to this key, also give the old one with --previous-signing-key; if the "
-                "old key is lost, --replace-lost-signing-key records the change unendorsed (witnesses then refuse it)")
+            raise SigningKeyError(not_the_logs_key(log_id, generation, ours))
         result = await auditor.append(auditor.entry(keys.METHOD, "cgsvc", "", "", "", None, "OK", message,
                                                     spec_json=rotation.to_json()))
         sequence = result.record.sequence
@@ -80,6 +76,14 @@ async def settle(store: AuditStore, auditor: Auditor, key: Ed25519PrivateKey,
             return Settled(ours, generation + 1, done, f"{how} at auditRecords/{sequence}")
         # another replica rotated at the same moment: look again (its rotation may be to our key)
     raise SigningKeyError("signing_key: the log's key kept changing while this server started; start it again")
+
+
+def not_the_logs_key(log_id: str, generation: int, ours: str) -> str:
+    """Why a server whose key is `ours` does not start on a log signed by `log_id`, and the ways on."""
+    return (f"signing_key: this log's checkpoints are signed by key {log_id} (generation {generation}), and this "
+            f"server's key is {ours}. Replicas of one log share one key: give the log's key with "
+            "--signing-key; to rotate to this key, also give the old one with --previous-signing-key; if the "
+            "old key is lost, --replace-lost-signing-key records the change unendorsed (witnesses then refuse it)")
 
 
 def still_ours(store: AuditStore, key_id: str) -> str:
