@@ -133,6 +133,8 @@ def _carry_key(source_dir: Path | None, target_dir: Path | None, key_id: str) ->
     if not key_id:
         return {"key_id": "", "file": "", "note": "no server has signed this log yet"}
     given = source_dir / KEY_FILE if source_dir is not None and (source_dir / KEY_FILE).is_file() else None
+    if given is not None and _key_id(given) != key_id:  # the source's servers signed with a key kept elsewhere
+        given = None
     if given is not None and target_dir is not None and not (target_dir / KEY_FILE).exists():
         shutil.copyfile(given, target_dir / KEY_FILE)
         (target_dir / KEY_FILE).chmod(0o600)
@@ -142,6 +144,16 @@ def _carry_key(source_dir: Path | None, target_dir: Path | None, key_id: str) ->
     return {"key_id": key_id, "file": str(given or ""),
             "note": f"serve the target with --signing-key {where}: a server with another key does not start on "
                     "this log (a new key is a rotation: --previous-signing-key)"}
+
+
+def _key_id(path: Path) -> str:
+    """The key id of the Ed25519 key in `path` ("" when it holds none)."""
+    from cgsvc.audit import checkpoint, keys
+
+    try:
+        return keys.own_key_id(checkpoint.load_or_create_key(path))
+    except (checkpoint.CheckpointError, OSError):
+        return ""
 
 
 def _print_table(answer: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from cgsvc.audit.store import AuditStore
 from cgsvc.launch.store import LaunchRow, LaunchStore, Workload
 from tests.conftest import ROOT
 from tests.e2e.server import ServerProcess, serve_refused
+from tests.e2e.test_serve_check import other_key
 from tests.e2e.test_trust import checkpoint_file, cli, resolve_n
 from tests.integration.pg import pg_url_or_skip
 
@@ -173,3 +174,16 @@ def test_a_launch_running_when_copied_is_named_for_its_takeover(tmp_path: Path) 
     assert table.returncode == 0 and "running when copied: launches/01running: a replica started on the target " \
                                       "takes them over" in table.stdout, table.stdout
     assert copied(str(tmp_path / "json"), str(tmp_path / "again"))["running"] == ["launches/01running"]
+
+
+def test_a_key_file_that_is_not_the_logs_is_left_where_it_is(tmp_path: Path) -> None:
+    """A server started with --signing-key elsewhere leaves its data directory's key file unused (or
+    never made): the copy carries the log's key only, and names what to give a target server."""
+    elsewhere = tmp_path / "elsewhere.pem"
+    with ServerProcess(tmp_path / "box", "--signing-key", str(elsewhere)) as box:
+        resolve_n(box, 1)
+    other_key(box.data_dir / "signing_key.pem")  # some other key, where the default would be
+    result = copied(str(box.data_dir), str(tmp_path / "copy"))
+    assert result["signing_key"]["file"] == "" and not (tmp_path / "copy" / "signing_key.pem").exists(), result
+    assert "serve the target with --signing-key the key the source's servers sign with" in \
+        result["signing_key"]["note"], result
