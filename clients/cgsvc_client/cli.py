@@ -197,10 +197,10 @@ def cmd_completion(ns: argparse.Namespace) -> int:
 EXIT_CODES = """exit codes (every command):
   0  success
   1  any other failure: NOT_FOUND, PERMISSION_DENIED, the server unreachable, ...
-     (plans diff --exit-code: the plans differ)
+     (plans diff, launches diff, experiments diff, policy impact with --exit-code: they differ)
   2  refused as bad input: INVALID_ARGUMENT or FAILED_PRECONDITION, a malformed file, a bad command line
   3  a check failed: audit verify (the chain, or the log against a checkpoint), audit prove
-     (plans diff --exit-code: the comparison itself failed)
+     (any --exit-code comparison: the comparison itself failed)
   4  launch --wait (launches rerun --wait too), experiment run and experiments rerun (unless --detach), launches wait,
      experiments wait: it ended in a state other than SUCCEEDED
   130  Ctrl-C (launch --wait, experiment run, launches|experiments wait, either rerun while it waits: it stopped waiting; the launch or experiment goes on)
@@ -413,7 +413,7 @@ def _run(given: Sequence[str]) -> int:
         else:
             print(render.error_text(exc.error, render.Style(sys.stderr.isatty())), file=sys.stderr)
         if getattr(ns, "exit_code", False) and exc.exit_code == 1:
-            return 3  # with --exit-code, 1 means "the plans differ"
+            return 3  # with --exit-code, 1 means "they differ"
         return exc.exit_code
 
 

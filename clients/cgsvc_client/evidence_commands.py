@@ -320,7 +320,8 @@ def cmd_policy_impact(ns: argparse.Namespace) -> int:
         render.print_json({"impact": impact})
     else:
         print(impact_table(impact, render.Style(sys.stdout.isatty())))
-    return 0
+    moved = impact["changed_total"] + impact["newly_refused_total"] + impact["newly_accepted_total"]
+    return 1 if ns.exit_code and moved else 0
 
 
 # ---------------------------------------------------------------------------- experiments
@@ -593,6 +594,9 @@ def register(sub: Any) -> None:
                     "log holds for each spec under the candidate's own policy (its latest record with one), to weigh a "
                     "change to that policy's rules against what it resolved before")
     im.add_argument("--filter", help='restrict the history, as audit list does, e.g. gpu = "GB300"')
+    im.add_argument("--exit-code", action="store_true",
+                    help="exit 1 when any spec's plan changes or is newly refused or accepted, 0 when none does: a "
+                         "gate for CI (failures exit 2 or more)")
     add_output(im)
     add_server(im, required=True)
     im.set_defaults(func=cmd_policy_impact)

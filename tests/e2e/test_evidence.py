@@ -226,6 +226,14 @@ def test_policy_impact_against_what_the_log_recorded(tmp_path: Path) -> None:
         other = json.loads(cli(srv, "policy", "impact", "--candidate", "sglang-0.5.17", "--baseline", "recorded",
                                "-o", "json").stdout)["impact"]
         assert (other["specs_examined"], other["unchanged"]) == (1, 1), other
+        # a gate for CI: --exit-code answers 1 when anything changes (plans, refusals), 0 when nothing does
+        gate = ("policy", "impact", "--candidate", "cgsvc", "--baseline", "recorded", "--exit-code", "-o", "json")
+        assert cli(srv, *gate).returncode == 1  # trtllm_mla on Hopper is refused now
+        assert cli(srv, *gate, "--filter", 'model = "meta-llama/*"').returncode == 0
+        assert cli(srv, *gate, "--filter", "colour = 1").returncode == 2  # refused as bad input, as ever
+        unreachable = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", *gate, "--server", "127.0.0.1:1"],
+                                     capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert unreachable.returncode == 3, unreachable.stdout  # no answer: not "they differ" (1)
         unknown = cli(srv, "policy", "impact", "--candidate", "cgsvc", "--baseline", "recordd", "-o", "json")
         err = json.loads(unknown.stdout)["error"]
         assert unknown.returncode == 2 and err["field_violations"][0]["field"] == "baseline", err
