@@ -39,7 +39,7 @@ def register(sub: Any) -> None:
                                   "serve --data-dir directory (its cgsvc.db); it is brought to this release's "
                                   "schema first, as serve would")
     c.add_argument("target", help="an empty database: a URL, or a data directory (made when absent; the source "
-                                  f"directory's {KEY_FILE} is copied there too)")
+                                  f"directory's {KEY_FILE} is copied there too when it is the log's key)")
     c.add_argument("-o", "--output", choices=("table", "json"), default="table",
                    help="table (default; progress on stderr on a terminal) or json")
 
