@@ -4,6 +4,7 @@
                 [--tls-cert F --tls-key F [--tls-client-ca F]] [--token-file F] [--metrics-address HOST:PORT]
     cgsvc token new|revoke|check|hash ...   the token file's commands (cgsvc/server/token_commands.py)
     cgsvc store copy SOURCE TARGET          the whole database into an empty one (cgsvc/server/store_commands.py)
+    cgsvc store verify WHERE [--checkpoint F]   a log checked where it lies, with no server
 
 Every setting can also come from the environment as CGSVC_<NAME> (e.g. CGSVC_DATABASE_URL).
 """

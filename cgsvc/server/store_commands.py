@@ -1,8 +1,11 @@
-"""`cgsvc store copy SOURCE TARGET`: the whole database into an empty one, run where both are
-reachable (no server needed; a server may go on writing to the source meanwhile).
+"""`cgsvc store copy|verify`: the database itself, run where it is reachable (no server needed).
 
     cgsvc store copy var/cgsvc postgresql+psycopg://postgres@db:5432/cgsvc   one box's log to replicas'
     cgsvc store copy var/cgsvc /backup/cgsvc-2026-12-07                      a backup, key file and all
+    cgsvc store verify /backup/cgsvc-2026-12-07 --checkpoint cp.json        a backup checked where it lies
+
+`copy` takes the whole database into an empty one (a server may go on writing to the source
+meanwhile); `verify` recomputes a log's chain and tree and checks a checkpoint against it, reading only.
 
 SOURCE and TARGET are each a database URL (as `serve --database-url` takes) or a data directory
 (as `serve --data-dir`: its cgsvc.db). The copy is cgsvc/audit/copy.py's; this module reads the
@@ -25,7 +28,8 @@ DATABASE_FILE = "cgsvc.db"  # serve's SQLite log, in its data directory
 
 def register(sub: Any) -> None:
     """The `store` command and its subcommands."""
-    s = sub.add_parser("store", help="the database itself: copy it whole (SQLite to PostgreSQL, or a backup)")
+    s = sub.add_parser("store", help="the database itself: copy it whole (SQLite to PostgreSQL, or a backup), or "
+                                     "verify one where it lies")
     ssub = s.add_subparsers(dest="store_command", required=True)
     c = ssub.add_parser(
         "copy", help="copy every record, plan, launch and experiment into an empty database, then verify the copy",
@@ -42,9 +46,23 @@ def register(sub: Any) -> None:
                                   f"directory's {KEY_FILE} is copied there too when it is the log's key)")
     c.add_argument("-o", "--output", choices=("table", "json"), default="table",
                    help="table (default; progress on stderr on a terminal) or json")
+    v = ssub.add_parser(
+        "verify", help="verify a database's log where it lies, with no server: a backup, or a stopped server's",
+        description="Recompute the log's hash chain and Merkle tree from the database itself, as `cgsvc-cli audit "
+                    "verify` has a server do, and with --checkpoint check that a checkpoint signed earlier is "
+                    "this log's: its signature, and the tree of its size here has its root. Reads only; a database "
+                    "at another schema than this release's is refused rather than migrated. Exit 0 when it "
+                    "verifies, 3 when it does not, 2 for bad arguments, 1 when the database cannot be reached.")
+    v.add_argument("where", help="the database: a URL (sqlite:///PATH, postgresql+psycopg://...) or a serve "
+                                 "--data-dir directory (its cgsvc.db)")
+    v.add_argument("--checkpoint", metavar="FILE", help="a checkpoint saved earlier (`cgsvc-cli audit checkpoint "
+                                                         "-o json`, or `audit witness`'s): the log must hold its tree")
+    v.add_argument("-o", "--output", choices=("table", "json"), default="table", help="table (default) or json")
 
 
 def run(ns: argparse.Namespace) -> int:
+    if ns.store_command == "verify":
+        return verify(ns.where, ns.checkpoint, ns.output)
     return copy(ns.source, ns.target, ns.output)
 
 
@@ -125,6 +143,85 @@ def copy(source: str, target: str, output: str) -> int:
     else:
         _print_table(answer)
     return 0 if done.verification.ok else 3
+
+
+def verify(where: str, checkpoint_file: str | None, output: str) -> int:
+    import json
+
+    import sqlalchemy as sa
+
+    from cgsvc.audit import checkpoint
+    from cgsvc.audit.records import mask_secrets
+    from cgsvc.audit.store import STORE_SCHEMA, AuditStore, probe
+
+    try:
+        url, _ = database_url(where, must_exist=True)
+    except ValueError as exc:
+        return refuse(output, "where", str(exc))
+    cp = None
+    if checkpoint_file:
+        try:
+            cp = checkpoint.Checkpoint.from_dict(json.loads(Path(checkpoint_file).read_text()))
+        except (OSError, ValueError, checkpoint.CheckpointError) as exc:
+            return refuse(output, "checkpoint", f"{checkpoint_file} is not a cgsvc checkpoint: {exc}")
+    show = {"database": mask_secrets(url)}
+    try:
+        found = probe(url)
+        if found is None or found.schema_version != STORE_SCHEMA:
+            at = found.schema_version if found is not None else 0
+            return refuse(output, "where", f"{mask_secrets(url)} is at schema {at}, not this release's {STORE_SCHEMA}: "
+                                           "verify it with the release that wrote it (this one would migrate it)")
+        store = AuditStore(url, wal_checkpoint_every=0)  # at this release's schema: opening it writes nothing
+        try:
+            v = store.verify()
+            size, root = store.tree_head()
+            held = store.root_at(cp.tree_size).hex() if cp is not None and v.ok and cp.tree_size <= size else ""
+            known = cp is not None and cp.key_id in _log_key_ids(store)
+        finally:
+            store.close()
+    except sa.exc.SQLAlchemyError as exc:
+        message = f"where: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        return _fail(output, {**show, "error": {"code": "UNAVAILABLE", "message": str(mask_secrets(message))}})
+    result: dict[str, Any] = {**show, "ok": v.ok, "records_checked": v.records_checked,
+                              "first_bad_sequence": v.first_bad_sequence, "reason": v.reason,
+                              "head_hash": v.head_hash, "tree_size": size, "root_hash": root.hex()}
+    if cp is not None and v.ok:
+        why = ""
+        try:
+            checkpoint.verify(cp)
+        except checkpoint.CheckpointError as exc:
+            why = str(exc)
+        if not why and cp.tree_size > size:
+            why = (f"the log is shorter than the checkpoint ({size} records, the checkpoint has {cp.tree_size}): "
+                   "records were removed")
+        elif not why and held != cp.root_hash:
+            why = (f"inconsistent history: the first {cp.tree_size} records are not the ones the checkpoint signed "
+                   "(a record was rewritten, or the log forked)")
+        result.update(ok=not why, reason=why, checkpoint_size=cp.tree_size, key_id=cp.key_id, key_known=known)
+    if output == "json":
+        print_json({"verification": result})
+    elif not v.ok:
+        print(f"audit chain BROKEN at auditRecords/{v.first_bad_sequence}: {v.reason} "
+              f"({v.records_checked} records verified before it)")
+    elif cp is None:
+        print(f"audit chain OK: {v.records_checked} records, head {v.head_hash[:16]}, root {root.hex()[:16]}")
+    elif result["ok"]:
+        whose = "one of this log's keys" if known else "a key this log does not name (signed elsewhere?)"
+        print(f"audit log OK: {v.records_checked} records; it holds the checkpoint's tree of {cp.tree_size} records "
+              f"(root {cp.root_hash[:16]}), signed by key {cp.key_id[:16]}, {whose}")
+    else:
+        print(f"audit log does NOT hold the checkpoint's tree: {result['reason']}")
+    return 0 if result["ok"] else 3
+
+
+def _log_key_ids(store: Any) -> set[str]:
+    """Every key id the log's signing_keys table has named, of any generation."""
+    import sqlalchemy as sa
+
+    from cgsvc.audit.store import signing_keys
+
+    with store.read_engine.begin() as conn:
+        return set(conn.execute(sa.select(signing_keys.c.key_id)).scalars())
 
 
 def _carry_key(source_dir: Path | None, target_dir: Path | None, key_id: str) -> dict[str, str]:

@@ -1,9 +1,11 @@
 """`cgsvc store copy`: one box's SQLite log into PostgreSQL (or a backup directory), the copy
 served by a real server and proven against a checkpoint signed before it; bad targets refused
-with nothing written; a tampered source's copy does not verify."""
+with nothing written; a tampered source's copy does not verify. `cgsvc store verify`: a backup
+checked where it lies, against a checkpoint, with no server."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import subprocess
@@ -20,7 +22,7 @@ from cgsvc.launch.store import LaunchRow, LaunchStore, Workload
 from tests.conftest import ROOT
 from tests.e2e.server import ServerProcess, serve_refused
 from tests.e2e.test_serve_check import other_key
-from tests.e2e.test_trust import checkpoint_file, cli, resolve_n
+from tests.e2e.test_trust import attack, checkpoint_file, cli, resolve_n
 from tests.integration.pg import pg_url_or_skip
 
 
@@ -187,3 +189,49 @@ def test_a_key_file_that_is_not_the_logs_is_left_where_it_is(tmp_path: Path) -> 
     assert result["signing_key"]["file"] == "" and not (tmp_path / "copy" / "signing_key.pem").exists(), result
     assert "serve the target with --signing-key the key the source's servers sign with" in \
         result["signing_key"]["note"], result
+
+
+def store_verify(where: Path, *more: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cgsvc.server.main", "store", "verify", str(where), *more],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_a_backup_is_verified_where_it_lies_and_holds_a_checkpoint_or_says_why_not(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "box") as box:
+        resolve_n(box, 5)
+        checkpoint_file(box, tmp_path / "cp.json")
+    backups = {how: tmp_path / how for how in ("kept", "truncated", "rewritten", "edited")}
+    for where in backups.values():
+        assert copied(str(box.data_dir), str(where))["verified"]
+    db = backups["kept"] / "cgsvc.db"
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    proc = store_verify(backups["kept"], "--checkpoint", str(tmp_path / "cp.json"), "-o", "json")
+    result = json.loads(proc.stdout)["verification"]
+    assert proc.returncode == 0 and result["ok"] and result["records_checked"] == 5, proc.stdout + proc.stderr
+    assert (result["checkpoint_size"], result["key_known"]) == (5, True), result
+    plain = store_verify(backups["kept"])
+    assert plain.returncode == 0 and plain.stdout.startswith("audit chain OK: 5 records"), plain.stdout
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before  # read, not written
+    # what anyone with the file can do, each caught: the chain repaired after the change, so only the
+    # checkpoint tells (cut back, rewritten), or not repaired (edited: the chain itself tells)
+    attack(backups["truncated"] / "cgsvc.db", keep=3)
+    attack(backups["rewritten"] / "cgsvc.db", rewrite=2)
+    con = sqlite3.connect(backups["edited"] / "cgsvc.db")
+    con.execute("UPDATE audit_records SET principal = 'someone-else' WHERE sequence = 4")
+    con.commit()
+    con.close()
+    for how, said in (("truncated", "the log is shorter than the checkpoint (3 records, the checkpoint has 5)"),
+                      ("rewritten", "inconsistent history: the first 5 records are not the ones the checkpoint"),
+                      ("edited", "record_hash does not match the record's contents")):
+        assert store_verify(backups[how]).returncode == (3 if how == "edited" else 0), how  # alone, a repair passes
+        proc = store_verify(backups[how], "--checkpoint", str(tmp_path / "cp.json"), "-o", "json")
+        result = json.loads(proc.stdout)["verification"]
+        assert proc.returncode == 3 and not result["ok"] and said in result["reason"], (how, proc.stdout)
+    table = store_verify(backups["truncated"], "--checkpoint", str(tmp_path / "cp.json"))
+    assert table.stdout.startswith("audit log does NOT hold the checkpoint's tree: the log is shorter"), table.stdout
+    # bad input: a file that is no checkpoint, a directory with no log
+    (tmp_path / "junk.json").write_text("[]")
+    junk = store_verify(backups["kept"], "--checkpoint", str(tmp_path / "junk.json"), "-o", "json")
+    assert junk.returncode == 2 and json.loads(junk.stdout)["error"]["field_violations"][0]["field"] == "checkpoint"
+    nowhere = store_verify(tmp_path / "nowhere", "-o", "json")
+    assert nowhere.returncode == 2 and "no cgsvc.db there" in nowhere.stdout, nowhere.stdout
