@@ -17,6 +17,7 @@ import dataclasses
 import datetime as dt
 import fcntl
 import gc
+import json
 import logging
 import os
 import signal
@@ -147,7 +148,25 @@ def config_warnings(cfg: ServerConfig, loopback: bool, key_path: Path, log_file:
     return out
 
 
-def check(cfg: ServerConfig, loop_line: str = "") -> int:
+def refused(message: str, output: str) -> int:
+    """A configuration that would not start: exit 2, said on stderr as serve says it, or under -o
+    json as {"starts": false, "error"} naming the setting the message names first."""
+    if output != "json":
+        print(f"cgsvc: {message}", file=sys.stderr)
+        return 2
+    named = {}
+    for f in dataclasses.fields(ServerConfig):
+        at = [i for i in (message.find(f.name), message.find("--" + f.name.replace("_", "-"))) if i >= 0]
+        if at:
+            named[f.name] = min(at)
+    field = min(named, key=lambda name: named[name]) if named else "configuration"
+    print(json.dumps({"starts": False, "error": {"code": "INVALID_ARGUMENT", "message": message,
+                                                 "field_violations": [{"field": field, "description": message}]}},
+                     indent=2))
+    return 2
+
+
+def check(cfg: ServerConfig, loop_line: str = "", output: str = "table") -> int:
     """`serve --check`: every check a start makes, what it would make and what it would warn of,
     with nothing made or written: no data directory, no key file, no database file, no migration.
     Exit 0 when this configuration starts, 2 naming the first thing that stops it (as serve)."""
@@ -159,8 +178,7 @@ def check(cfg: ServerConfig, loop_line: str = "") -> int:
     from cgsvc.server.addresses import cannot_listen
 
     def refuse(message: str) -> int:
-        print(f"cgsvc: {message}", file=sys.stderr)
-        return 2
+        return refused(message, output)
 
     try:
         if cfg.metrics_address:
@@ -218,14 +236,20 @@ def check(cfg: ServerConfig, loop_line: str = "") -> int:
     auth = "bearer tokens" if cfg.token_file else ("client certificates" if cfg.tls_client_ca else "none")
     metrics_url = f"http://{cfg.metrics_address}/metrics" if cfg.metrics_address else ""
     log_file = (sa.engine.make_url(url).database or "") if url.startswith("sqlite") and found is not None else ""
+    checked = [f"transport: {mode}; authentication: {auth}",
+               f"local devices: {', '.join(p.inventory.devices)} ({p.inventory.source})",
+               key_line, f"database: {_redact(url)}: {database}", *([loop_line] if loop_line else [])]
+    warnings = config_warnings(cfg, p.loopback, p.key_path, log_file, p.model_roots, metrics_url, p.admits)
+    if output == "json":
+        print(json.dumps({"starts": True, "address": cfg.address, "ok": checked, "notes": notes,
+                          "warnings": warnings}, indent=2))
+        return 0
     print(f"cgsvc {__version__} serve --check: {cfg.address}")
-    for line in (f"transport: {mode}; authentication: {auth}",
-                 f"local devices: {', '.join(p.inventory.devices)} ({p.inventory.source})",
-                 key_line, f"database: {_redact(url)}: {database}", *([loop_line] if loop_line else [])):
+    for line in checked:
         print(f"ok: {line}")
     for note in notes:
         print(f"note: {note}")
-    for warning in config_warnings(cfg, p.loopback, p.key_path, log_file, p.model_roots, metrics_url, p.admits):
+    for warning in warnings:
         print(f"WARNING: {warning}")
     print("this configuration starts" + (" (see the notes)" if notes else ""))
     return 0
@@ -351,6 +375,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--check", action="store_true", help="check this configuration as a start would (TLS and token "
                    "files, keys, devices, the database and its key) and say what it would warn of, making and "
                    "writing nothing; exit 0 when it starts, 2 naming what stops it")
+    s.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                   help="with --check: table (default) or json ({\"starts\", \"ok\", \"notes\", \"warnings\"}, or "
+                        "{\"starts\": false, \"error\"})")
     token_commands.register(sub)
     store_commands.register(sub)
     return ap
@@ -367,10 +394,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(ns.config, overrides={f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerConfig)})
         run, loop_line = event_loop(cfg.event_loop)
     except (OSError, ValueError) as exc:
+        if ns.check:
+            return refused(f"configuration error: {exc}", ns.output)
         print(f"cgsvc: configuration error: {exc}", file=sys.stderr)
         return 2
     if ns.check:
-        return check(cfg, loop_line)
+        return check(cfg, loop_line, ns.output)
     configure_logging(cfg.log_level)
     # The logs on stderr are JSON, a line each; gRPC's C core would add lines of its own (a client's
     # failed TLS handshake, at INFO), so it logs errors only unless GRPC_VERBOSITY says otherwise. It

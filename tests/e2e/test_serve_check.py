@@ -5,6 +5,7 @@ written; what stops a start stops the check with the same words; what a running 
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,9 @@ def test_a_first_start_is_checked_without_making_anything(tmp_path: Path) -> Non
     assert f"data_dir {fresh} does not exist: a start makes it (mode 0700)" in notes, notes
     assert any(w.startswith("insecure local mode") for w in lines(proc, "WARNING")), proc.stdout
     assert proc.stdout.splitlines()[-1] == "this configuration starts (see the notes)"
+    as_json = json.loads(check(fresh, "-o", "json").stdout)  # the same, for a script
+    assert as_json["starts"] and as_json["ok"] == ok and as_json["notes"] == notes, as_json
+    assert any(w.startswith("insecure local mode") for w in as_json["warnings"]), as_json
     assert not fresh.exists()  # no directory, no key, no database
 
 
@@ -81,6 +85,12 @@ def test_what_stops_a_start_stops_the_check_in_the_same_words(tmp_path: Path) ->
         said = serve_refused(box.data_dir, *args)
         assert proc.returncode == 2 and proc.stdout == "", proc.stdout
         assert proc.stderr.strip() == said.strip().splitlines()[-1], (args, proc.stderr, said)
+    for args, field in ((("--local-devices", "a,a"), "local_devices"), (("--lease-seconds", "0"), "lease_seconds"),
+                        (("--signing-key", str(stranger)), "signing_key")):
+        answer = check(box.data_dir, *args, "-o", "json")
+        error = json.loads(answer.stdout)["error"]
+        assert answer.returncode == 2 and not json.loads(answer.stdout)["starts"], answer.stdout
+        assert error["field_violations"][0]["field"] == field, (args, error)
     # the log's key file gone: a start would make another key and refuse; the check says why first
     (box.data_dir / "signing_key.pem").rename(tmp_path / "kept.pem")
     gone = check(box.data_dir)
