@@ -148,6 +148,13 @@ def config_warnings(cfg: ServerConfig, loopback: bool, key_path: Path, log_file:
     return out
 
 
+def transport(cfg: ServerConfig) -> str:
+    """"transport: TLS; authentication: bearer tokens": what callers cross and present."""
+    mode = ("TLS" + (" + client certificates" if cfg.tls_client_ca else "")) if cfg.secure else "insecure (no TLS)"
+    auth = "bearer tokens" if cfg.token_file else ("client certificates" if cfg.tls_client_ca else "none")
+    return f"transport: {mode}; authentication: {auth}"
+
+
 def refused(message: str, output: str) -> int:
     """A configuration that would not start: exit 2, said on stderr as serve says it, or under -o
     json as {"starts": false, "error"} naming the setting the message names first."""
@@ -223,20 +230,17 @@ def check(cfg: ServerConfig, loop_line: str = "", output: str = "table") -> int:
         if ours == log_id:
             key_line += ", the log's key"
         elif p.previous_key is not None:
-            if keys.own_key_id(p.previous_key) != log_id:
-                return refuse(f"previous_signing_key: its key {keys.own_key_id(p.previous_key)} is not this log's key "
-                              f"{log_id}; give the key the log's checkpoints are signed with now")
+            if (retiring := keys.own_key_id(p.previous_key)) != log_id:
+                return refuse(signing.not_the_retiring_key(retiring, log_id))
             notes.append(f"a start rotates this log's key from {log_id} to {ours}, endorsed by the old key")
         elif cfg.replace_lost_signing_key:
             notes.append(f"a start replaces this log's key {log_id} with {ours} WITHOUT its endorsement "
                          "(--replace-lost-signing-key): every witness will refuse it")
         else:
             return refuse(signing.not_the_logs_key(log_id, generation, ours))
-    mode = ("TLS" + (" + client certificates" if cfg.tls_client_ca else "")) if cfg.secure else "insecure (no TLS)"
-    auth = "bearer tokens" if cfg.token_file else ("client certificates" if cfg.tls_client_ca else "none")
     metrics_url = f"http://{cfg.metrics_address}/metrics" if cfg.metrics_address else ""
     log_file = (sa.engine.make_url(url).database or "") if url.startswith("sqlite") and found is not None else ""
-    checked = [f"transport: {mode}; authentication: {auth}",
+    checked = [transport(cfg),
                f"local devices: {', '.join(p.inventory.devices)} ({p.inventory.source})",
                key_line, f"database: {_redact(url)}: {database}", *([loop_line] if loop_line else [])]
     warnings = config_warnings(cfg, p.loopback, p.key_path, log_file, p.model_roots, metrics_url, p.admits)
@@ -280,8 +284,6 @@ async def serve(cfg: ServerConfig, loop_line: str = "") -> int:
     gc.freeze()
     metrics.time_gc_pauses()
     host = cfg.address.rsplit(":", 1)[0]
-    mode = ("TLS" + (" + client certificates" if cfg.tls_client_ca else "")) if cfg.secure else "insecure (no TLS)"
-    auth = "bearer tokens" if cfg.token_file else ("client certificates" if cfg.tls_client_ca else "none")
     # The first line is for people and scripts alike (port 0 prints the port picked).
     print(f"cgsvc {__version__} listening on {host}:{running.port}", flush=True)
     loopback = running.extras["loopback"]
@@ -316,7 +318,7 @@ async def serve(cfg: ServerConfig, loop_line: str = "") -> int:
                   f"{', '.join(tls.names(served[0])) or 'nothing'}): clients sent to {launches.address} for this "
                   "replica's launch logs will refuse the handshake; advertise a name the certificate carries "
                   "(--advertise-address)", flush=True)
-    print(f"transport: {mode}; authentication: {auth}; database: "
+    print(f"{transport(cfg)}; database: "
           f"{running.store.dialect} ({_redact(cfg.effective_database_url)}); metrics: {metrics_url or 'off'}",
           flush=True)
     log.info("started", address=f"{host}:{running.port}", database=running.store.dialect)

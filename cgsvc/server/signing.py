@@ -54,9 +54,7 @@ async def settle(store: AuditStore, auditor: Auditor, key: Ed25519PrivateKey,
         if previous is not None:
             retiring = keys.own_key_id(previous)
             if retiring != log_id:
-                raise SigningKeyError(
-                    f"previous_signing_key: its key {retiring} is not this log's key {log_id}; give the key the "
-                    "log's checkpoints are signed with now (`cgsvc-cli audit checkpoint` prints its key_id)")
+                raise SigningKeyError(not_the_retiring_key(retiring, log_id))
             size, root = await asyncio.to_thread(store.tree_head)
             rotation = keys.rotate(previous, key, size, root, utc_now())
             message = (f"signing key {ours} replaces {log_id}, endorsed by it over the tree of {size} records "
@@ -84,6 +82,12 @@ def not_the_logs_key(log_id: str, generation: int, ours: str) -> str:
             f"server's key is {ours}. Replicas of one log share one key: give the log's key with "
             "--signing-key; to rotate to this key, also give the old one with --previous-signing-key; if the "
             "old key is lost, --replace-lost-signing-key records the change unendorsed (witnesses then refuse it)")
+
+
+def not_the_retiring_key(retiring: str, log_id: str) -> str:
+    """Why --previous-signing-key `retiring` cannot endorse a rotation of a log signed by `log_id`."""
+    return (f"previous_signing_key: its key {retiring} is not this log's key {log_id}; give the key the log's "
+            "checkpoints are signed with now (`cgsvc-cli audit checkpoint` prints its key_id)")
 
 
 def still_ours(store: AuditStore, key_id: str) -> str:
