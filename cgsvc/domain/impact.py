@@ -136,7 +136,7 @@ def policy_impact(store: AuditStore, candidate: str, baseline: str = DEFAULT_POL
             progress(out["specs_examined"], out["records_examined"])
 
     pending: list[SpecGroup] = []
-    for group in store.spec_groups(METHODS, history):
+    for group in store.spec_groups(METHODS, history, latest=recorded):
         pending.append(group)
         if len(pending) >= BATCH:
             flush(pending)
