@@ -9,6 +9,7 @@ import argparse
 import collections
 import datetime as dt
 import functools
+import itertools
 import json
 import math
 import os
@@ -439,7 +440,8 @@ def summarize(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], fie
     """A `summary` command's answer: every item of every page that matches --filter and --since,
     counted by the --by fields (checked against `fields`, in any case), the most common group
     first; each group also with each measure, reduced over the items that have a value (None when
-    none has). Constant memory: counts and values, not items. Returns (by, items, groups)."""
+    none has). A field that reads a list (the rules a plan used) counts the item once under each
+    of its values. Constant memory: counts and values, not items. Returns (by, items, groups)."""
     by = [f.strip().lower() for f in ns.by.split(",") if f.strip()]
     unknown = [f for f in by if f not in fields]
     if not by or unknown:
@@ -449,20 +451,23 @@ def summarize(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], fie
     counts: collections.Counter[tuple[Any, ...]] = collections.Counter()
     values: dict[tuple[Any, ...], dict[str, list[Any]]] = collections.defaultdict(lambda: collections.defaultdict(list))
     ns.all, ns.page_size, ns.page_token = True, 1000, None
+    seen = 0
     for items, _ in pages(ns, fetch, field):
         for item in items:
-            key = tuple(fields[f](item) for f in by)
-            counts[key] += 1
-            for name, (get, _reduce) in measures.items():
-                if (value := get(item)) is not None:
-                    values[key][name].append(value)
+            seen += 1
+            read = [fields[f](item) for f in by]
+            for key in itertools.product(*(v if isinstance(v, list) else [v] for v in read)):
+                counts[key] += 1
+                for name, (get, _reduce) in measures.items():
+                    if (value := get(item)) is not None:
+                        values[key][name].append(value)
     groups = []
     for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], [str(v) for v in kv[0]])):
         group: dict[str, Any] = {**dict(zip(by, key, strict=True)), field: n}
         for name, (_get, reduce) in measures.items():
             group[name] = reduce(values[key][name]) if values[key][name] else None
         groups.append(group)
-    return by, sum(counts.values()), groups
+    return by, seen, groups
 
 
 def add_summary(p: argparse.ArgumentParser, default: str, fields: dict[str, Any], example: str,

@@ -75,6 +75,8 @@ SUMMARY_FIELDS: dict[str, Callable[[Any], Any]] = {
     "policy": lambda p: p.policy or "cgsvc",
     "policy_version": lambda p: p.policy_version,
     "day": lambda p: p.create_time.ToJsonString()[:10],  # made that UTC day
+    # every rule that decided a field or warned (a list: the plan counts once under each)
+    "rule_id": lambda p: list(dict.fromkeys([d.rule_id for d in p.decisions] + [w.rule_id for w in p.warnings])) or ["-"],
 }
 
 
@@ -86,7 +88,8 @@ def print_counts(ns: argparse.Namespace, field: str, by: list[str], total: int, 
         return 0
     print(render.table([*by, field, "share"], [(*(g[f] for f in by), g[field], f"{g[field] / total:.0%}")
                                                for g in groups]))
-    print(f"{render.counted(total, field.removesuffix('s'))} in {render.counted(len(groups), 'group')}")
+    each = f"; a {field.removesuffix('s')} counts once under each rule it used" if "rule_id" in by else ""
+    print(f"{render.counted(total, field.removesuffix('s'))} in {render.counted(len(groups), 'group')}{each}")
     return 0
 
 
@@ -138,6 +141,7 @@ RECORD_FIELDS: dict[str, Callable[[Any], Any]] = {
     "gpu": lambda r: r.gpu or "-",
     "policy": lambda r: r.policy or "cgsvc",
     "day": lambda r: r.time.ToJsonString()[:10],  # UTC
+    "rule_id": lambda r: list(r.rule_ids) or ["-"],  # a list, as plans': "-" for a record of no resolution
 }
 
 

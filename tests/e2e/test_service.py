@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -605,8 +606,21 @@ def test_plans_summary_counts_the_fleets_plans_by_the_fields_asked(server: Serve
     only = summary("--by", "model", "--filter", 'gpu = "H200"')
     assert only["plans"] == 1 and only["groups"] == [{"model": "nvidia/Kimi-K2.6-NVFP4", "plans": 1}]
     assert summary("--by", "day")["groups"] == [{"day": start[:10], "plans": 3}]  # plans made a UTC day
+    # a rule's reach across the fleet's plans: a plan counts once under every rule it used
+    rules = summary("--by", "rule_id")
+    used = collections.Counter(r for p in every for r in dict.fromkeys(
+        [d["rule_id"] for d in p["decisions"]] + [w["rule_id"] for w in p.get("warnings", [])]))
+    assert {g["rule_id"]: g["plans"] for g in rules["groups"]} == dict(used), rules
+    assert rules["plans"] == 3 and {"rule_id": "breakable.mla", "plans": 2} in rules["groups"], rules
+    by_gpu = summary("--by", "gpu,rule_id", "--filter", 'rule_id = "breakable.mla"')
+    assert by_gpu["plans"] == 2 and {"gpu": "GB300", "rule_id": "breakable.mla", "plans": 2} in by_gpu["groups"]
+    assert {g["gpu"] for g in by_gpu["groups"]} == {"GB300"}, by_gpu  # H200's plan did not use it
+    rule_table = cli("plans", "summary", "--by", "rule_id", "--since", start, "--server", server.address,
+                     "-o", "table").stdout
+    assert "3 plans in" in rule_table and "a plan counts once under each rule it used" in rule_table, rule_table
     table = cli("plans", "summary", "--since", start, "--server", server.address, "-o", "table").stdout
     assert "3 plans in" in table and "GB300" in table and "share" in table
+    assert "counts once under each" not in table
     bad = cli("plans", "summary", "--by", "gpu,colour", "--server", server.address, "-o", "json")
     assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["field_violations"][0]["field"] == "by"
 
@@ -630,6 +644,9 @@ def test_audit_summary_counts_the_records_by_the_fields_asked(server: ServerProc
                              {"method": "ResolvePlan", "outcome": "OK", "records": 1}], got
     day = summary("--by", "day", "--filter", 'outcome != "OK" AND method = "ResolvePlan"')
     assert day["groups"] == [{"day": start[:10], "records": 2}], day
+    rules = summary("--by", "outcome,rule_id", "--filter", 'method = "ResolvePlan"')  # refusals name no rule here
+    assert {"outcome": "INVALID_ARGUMENT", "rule_id": "-", "records": 2} in rules["groups"], rules
+    assert {"outcome": "OK", "rule_id": "breakable.mla", "records": 1} in rules["groups"], rules
     table = cli("audit", "summary", "--since", start, "--server", server.address, "-o", "table").stdout
     assert "ResolvePlan" in table and "INVALID_ARGUMENT" in table and "share" in table and " records in " in table
     bad = cli("audit", "summary", "--by", "colour", "--server", server.address, "-o", "json")
