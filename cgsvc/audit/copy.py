@@ -33,8 +33,6 @@ CHUNK = 2000  # rows a statement
 # Kept by each store for itself: the target has its own, written when its schema was made.
 NOT_COPIED = (schema_migrations.name,)
 ACTIVE_STATES = LAUNCH_STATES[:4]  # PLACING .. RUNNING (cgsvc.domain.launches.ACTIVE)
-# The rows a store holds before anything happened in it (its chain head at the genesis).
-MADE_WITH_THE_SCHEMA = (chain_head.name,)
 
 
 class CopyError(ValueError):
