@@ -3,9 +3,10 @@
 Every distinct launch spec in the ResolvePlan and CreateLaunch records (refusals included)
 is re-resolved under a candidate policy and compared with a baseline: another policy, resolved
 alike, or ("recorded") what the log holds for the spec under the candidate's own policy, so that
-a change to a policy's rules is weighed against what its earlier versions resolved. The database groups the records by
-spec hash and streams the groups; the specs are resolved in batches, so memory grows with
-the answer (the specs that change), not with the log. Reads only: nothing is appended.
+a change to a policy's rules is weighed against what its earlier versions resolved. The
+database groups the records by spec hash and streams the groups; the specs are resolved in
+batches, so memory grows with the answer (the specs that change), not with the log. Reads
+only: nothing is appended.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ class Outcome:
             return cls(None, err)
         except ValueError as err:  # a record whose spec no longer parses
             return cls(None, ServiceError.invalid([FieldViolation("spec", str(err))]))
-
 
     @classmethod
     def recorded(cls, record: AuditRecord) -> Outcome | None:
