@@ -21,12 +21,10 @@ from cgsvc.audit.store import (
     AuditStore,
     Verification,
     chain_head,
-    experiments,
-    launches,
     metadata,
     schema_migrations,
 )
-from cgsvc.launch.store import EXPERIMENT_STATES, LAUNCH_STATES
+from cgsvc.launch.store import EXPERIMENT_STATES, LAUNCH_STATES, ExperimentStore, LaunchStore
 from cgsvc.text import counted
 
 CHUNK = 2000  # rows a statement
@@ -82,14 +80,8 @@ def copy_store(source: AuditStore, target: AuditStore,
 def running(store: AuditStore) -> list[str]:
     """The launches and experiments a store holds as still running: in a copy, the work of the
     source's replicas, which the target's take over as a lapsed replica's."""
-    with store.read_engine.begin() as conn:
-        names = [f"launches/{i}" for i in conn.execute(
-            sa.select(launches.c.launch_id).where(launches.c.state.in_(ACTIVE_STATES)).order_by(launches.c.sequence))
-            .scalars()]
-        names += [f"experiments/{i}" for i in conn.execute(
-            sa.select(experiments.c.experiment_id).where(experiments.c.state == EXPERIMENT_STATES[0])
-            .order_by(experiments.c.sequence)).scalars()]
-    return names
+    return ([f"launches/{row.launch_id}" for row in LaunchStore(store).in_states(ACTIVE_STATES)]
+            + [f"experiments/{row.experiment_id}" for row in ExperimentStore(store).in_state(EXPERIMENT_STATES[0])])
 
 
 def copy_rows(source: AuditStore, target: AuditStore,
