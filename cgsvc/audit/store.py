@@ -972,6 +972,17 @@ class Probe:
     log_key: tuple[int, str] | None  # (generation, key_id) of the key that signs the log today
 
 
+def _schema_version(conn: Connection) -> int:
+    return int(conn.execute(sa.select(sa.func.max(schema_migrations.c.version))).scalar() or 0)
+
+
+def _log_key(conn: Connection) -> tuple[int, str, int] | None:
+    """(generation, key_id, rotating record's sequence) of the key that signs the log today."""
+    row = conn.execute(sa.select(signing_keys.c.generation, signing_keys.c.key_id, signing_keys.c.sequence)
+                       .order_by(signing_keys.c.generation.desc()).limit(1)).first()
+    return None if row is None else (int(row.generation), str(row.key_id), int(row.sequence))
+
+
 def probe(url: str) -> Probe | None:
     """Read what the database at `url` holds, writing nothing; None for a SQLite file that does
     not exist (a start makes it). Raises SQLAlchemyError when it cannot be reached."""
@@ -983,16 +994,13 @@ def probe(url: str) -> Probe | None:
     try:
         with engine.connect() as conn:
             tables = set(sa.inspect(conn).get_table_names())
-            version = int(conn.execute(sa.select(sa.func.max(schema_migrations.c.version))).scalar() or 0) \
-                if schema_migrations.name in tables else 0
+            version = _schema_version(conn) if schema_migrations.name in tables else 0
             records = int(conn.execute(sa.select(sa.func.count()).select_from(audit_records)).scalar_one()) \
                 if audit_records.name in tables else 0
-            row = conn.execute(sa.select(signing_keys.c.generation, signing_keys.c.key_id)
-                               .order_by(signing_keys.c.generation.desc()).limit(1)).first() \
-                if signing_keys.name in tables else None
+            key = _log_key(conn) if signing_keys.name in tables else None
     finally:
         engine.dispose()
-    return Probe(version, records, None if row is None else (int(row.generation), str(row.key_id)))
+    return Probe(version, records, None if key is None else key[:2])
 
 
 class AuditStore:
@@ -1204,7 +1212,7 @@ class AuditStore:
 
     def schema_version(self) -> int:
         with self.read_engine.begin() as conn:
-            return int(conn.execute(sa.select(sa.func.max(schema_migrations.c.version))).scalar() or 0)
+            return _schema_version(conn)
 
     def close(self) -> None:
         if self._checkpointer is not None:
@@ -1464,9 +1472,12 @@ class AuditStore:
         """The key that signs this log's checkpoints today: (generation, key_id, the sequence of
         the record that rotated to it, 0 for the first); None before any server named one."""
         with self.read_engine.begin() as conn:
-            row = conn.execute(sa.select(signing_keys.c.generation, signing_keys.c.key_id, signing_keys.c.sequence)
-                               .order_by(signing_keys.c.generation.desc()).limit(1)).first()
-        return None if row is None else (int(row.generation), row.key_id, int(row.sequence))
+            return _log_key(conn)
+
+    def log_key_ids(self) -> set[str]:
+        """Every key id the log has been signed by, of any generation."""
+        with self.read_engine.begin() as conn:
+            return set(conn.execute(sa.select(signing_keys.c.key_id)).scalars())
 
     def add_log_key(self, generation: int, key_id: str, public_key: str, sequence: int) -> bool:
         """Make `key_id` the log's key as `generation`; False when another server took that

@@ -176,7 +176,7 @@ def verify(where: str, checkpoint_file: str | None, output: str) -> int:
             v = store.verify()
             size, root = store.tree_head()
             held = store.root_at(cp.tree_size).hex() if cp is not None and v.ok and cp.tree_size <= size else ""
-            known = cp is not None and cp.key_id in _log_key_ids(store)
+            known = cp is not None and cp.key_id in store.log_key_ids()
         finally:
             store.close()
     except sa.exc.SQLAlchemyError as exc:
@@ -212,16 +212,6 @@ def verify(where: str, checkpoint_file: str | None, output: str) -> int:
     else:
         print(f"audit log does NOT hold the checkpoint's tree: {result['reason']}")
     return 0 if result["ok"] else 3
-
-
-def _log_key_ids(store: Any) -> set[str]:
-    """Every key id the log's signing_keys table has named, of any generation."""
-    import sqlalchemy as sa
-
-    from cgsvc.audit.store import signing_keys
-
-    with store.read_engine.begin() as conn:
-        return set(conn.execute(sa.select(signing_keys.c.key_id)).scalars())
 
 
 def _carry_key(source_dir: Path | None, target_dir: Path | None, key_id: str) -> dict[str, str]:
