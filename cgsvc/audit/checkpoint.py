@@ -109,6 +109,18 @@ def sign(key: Ed25519PrivateKey, tree_size: int, root: bytes, time: str, origin:
     return Checkpoint(**{**unsigned.to_dict(), "signature": base64.b64encode(signature).decode()})
 
 
+def shorter(size: int, cp: Checkpoint) -> str:
+    """Why a log of `size` records does not hold `cp`'s larger tree."""
+    return (f"the log is shorter than the checkpoint ({size} records, the checkpoint has {cp.tree_size}): records "
+            "were removed")
+
+
+def inconsistent(cp: Checkpoint) -> str:
+    """Why a log whose tree at `cp`'s size has another root does not hold `cp`'s tree."""
+    return (f"inconsistent history: the first {cp.tree_size} records are not the ones the checkpoint signed (a record "
+            "was rewritten, or the log forked)")
+
+
 def verify(cp: Checkpoint, expected_key_id: str = "") -> None:
     """Raise CheckpointError unless the signature verifies under the checkpoint's own public
     key (whose id must match, and match expected_key_id when given)."""

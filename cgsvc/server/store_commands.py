@@ -192,11 +192,9 @@ def verify(where: str, checkpoint_file: str | None, output: str) -> int:
         except checkpoint.CheckpointError as exc:
             why = str(exc)
         if not why and cp.tree_size > size:
-            why = (f"the log is shorter than the checkpoint ({size} records, the checkpoint has {cp.tree_size}): "
-                   "records were removed")
+            why = checkpoint.shorter(size, cp)
         elif not why and held != cp.root_hash:
-            why = (f"inconsistent history: the first {cp.tree_size} records are not the ones the checkpoint signed "
-                   "(a record was rewritten, or the log forked)")
+            why = checkpoint.inconsistent(cp)
         result.update(ok=not why, reason=why, checkpoint_size=cp.tree_size, key_id=cp.key_id, key_known=known)
     if output == "json":
         print_json({"verification": result})

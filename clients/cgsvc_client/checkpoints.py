@@ -110,14 +110,11 @@ def extends(c: Client, old: checkpoint.Checkpoint, key_id: str = "") -> Extensio
     if new.origin != old.origin:
         return Extension(False, f"the server's checkpoint is of log {new.origin!r}, not {old.origin!r}", new)
     if new.tree_size < old.tree_size:
-        return Extension(False, f"the log is shorter than the checkpoint ({new.tree_size} records, the checkpoint "
-                                f"has {old.tree_size}): records were removed", new)
+        return Extension(False, checkpoint.shorter(new.tree_size, old), new)
     hashes: list[str] = []
     if 0 < old.tree_size < new.tree_size:
         hashes = list(c.consistency_proof(old.tree_size, new.tree_size).hashes)
     ok = old.tree_size == 0 or merkle.verify_consistency(
         old.tree_size, new.tree_size, bytes.fromhex(old.root_hash), bytes.fromhex(new.root_hash),
         [bytes.fromhex(h) for h in hashes])
-    return Extension(ok, "" if ok else f"inconsistent history: the first {old.tree_size} records are not the ones "
-                                       "the checkpoint signed (a record was rewritten, or the log forked)",
-                     new, hashes, rotations)
+    return Extension(ok, "" if ok else checkpoint.inconsistent(old), new, hashes, rotations)
