@@ -125,8 +125,7 @@ def copy(source: str, target: str, output: str) -> int:
         return refuse(output, exc.field, str(exc))
     except sa.exc.SQLAlchemyError as exc:  # unreachable, refused, or a failure inside: nothing was committed
         which = "source" if len(stores) == 0 else "target" if len(stores) == 1 else "copy"
-        message = f"{which}: {type(exc).__name__}: {str(exc).splitlines()[0]} (the target holds nothing of it)"
-        return _fail(output, {**show, "error": {"code": "UNAVAILABLE", "message": str(mask_secrets(message))}})
+        return _unavailable(output, show, which, exc, " (the target holds nothing of it)")
     finally:
         for store in stores:
             store.close()
@@ -180,8 +179,7 @@ def verify(where: str, checkpoint_file: str | None, output: str) -> int:
         finally:
             store.close()
     except sa.exc.SQLAlchemyError as exc:
-        message = f"where: {type(exc).__name__}: {str(exc).splitlines()[0]}"
-        return _fail(output, {**show, "error": {"code": "UNAVAILABLE", "message": str(mask_secrets(message))}})
+        return _unavailable(output, show, "where", exc)
     result: dict[str, Any] = {**show, "ok": v.ok, "records_checked": v.records_checked,
                               "first_bad_sequence": v.first_bad_sequence, "reason": v.reason,
                               "head_hash": v.head_hash, "tree_size": size, "root_hash": root.hex()}
@@ -262,9 +260,14 @@ def print_json(value: Any) -> None:
     render.print_json(value)
 
 
-def _fail(output: str, answer: dict[str, Any]) -> int:
+def _unavailable(output: str, show: dict[str, Any], which: str, exc: Exception, after: str = "") -> int:
+    """A database that could not be reached or failed inside: exit 1, its error's first line
+    (credentials masked) after the argument it came from."""
+    from cgsvc.audit.records import mask_secrets
+
+    message = str(mask_secrets(f"{which}: {type(exc).__name__}: {str(exc).splitlines()[0]}{after}"))
     if output == "json":
-        print_json(answer)
+        print_json({**show, "error": {"code": "UNAVAILABLE", "message": message}})
     else:
-        print(f"cgsvc: {answer['error']['message']}", file=sys.stderr)
+        print(f"cgsvc: {message}", file=sys.stderr)
     return 1
