@@ -499,11 +499,10 @@ class Launches:
                 return None
         if moved:
             log.info("launch state", launch_id=row.launch_id, state=state, reason=reason)
-            if state in TERMINAL:
-                self.ended[(row.dispatcher, state)] += 1
         new = await asyncio.to_thread(self.store.get, row.launch_id)
         assert new is not None
         if moved and state in TERMINAL:
+            self.ended[(row.dispatcher, state)] += 1
             for hear in self.on_ended:
                 hear(new)
         await self.announce(row.launch_id)
