@@ -35,6 +35,11 @@ protos: $(STAMP)
 protos-check: $(STAMP)
 	$(PY) scripts/genproto.py --check
 
+# The suite waits on servers, worker groups and subprocesses about as long as it computes: two
+# pytest processes, each running a whole file at a time (module fixtures stay shared), fill the
+# cores one leaves idle. PYTEST_ARGS= (empty) runs it in one process.
+PYTEST_ARGS ?= -n 2 --dist loadfile
+
 test: lint typecheck protos-check
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 

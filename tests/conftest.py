@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -22,6 +23,12 @@ LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_h
 # left to the programs' own default (errors only), which a test of their logs relies on.
 for _name in ("CGSVC_SERVER", "CGSVC_TOKEN", "GRPC_VERBOSITY"):
     os.environ.pop(_name, None)
+
+
+# No example has a deadline: a deadline is a wall-clock assertion, and the suite runs in two
+# processes on cores other tests are compiling on (Makefile PYTEST_ARGS).
+settings.register_profile("cgsvc", deadline=None)
+settings.load_profile("cgsvc")
 
 
 def llama_dir(path: Path) -> Path:

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,8 @@ def listing(srv: ServerProcess) -> tuple[list[str], list[str], list[str]]:
 
 
 def test_a_sqlite_log_copied_into_postgresql_is_the_same_log(tmp_path: Path) -> None:
-    pg = pg_url_or_skip("store_copy")
+    schema = f"store_copy_{uuid.uuid4().hex[:10]}"  # every test its own, as the others make theirs
+    pg = pg_url_or_skip(schema)
     with ServerProcess(tmp_path / "box") as box:
         resolve_n(box, 5)
         cp = checkpoint_file(box, tmp_path / "cp.json")
@@ -67,7 +69,7 @@ def test_a_sqlite_log_copied_into_postgresql_is_the_same_log(tmp_path: Path) -> 
     engine = sa.create_engine(pg)
     with engine.connect() as conn:  # the planner has statistics at once: a filter on the copy uses the indexes
         analyzed = conn.exec_driver_sql("SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables WHERE relname = "
-                                        "'audit_records' AND schemaname = 'store_copy'").scalar_one()
+                                        "'audit_records' AND schemaname = %(s)s", {"s": schema}).scalar_one()
     engine.dispose()
     assert analyzed
     assert result["signing_key"]["key_id"] == cp["key_id"]
