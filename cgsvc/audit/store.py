@@ -32,7 +32,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from cgsvc import catalog
 from cgsvc.audit import filters, merkle
-from cgsvc.audit.records import GENESIS, AuditEntry, AuditRecord, chain, utc_now
+from cgsvc.audit.records import GENESIS, AuditEntry, AuditRecord, chain, mask_secrets, utc_now
 from cgsvc.contract import REPORT_MEASURES, substituted
 from cgsvc.errors import CODE_NUMBERS, clip
 from cgsvc.spec import ATTENTION_BACKENDS, DECODE_GRAPH_BACKENDS, PREFILL_GRAPH_BACKENDS
@@ -981,6 +981,38 @@ def _log_key(conn: Connection) -> tuple[int, str, int] | None:
     row = conn.execute(sa.select(signing_keys.c.generation, signing_keys.c.key_id, signing_keys.c.sequence)
                        .order_by(signing_keys.c.generation.desc()).limit(1)).first()
     return None if row is None else (int(row.generation), str(row.key_id), int(row.sequence))
+
+
+STORE_URLS = "sqlite:///PATH, postgresql+psycopg://USER@HOST:PORT/DB"
+# PostgreSQL as libpq, hosted databases' DATABASE_URL and SQLAlchemy's default driver spell it
+POSTGRESQL_ALIASES = ("postgres", "postgresql", "postgresql+psycopg")
+
+
+def store_url(url: str) -> str:
+    """The URL the store opens for a database URL as given (a setting, a command's argument):
+    PostgreSQL by any of its usual spellings is `postgresql+psycopg://` (the driver cgsvc
+    installs); SQLite stays as given. ValueError, naming what is valid and with no password in
+    it, for a URL of another database, another driver, or a log that would not outlive the
+    process (in-memory SQLite)."""
+    shown = mask_secrets(url)
+    valid = f"valid: {STORE_URLS} (postgres:// and postgresql:// mean postgresql+psycopg://)"
+    try:
+        parsed = sa.engine.make_url(url)
+    except (sa.exc.ArgumentError, ValueError):
+        raise ValueError(f"{shown!r} is not a database URL; {valid}") from None
+    backend, driver = parsed.get_backend_name(), parsed.get_driver_name() if "+" in parsed.drivername else ""
+    if backend == "sqlite" and driver in ("", "pysqlite"):
+        if parsed.database in (None, "", ":memory:"):
+            raise ValueError(f"{shown!r} is an in-memory SQLite database: the log would be lost when the server "
+                             f"stops; {valid}")
+        return url
+    if parsed.drivername in POSTGRESQL_ALIASES:
+        if not parsed.database:
+            raise ValueError(f"{shown!r} names no database (…/DB at its end); {valid}")
+        return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    if backend in ("sqlite", "postgresql", "postgres"):
+        raise ValueError(f"{shown!r} asks for the driver {driver}, which cgsvc does not install; {valid}")
+    raise ValueError(f"{shown!r}: {backend} is not a database cgsvc keeps its log in; {valid}")
 
 
 def probe(url: str) -> Probe | None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cgsvc.audit.store import store_url
 from cgsvc.server.addresses import check_advertised, parse_host_port
 
 CLIENT_ENVIRONMENT = ("CGSVC_SERVER", "CGSVC_TOKEN")  # read by cgsvc-cli, not by the server
@@ -36,8 +37,9 @@ class ServerConfig:
                                       "logs on their disk; default: the bound address, with this machine's name "
                                       "for a wildcard host")
     data_dir: str = _opt("var/cgsvc", "directory for the SQLite database, launch run directories and logs")
-    database_url: str = _opt("", "SQLAlchemy URL of the audit/launch database (default: SQLite under data_dir); "
-                                 "a PostgreSQL URL lets replicas share one log")
+    database_url: str = _opt("", "URL of the audit/launch database: sqlite:///PATH or "
+                                 "postgresql+psycopg://USER@HOST:PORT/DB (postgres:// and postgresql:// mean the "
+                                 "same; default: SQLite under data_dir); a PostgreSQL URL lets replicas share one log")
     tls_cert: str = _opt("", "PEM certificate for TLS (with --tls-key)")
     tls_key: str = _opt("", "PEM private key for TLS (with --tls-cert)")
     tls_client_ca: str = _opt("", "PEM CA bundle: require client certificates signed by it (mutual TLS)")
@@ -117,11 +119,16 @@ class ServerConfig:
                 check_advertised(self.advertise_address)
             except ValueError as exc:
                 raise ValueError(f"advertise_address: {exc}") from None
+        if self.database_url:
+            try:
+                store_url(self.database_url)
+            except ValueError as exc:
+                raise ValueError(f"database_url: {exc}") from None
 
     @property
     def effective_database_url(self) -> str:
         if self.database_url:
-            return self.database_url
+            return store_url(self.database_url)
         return f"sqlite:///{Path(self.data_dir).resolve() / 'cgsvc.db'}"
 
     @property

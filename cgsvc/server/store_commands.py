@@ -70,12 +70,14 @@ def database_url(where: str, must_exist: bool) -> tuple[str, Path | None]:
     """(URL, its data directory or None) for a URL or a data directory; ValueError when a
     source that must exist does not, or a target directory is a file."""
     if "://" in where:
-        url, directory = where, None
-        if url.startswith("sqlite") and must_exist:
-            path = url.split(":///", 1)[-1]
-            if not Path(path).is_file():
-                raise ValueError(f"{url}: no such SQLite file")
-        return url, directory
+        from sqlalchemy.engine import make_url
+
+        from cgsvc.audit.store import store_url
+
+        url = store_url(where)
+        if url.startswith("sqlite") and must_exist and not Path(make_url(url).database or "").is_file():
+            raise ValueError(f"{url}: no such SQLite file")
+        return url, None
     directory = Path(where)
     if must_exist and not (directory / DATABASE_FILE).is_file():
         raise ValueError(f"{where}: no {DATABASE_FILE} there (a `cgsvc serve --data-dir` directory), and not a "

@@ -80,13 +80,14 @@ def test_what_stops_a_start_stops_the_check_in_the_same_words(tmp_path: Path) ->
     for args in (("--address", "0.0.0.0:0"),  # beyond loopback, authenticating nobody
                  ("--signing-key", str(stranger)),  # not the log's key
                  ("--tls-cert", str(stranger)),  # TLS needs both files
-                 ("--local-devices", "a,a")):
+                 ("--local-devices", "a,a"),
+                 ("--database-url", "mysql://a/b")):  # regression: a traceback (No module named 'MySQLdb')
         proc = check(box.data_dir, *args)
         said = serve_refused(box.data_dir, *args)
         assert proc.returncode == 2 and proc.stdout == "", proc.stdout
         assert proc.stderr.strip() == said.strip().splitlines()[-1], (args, proc.stderr, said)
     for args, field in ((("--local-devices", "a,a"), "local_devices"), (("--lease-seconds", "0"), "lease_seconds"),
-                        (("--signing-key", str(stranger)), "signing_key")):
+                        (("--signing-key", str(stranger)), "signing_key"), (("--database-url", "bogus"), "database_url")):
         answer = check(box.data_dir, *args, "-o", "json")
         error = json.loads(answer.stdout)["error"]
         assert answer.returncode == 2 and not json.loads(answer.stdout)["starts"], answer.stdout

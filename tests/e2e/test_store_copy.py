@@ -132,6 +132,9 @@ def test_bad_copies_are_refused_by_name_and_write_nothing(tmp_path: Path) -> Non
         ((f"sqlite:///{tmp_path}/none.db", str(tmp_path / "t2")), "source", "no such SQLite file"),
         ((source, source), "target", "is the source"),
         ((source, str(box.data_dir / "cgsvc.db")), "target", "a file, not a data directory"),
+        # regression: another database's URL ended in a traceback (No module named 'MySQLdb')
+        ((source, "mysql://u:pw@db/cgsvc"), "target", "'mysql://***@db/cgsvc': mysql is not a database cgsvc"),
+        (("sqlite://", str(tmp_path / "t3")), "source", "an in-memory SQLite database"),
     ]:
         proc = store_copy(*args, "-o", "json")
         error = json.loads(proc.stdout)["error"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from cgsvc.audit.filters import FilterError, Term, parse_filter
+from cgsvc.audit.records import mask_secrets
 from cgsvc.server.addresses import advertised, check_advertised, is_loopback, target_is_local
 from cgsvc.server.auth import Authenticator, AuthError, TokenFileError, hash_token
 from cgsvc.server.config import load_config
@@ -53,6 +54,30 @@ def test_every_bounded_setting_is_checked_when_loaded(name: str, value: object, 
     with pytest.raises(ValueError, match=f"^{name} must be {re.escape(valid)}, got "):
         load_config(env={}, overrides={name: value})
     load_config(env={}, overrides={"log_level": "WARNING", "audit_max_batch": 1, "max_message_bytes": 65536})
+
+
+def test_a_database_url_the_store_cannot_keep_a_log_in_is_refused_when_loaded() -> None:
+    """Regression: `--database-url mysql://a/b` (or `bogus`, `sqlite://`) reached SQLAlchemy
+    and ended `serve` and `serve --check` in a traceback (No module named 'MySQLdb'); an
+    in-memory SQLite log started, and was lost at exit. Each is refused by name, with the forms
+    that work; the spellings of PostgreSQL that libpq and hosted databases give are taken."""
+    valid = "valid: sqlite:///PATH, postgresql+psycopg://USER@HOST:PORT/DB"
+    for bad, why in (("mysql://a/b", "mysql is not a database cgsvc keeps its log in"),
+                     ("oracle://x", "oracle is not a database cgsvc keeps its log in"),
+                     ("bogus", "not a database URL"), ("postgresql+psycopg2://u@h/db", "driver psycopg2"),
+                     ("sqlite://", "an in-memory SQLite database"), ("sqlite:///:memory:", "an in-memory SQLite"),
+                     ("postgresql+psycopg://u@h", "names no database")):
+        with pytest.raises(ValueError, match=f"^database_url: .*{re.escape(why)}.*{re.escape(valid)}") as caught:
+            load_config(env={}, overrides={"database_url": bad})
+        assert repr(mask_secrets(bad)) in str(caught.value), caught.value  # as given, less any user or password
+    with pytest.raises(ValueError, match="^database_url: .*\\*\\*\\*@h/db") as caught:  # a password is not printed
+        load_config(env={}, overrides={"database_url": "mysql://u:hunter2@h/db"})
+    assert "hunter2" not in str(caught.value)
+    for given, used in (("postgres://u@h:5432/db", "postgresql+psycopg://u@h:5432/db"),
+                        ("postgresql://u:pw@h/db?sslmode=require", "postgresql+psycopg://u:pw@h/db?sslmode=require"),
+                        ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
+                        ("sqlite:////tmp/x.db", "sqlite:////tmp/x.db"), ("sqlite+pysqlite:///x.db", "sqlite+pysqlite:///x.db")):
+        assert load_config(env={}, overrides={"database_url": given}).effective_database_url == used
 
 
 def test_every_address_setting_reads_host_port_one_way() -> None:
