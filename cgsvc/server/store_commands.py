@@ -40,8 +40,9 @@ def register(sub: Any) -> None:
                     "for bad arguments (a target that holds anything), 3 when the copy does not verify, 1 when a "
                     "database cannot be reached.")
     c.add_argument("source", help="the database to copy: a URL (sqlite:///PATH, postgresql+psycopg://...) or a "
-                                  "serve --data-dir directory (its cgsvc.db); it is brought to this release's "
-                                  "schema first, as serve would")
+                                  "serve --data-dir directory (its cgsvc.db); only read: a SQLite log at an older "
+                                  "schema is copied from a snapshot brought to this release's, a PostgreSQL one is "
+                                  "refused (serve it once with this release)")
     c.add_argument("target", help="an empty database: a URL, or a data directory (made when absent; the source "
                                   f"directory's {KEY_FILE} is copied there too when it is the log's key)")
     c.add_argument("-o", "--output", choices=("table", "json"), default="table",
@@ -113,6 +114,12 @@ def copy(source: str, target: str, output: str) -> int:
     if source_url == target_url:
         return refuse(output, "target", f"is the source ({mask_secrets(source_url)}): give another database")
     show = {"source": mask_secrets(source_url), "target": mask_secrets(target_url)}
+    try:
+        read_url, schema, scratch = _readable(source_url, show["source"])
+    except CopyError as exc:
+        return refuse(output, exc.field, str(exc))
+    except sa.exc.SQLAlchemyError as exc:
+        return _unavailable(output, show, "source", exc, " (the target holds nothing of it)")
 
     def progress(table: str, rows: int) -> None:
         if output == "table" and sys.stderr.isatty():
@@ -120,7 +127,7 @@ def copy(source: str, target: str, output: str) -> int:
 
     stores: list[AuditStore] = []
     try:
-        for url in (source_url, target_url):
+        for url in (read_url, target_url):
             stores.append(AuditStore(url, wal_checkpoint_every=0))
         done = copy_store(stores[0], stores[1], progress)
     except CopyError as exc:
@@ -131,6 +138,8 @@ def copy(source: str, target: str, output: str) -> int:
     finally:
         for store in stores:
             store.close()
+        if scratch is not None:
+            scratch.cleanup()
     if output == "table" and sys.stderr.isatty():
         print(file=sys.stderr)
     key = _carry_key(source_dir, target_dir, done.log_key_id)
@@ -138,12 +147,57 @@ def copy(source: str, target: str, output: str) -> int:
               "verified": done.verification.ok, "verification": {
                   "ok": done.verification.ok, "records_checked": done.verification.records_checked,
                   "first_bad_sequence": done.verification.first_bad_sequence,
-                  "reason": done.verification.reason}, "signing_key": key, "running": done.active}
+                  "reason": done.verification.reason}, "signing_key": key, "running": done.active,
+              "source_schema": schema}
     if output == "json":
         print_json(answer)
     else:
         _print_table(answer)
     return 0 if done.verification.ok else 3
+
+
+def _readable(url: str, shown: str) -> tuple[str, dict[str, Any], Any]:
+    """(the URL to copy from, what the answer says of the source's schema, a temporary directory
+    to clean up or None) for the source at `url`, which a copy never writes: at this release's
+    schema it is read where it is; a SQLite log at an older one is read from a snapshot brought
+    up to date (the store migrates what it opens). CopyError for a database that holds no log, one
+    of a newer release, and a PostgreSQL log at an older schema, which has no snapshot to take aside."""
+    import sqlite3
+    import tempfile
+
+    from sqlalchemy.engine import make_url
+
+    from cgsvc.audit.copy import CopyError
+    from cgsvc.audit.store import STORE_SCHEMA, probe
+
+    found = probe(url)
+    at = found.schema_version if found is not None else 0
+    if at == 0:
+        raise CopyError("source", f"{shown} holds no cgsvc log (no schema_migrations table): nothing to copy")
+    if at > STORE_SCHEMA:
+        raise CopyError("source", f"{shown} is at schema {at}, newer than this release's {STORE_SCHEMA}: copy it "
+                                  "with the release that wrote it, or a later one")
+    if at == STORE_SCHEMA:
+        return url, {"version": at, "copied_at": at, "note": ""}, None
+    if not url.startswith("sqlite"):
+        raise CopyError("source", f"{shown} is at schema {at}, older than this release's {STORE_SCHEMA}: a copy reads "
+                                  "it at this release's schema, and bringing it up to date in place would change the "
+                                  "source. Start this release's `cgsvc serve` on it once (it migrates the log, as any "
+                                  "upgrade does), or copy it with the release that wrote it")
+    scratch = tempfile.TemporaryDirectory(prefix="cgsvc-copy-")
+    snapshot = Path(scratch.name) / DATABASE_FILE
+    # SQLite's online backup: one consistent snapshot, as a server may be writing to the source. It
+    # only reads; a connection opened read-only would leave the WAL's two files behind when it closes.
+    source = sqlite3.connect(str(make_url(url).database))
+    target = sqlite3.connect(snapshot)
+    try:
+        source.backup(target)
+    finally:
+        target.close()
+        source.close()
+    note = (f"source at schema {at}: copied from a snapshot of it brought to this release's schema {STORE_SCHEMA}; "
+            "the source is as it was")
+    return f"sqlite:///{snapshot}", {"version": at, "copied_at": STORE_SCHEMA, "note": note}, scratch
 
 
 def verify(where: str, checkpoint_file: str | None, output: str) -> int:
@@ -251,6 +305,8 @@ def _print_table(answer: dict[str, Any]) -> None:
     print(f"log: {answer['tree_size']} records, root {answer['root_hash']}, {said}")
     key = answer["signing_key"]
     print(f"signing key: {key['key_id'] or '-'}: {key['note']}")
+    if answer["source_schema"]["note"]:
+        print(answer["source_schema"]["note"])
     if answer["running"]:
         print(f"running when copied: {', '.join(answer['running'])}: a replica started on the target takes them "
               "over as a lapsed replica's; copy once they have ended, or with the source's servers stopped")

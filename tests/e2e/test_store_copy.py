@@ -18,7 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from cgsvc_client.client import Client
 
-from cgsvc.audit.store import AuditStore
+from cgsvc.audit.store import STORE_SCHEMA, AuditStore, probe
 from cgsvc.launch.store import LaunchRow, LaunchStore, Workload
 from tests.conftest import ROOT
 from tests.e2e.server import ServerProcess, serve_refused
@@ -144,6 +144,53 @@ def test_bad_copies_are_refused_by_name_and_write_nothing(tmp_path: Path) -> Non
     # a database that cannot be reached: exit 1, said in one line, nothing made
     down = store_copy(source, "postgresql+psycopg://postgres@127.0.0.1:1/none", "-o", "json")
     assert down.returncode == 1 and json.loads(down.stdout)["error"]["message"].startswith("target: "), down.stdout
+
+
+def test_a_source_at_an_older_schema_is_copied_and_left_as_it_was(tmp_path: Path) -> None:
+    """Regression: `store copy` opened its source with the store, which brought an older schema up
+    to this release's in place, so copying a backup changed the backup. A SQLite source is now
+    copied from a snapshot brought up to date; a PostgreSQL one (no snapshot to take aside) and a
+    database that holds no log are refused, with nothing written to either side."""
+    with ServerProcess(tmp_path / "box") as box:
+        resolve_n(box, 3)
+    db = box.data_dir / "cgsvc.db"
+    con = sqlite3.connect(db)  # as a release before the latest migration left it
+    con.execute("DELETE FROM schema_migrations WHERE version = ?", (STORE_SCHEMA,))
+    con.commit()
+    con.close()
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    result = copied(str(box.data_dir), str(tmp_path / "copy"))
+    assert result["verified"] and result["tree_size"] == 3, result
+    assert result["source_schema"] == {"version": STORE_SCHEMA - 1, "copied_at": STORE_SCHEMA,
+                                       "note": result["source_schema"]["note"]}
+    assert "snapshot" in result["source_schema"]["note"] and "as it was" in result["source_schema"]["note"]
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before  # the source, byte for byte
+    assert sorted(p.name for p in box.data_dir.iterdir() if p.name.startswith("cgsvc.db")) == ["cgsvc.db"]
+    assert probe(f"sqlite:///{tmp_path / 'copy' / 'cgsvc.db'}").schema_version == STORE_SCHEMA  # type: ignore[union-attr]
+    table = store_copy(str(box.data_dir), str(tmp_path / "copy2"))
+    assert table.returncode == 0 and f"source at schema {STORE_SCHEMA - 1}" in table.stdout, table.stdout
+    # PostgreSQL: refused, the source at its schema still
+    url = pg_url_or_skip(f"old_source_{uuid.uuid4().hex[:10]}")
+    AuditStore(url).close()
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM schema_migrations WHERE version = %(v)s", {"v": STORE_SCHEMA})
+    proc = store_copy(url, str(tmp_path / "from-pg"), "-o", "json")
+    error = json.loads(proc.stdout)["error"]
+    assert proc.returncode == 2 and error["field_violations"][0]["field"] == "source", proc.stdout
+    assert f"at schema {STORE_SCHEMA - 1}, older than this release's {STORE_SCHEMA}" in error["message"], error
+    assert "cgsvc serve" in error["message"], error
+    assert probe(url).schema_version == STORE_SCHEMA - 1  # type: ignore[union-attr]
+    assert not (tmp_path / "from-pg" / "cgsvc.db").exists()
+    # a database that holds no cgsvc log: refused, and not made into one
+    empty = pg_url_or_skip(f"empty_source_{uuid.uuid4().hex[:10]}")
+    nothing = store_copy(empty, str(tmp_path / "from-empty"), "-o", "json")
+    assert nothing.returncode == 2 and "holds no cgsvc log" in json.loads(nothing.stdout)["error"]["message"]
+    with engine.connect() as conn:
+        tables = conn.exec_driver_sql("SELECT count(*) FROM information_schema.tables WHERE table_schema = %(s)s",
+                                      {"s": empty.rsplit("%3D", 1)[1]}).scalar_one()
+    engine.dispose()
+    assert tables == 0
 
 
 def test_a_tampered_log_is_copied_as_it_is_and_said_not_to_verify(tmp_path: Path) -> None:
