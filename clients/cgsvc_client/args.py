@@ -105,7 +105,7 @@ INTERRUPTED = 130  # the exit code of a command stopped by Ctrl-C, as a shell re
 
 def add_follow(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--follow", "-f", action="store_true", help=what)
-    p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
+    p.add_argument("--interval", type=seconds, default=2.0, metavar="SECONDS",
                    help="with --follow, how often to ask the server (default 2)")
 
 
@@ -113,8 +113,6 @@ def follow(ns: argparse.Namespace, first: Callable[[], bool], step: Callable[[],
     """Run `first`, then `step` every --interval seconds, until one returns True (what is
     followed has ended) or Ctrl-C, each exit 0 (a closed pipe, `... --follow | head`: cli.main). A poll the
     server does not answer (NO_ANSWER) is said on stderr and tried again; any other error ends it."""
-    if ns.interval <= 0:
-        raise bad("interval", f"must be more than 0 seconds, got {ns.interval:g}")
     try:
         if first():
             return 0
@@ -228,11 +226,11 @@ def add_workload(p: argparse.ArgumentParser) -> None:
     """The checkpoint, workload and dispatcher flags of every command that starts worker groups."""
     p.add_argument("--model-path", dest="checkpoint", required=True, help="checkpoint directory for the workers (launch: also the "
                    "spec's model where neither --spec nor --model names one)")
-    p.add_argument("--input-len", type=int, default=128, help="prompt tokens per request (default 128)")
-    p.add_argument("--output-len", type=int, default=32, help="tokens to generate per request (default 32)")
-    p.add_argument("--requests", type=int, default=4, help="requests per launch (default 4)")
-    p.add_argument("--concurrency", type=int, default=1, help="requests in flight, 0 for all (default 1)")
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--input-len", type=int32, default=128, help="prompt tokens per request (default 128)")
+    p.add_argument("--output-len", type=int32, default=32, help="tokens to generate per request (default 32)")
+    p.add_argument("--requests", type=int32, default=4, help="requests per launch (default 4)")
+    p.add_argument("--concurrency", type=int32, default=1, help="requests in flight, 0 for all (default 1)")
+    p.add_argument("--seed", type=int32, default=0,
                    help="seed of the synthetic prompts (the same for every launch; decoding is greedy)")
     p.add_argument("--dispatcher", help="local (default) or ray")
     p.add_argument("--dtype", default="", help="the workers' model dtype: auto (default: float32 on a CPU, on a GPU "
@@ -244,6 +242,21 @@ def add_workload(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu-decode", default="", help="how CPU workers run a plan's full decode steps: eager (default), "
                                                     "trace or inductor (compiled at capture for each planned size the run "
                                                     "reaches)")
+
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def int32(text: str) -> int:
+    """An option carried in an int32 field of a request: a number past its range is a bad command
+    line naming the option (protobuf's own ValueError names neither)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not INT32_MIN <= value <= INT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be an integer from {INT32_MIN} to {INT32_MAX}, got {text!r}")
+    return value
 
 
 def kv_mib(text: str) -> float:
@@ -359,7 +372,7 @@ def add_listing(p: argparse.ArgumentParser, example: str, time_field: str = "cre
         order.add_argument("--order-by", metavar="'FIELD [asc|desc]'", dest="order_by",
                            help=f"AIP-132 order_by: {order_key} or one of {', '.join(order_fields)}, with asc or "
                                 f"desc ('{order_fields[0]} desc': the highest first; those without one last)")
-    p.add_argument("--page-size", type=int, default=50, help="results per page (default 50, at most 1000)")
+    p.add_argument("--page-size", type=int32, default=50, help="results per page (default 50, at most 1000)")
     p.add_argument("--page-token", help="next_page_token of the previous page")
     p.add_argument("--all", action="store_true",
                    help="follow next_page_token to the last page: every match in one table or JSON list")

@@ -396,7 +396,7 @@ def _run(given: Sequence[str]) -> int:
         prog = exc.parser.prog
         if json_requested(args):
             _report({"error": ServiceError.invalid(exc.violations()).to_dict()
-                     | {"message": f"{prog}: {exc.message} (see {prog} --help)"}})
+                     | {"message": f"{prog}: {exc.message} (see {prog} --help)"}}, one_line=_lines_asked(exc.parser, args))
         else:  # what argparse itself prints
             exc.parser.print_usage(sys.stderr)
             print(f"{prog}: error: {exc.message}", file=sys.stderr)
@@ -415,6 +415,13 @@ def _run(given: Sequence[str]) -> int:
         if getattr(ns, "exit_code", False) and exc.exit_code == 1:
             return 3  # with --exit-code, 1 means "they differ"
         return exc.exit_code
+
+
+def _lines_asked(p: argparse.ArgumentParser, args: Sequence[str]) -> bool:
+    """Whether a command line that did not parse asked for JSON lines (`audit witness`, or a
+    command's `--follow`), as a parsed one says in its namespace."""
+    follows = p.get_default("follow") is not None and any(a in ("--follow", "-f") for a in args)
+    return bool(p.get_default("json_lines")) or follows
 
 
 def _report(error: dict[str, Any], one_line: bool = False) -> None:

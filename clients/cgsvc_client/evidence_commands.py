@@ -27,6 +27,7 @@ from cgsvc_client.args import (
     add_workload,
     bad,
     engine,
+    int32,
     label_changes,
     label_columns,
     labels,
@@ -608,7 +609,7 @@ def register(sub: Any) -> None:
     run.add_argument("--plan", action="append", default=[],
                      help="plans/ID, the other way to give them: --plan A --plan B")
     add_workload(run)
-    run.add_argument("--repeats", type=int, default=3, help="launches per arm (default 3)")
+    run.add_argument("--repeats", type=int32, default=3, help="launches per arm (default 3)")
     run.add_argument("--detach", action="store_true", help="answer once it has started (follow it with experiments show)")
     run.add_argument("--request-id", help="idempotency key: a retry with the same id answers with the experiment the "
                                           "first started, starting nothing (default: a fresh id per invocation)")

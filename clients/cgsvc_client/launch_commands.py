@@ -40,6 +40,7 @@ from cgsvc_client.args import (
     engine,
     explained_field,
     follow,
+    int32,
     label_changes,
     label_columns,
     labels,
@@ -626,8 +627,8 @@ def register(sub: Any) -> None:
     p4 = ls.add_parser("logs", help="the ranks' (and the supervisor's) log tails, asked of the replica that keeps "
                                     "them when the server given says another does")
     p4.add_argument("name", help="launches/ID or ID")
-    p4.add_argument("--rank", type=int, default=-1, help="one rank (default: every rank and the supervisor)")
-    p4.add_argument("--tail", type=int, default=50, help="last N lines (0: all)")
+    p4.add_argument("--rank", type=int32, default=-1, help="one rank (default: every rank and the supervisor)")
+    p4.add_argument("--tail", type=int32, default=50, help="last N lines (0: all)")
     add_follow(p4, "then print each log's new lines as they are written, until the launch ends (exit 0) or "
                    "Ctrl-C; -o json: one {\"log\", \"text\", \"end_offset\"} line a piece")
     p4.set_defaults(func=launches_logs)

@@ -43,7 +43,7 @@ from cgsvc.audit.records import utc_now
 from cgsvc.errors import ServiceError
 from cgsvc.files import write_atomically
 from cgsvc_client import checkpoints, render
-from cgsvc_client.args import NO_ANSWER, bad, read_json
+from cgsvc_client.args import NO_ANSWER, bad, read_json, seconds
 from cgsvc_client.client import Client
 
 LATEST = "latest.json"
@@ -176,7 +176,7 @@ def _line(result: dict[str, Any]) -> str:
     return f"{at}  OK: {render.counted(size, 'record')} ({grew}), root {root}{rotated}{warned}; kept in {result['latest']}"
 
 
-def _positive(value: float | None, name: str, what: str) -> None:
+def _positive(value: int | None, name: str, what: str) -> None:
     if value is not None and value <= 0:
         raise bad(name, f"must be more than 0 {what}, got {value:g}")
 
@@ -191,7 +191,6 @@ def _key_id(text: str | None) -> str:
 
 
 def audit_witness(ns: argparse.Namespace) -> int:
-    _positive(ns.every, "every", "seconds")
     _positive(ns.count, "count", "checks")
     if ns.count and ns.count > 1 and not ns.every:
         raise bad("count", f"{ns.count} checks need --every SECONDS between them")
@@ -315,7 +314,7 @@ def register(audit: Any) -> argparse.ArgumentParser:
                                                 "history.jsonl, evidence-*.json")
     w.add_argument("--key-id", metavar="HEX", help="the signing key's id (64 hex digits) the first checkpoint must carry (later "
                                     "keys only by rotations it signed); without it the first key is trusted on first use")
-    w.add_argument("--every", type=float, metavar="SECONDS", help="check again every SECONDS until stopped (or --count checks); "
+    w.add_argument("--every", type=seconds, metavar="SECONDS", help="check again every SECONDS until stopped (or --count checks); "
                                                "a server not answering is reported and retried, not a failure")
     w.add_argument("--count", type=int, metavar="N", help="stop after this many checks (default: 1, or until stopped with --every)")
     w.set_defaults(func=audit_witness, json_lines=True)  # -o json: one line a check, and an error

@@ -308,3 +308,41 @@ def test_a_reader_that_closed_the_pipe_gets_no_traceback(args: tuple[str, ...], 
     finally:
         os.close(write_end)
     assert (proc.returncode, proc.stderr) == (code, ""), proc.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("launch", "--model-path", "/m", "--seed"), ("launch", "--model-path", "/m", "--input-len"),
+    ("launch", "--model-path", "/m", "--requests"), ("launch", "--model-path", "/m", "--concurrency"),
+    ("plans", "list", "--page-size"), ("audit", "list", "--page-size"), ("launches", "list", "--page-size"),
+    ("launches", "logs", "launches/x", "--tail"), ("launches", "logs", "launches/x", "--rank"),
+    ("experiment", "run", "--plan", "plans/a", "--plan", "plans/b", "--model-path", "/m", "--repeats"),
+])
+def test_an_integer_the_api_cannot_carry_is_refused_naming_its_option(args: tuple[str, ...]) -> None:
+    """Regression: a number past an int32 field's range (`--seed 99999999999999999999`) reached
+    protobuf and ended the CLI in a traceback (ValueError: Value out of range). It is a bad command
+    line, naming the option and the range, before anything is sent."""
+    option = args[-1]
+    proc = cli(*args, "99999999999999999999", "--server", "127.0.0.1:1", "-o", "json")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    (violation,) = as_json(proc)["error"]["field_violations"]
+    assert violation["field"] == option.removeprefix("--").replace("-", "_"), violation
+    assert "an integer from -2147483648 to 2147483647" in violation["description"], violation
+    assert cli(*args, "x", "--server", "127.0.0.1:1", "-o", "json").returncode == 2
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (("audit", "witness", "--dir", "/nonexistent/w", "--every", "nan"), "every"),
+    (("audit", "witness", "--dir", "/nonexistent/w", "--every", "inf"), "every"),
+    (("audit", "list", "--follow", "--interval", "abc"), "interval"),
+    (("launches", "logs", "launches/x", "-f", "--interval", "-1"), "interval"),
+])
+def test_a_stream_whose_command_line_does_not_parse_says_so_in_one_json_line(args: tuple[str, ...],
+                                                                             field: str) -> None:
+    """Regression: `--every nan` (and inf) passed the witness's own check and ended in a
+    traceback from time.sleep; and a command line of a JSON-lines command (--follow, audit
+    witness) that did not parse was answered in an indented object, not the one line such a
+    command's reader takes. Durations are finite and more than 0, and the error is one line."""
+    proc = cli(*args, "--server", "127.0.0.1:1", "-o", "json")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    assert json.loads(line)["error"]["field_violations"][0]["field"] == field, line
