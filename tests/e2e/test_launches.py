@@ -218,9 +218,15 @@ def test_server_kill_9_and_restart_reattaches(srv: ServerProcess, ckpt: str) -> 
         name = c.create_launch(ckpt, work, spec=KIMI).metadata.name
         wait_tokens(c, name, 3)
     pgid = handle(srv, name)["pgid"]
-    srv.kill9()
-    assert session_members(pgid), "the worker group must survive the server"
-    srv.start()
+    # Held still while the server is down: a restart slower than the group's last 57 tokens (a
+    # loaded machine) found it ended and settled it instead of re-attaching (seen under -n 3).
+    os.killpg(pgid, signal.SIGSTOP)
+    try:
+        srv.kill9()
+        assert session_members(pgid), "the worker group must survive the server"
+        srv.start()
+    finally:
+        os.killpg(pgid, signal.SIGCONT)
     assert any("re-attached" in line for line in srv.output + [srv.proc.stdout.readline()])  # type: ignore[union-attr]
     with Client(srv.address) as c:
         launch = wait_state(c, name, ("SUCCEEDED", "FAILED", "LOST"), timeout=180)
