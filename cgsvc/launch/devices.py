@@ -8,9 +8,13 @@ own, and no two active launches share a device.
 
 from __future__ import annotations
 
+import collections
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+MAX_LOCAL_DEVICES = 1024  # a machine's devices or CPU slots: more than any one host holds
+MAX_RAY_SLOTS = 65536  # ranks at once on a Ray cluster
 
 
 class DeviceListError(ValueError):
@@ -28,7 +32,8 @@ def detect_gpus() -> list[str]:
 
 
 def parse_devices(text: str) -> list[str]:
-    """"0,1,2,3" or "0-3" or "cpu0,cpu1" -> the device names, in order."""
+    """"0,1,2,3" or "0-3" or "cpu0,cpu1" -> the device names, in order (at most
+    MAX_LOCAL_DEVICES, checked before a range is made)."""
     out: list[str] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
@@ -37,15 +42,25 @@ def parse_devices(text: str) -> list[str]:
         if dash and lo.isdigit() and hi.isdigit():
             if int(hi) < int(lo):
                 raise DeviceListError(f"--local-devices: range {part!r} runs backwards")
+            if len(out) + int(hi) - int(lo) + 1 > MAX_LOCAL_DEVICES:
+                raise DeviceListError(_too_many(text))
             out += [str(i) for i in range(int(lo), int(hi) + 1)]
         else:
             out.append(part)
+        if len(out) > MAX_LOCAL_DEVICES:
+            raise DeviceListError(_too_many(text))
     if not out:
         raise DeviceListError("--local-devices names no device; give GPU ids such as 0,1,2,3 or 0-7")
-    dup = sorted({d for d in out if out.count(d) > 1})
+    dup = sorted(d for d, n in collections.Counter(out).items() if n > 1)
     if dup:
         raise DeviceListError(f"--local-devices names {', '.join(dup)} more than once")
     return out
+
+
+def _too_many(text: str) -> str:
+    shown = text if len(text) <= 40 else text[:37] + "..."
+    return (f"--local-devices: {shown!r} names more than one machine holds: at most {MAX_LOCAL_DEVICES} devices "
+            "(GPU ids such as 0-7, or CPU slots)")
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cgsvc.audit.store import store_url
+from cgsvc.launch.devices import MAX_LOCAL_DEVICES, MAX_RAY_SLOTS
 from cgsvc.server.addresses import check_advertised, parse_host_port
 
 CLIENT_ENVIRONMENT = ("CGSVC_SERVER", "CGSVC_TOKEN")  # read by cgsvc-cli, not by the server
@@ -24,6 +26,7 @@ def _opt(default: Any, help: str) -> Any:
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MIN_MESSAGE_BYTES = 64 * 1024
+INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,10 @@ class ServerConfig:
     def check(self) -> None:
         """Each setting that is a number or a name, within what works: ValueError naming the first
         that is not and what would be valid (before anything is opened)."""
+        numbers = [(f.name, f.type, getattr(self, f.name)) for f in dataclasses.fields(self)]
+        for name, typ, value in numbers:  # a duration goes to a sleep, a lease, a deadline
+            if typ == "float" and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
         bounds: tuple[tuple[str, bool, str], ...] = (
             ("event_loop", self.event_loop in EVENT_LOOPS, f"one of {', '.join(EVENT_LOOPS)}"),
             ("log_level", self.log_level.lower() in LOG_LEVELS, f"one of {', '.join(LOG_LEVELS)}"),
@@ -102,14 +109,17 @@ class ServerConfig:
             ("shutdown_grace_seconds", self.shutdown_grace_seconds >= 0, "0 or more"),
             ("audit_max_batch", self.audit_max_batch >= 1, "at least 1"),
             ("max_concurrent_rpcs", self.max_concurrent_rpcs >= 1, "at least 1"),
-            ("local_slots", self.local_slots >= 1, "at least 1"),
-            ("ray_slots", self.ray_slots >= 1, "at least 1"),
+            ("local_slots", 1 <= self.local_slots <= MAX_LOCAL_DEVICES, f"from 1 to {MAX_LOCAL_DEVICES}"),
+            ("ray_slots", 1 <= self.ray_slots <= MAX_RAY_SLOTS, f"from 1 to {MAX_RAY_SLOTS}"),
             ("max_message_bytes", self.max_message_bytes >= MIN_MESSAGE_BYTES,
              f"at least {MIN_MESSAGE_BYTES} (64 KiB; a plan's answer alone is several KiB)"),
         )
         for name, ok, valid in bounds:
             if not ok:
                 raise ValueError(f"{name} must be {valid}, got {getattr(self, name)!r}")
+        for name, typ, value in numbers:  # what the bounds leave open goes to gRPC's C ints
+            if typ == "int" and value > INT32_MAX:
+                raise ValueError(f"{name} must be at most {INT32_MAX} (settings are 32-bit numbers, as gRPC's are), got {value}")
         if parse_host_port(self.address) is None:
             # gRPC binds some other port for one it cannot parse (127.0.0.1:99999 served on a random one)
             raise ValueError(f"address must be HOST:PORT (port 0-65535, 0 picks a free one; an IPv6 host in "

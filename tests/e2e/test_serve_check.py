@@ -81,7 +81,8 @@ def test_what_stops_a_start_stops_the_check_in_the_same_words(tmp_path: Path) ->
                  ("--signing-key", str(stranger)),  # not the log's key
                  ("--tls-cert", str(stranger)),  # TLS needs both files
                  ("--local-devices", "a,a"),
-                 ("--database-url", "mysql://a/b")):  # regression: a traceback (No module named 'MySQLdb')
+                 ("--database-url", "mysql://a/b"),
+                 ("--local-devices", "0-99999999999")):  # regression: the start hung making the list  # regression: a traceback (No module named 'MySQLdb')
         proc = check(box.data_dir, *args)
         said = serve_refused(box.data_dir, *args)
         assert proc.returncode == 2 and proc.stdout == "", proc.stdout

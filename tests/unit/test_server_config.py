@@ -45,8 +45,16 @@ def test_an_address_grpc_cannot_bind_as_given_is_refused_when_loaded() -> None:
     ("lease_seconds", -1, "more than 0"), ("unfollowed_group_seconds", -1, "0 (never) or more"),
     ("credentials_poll_seconds", -1, "0 (only on SIGHUP) or more"), ("audit_cohort_wait_ms", -1, "0 or more"),
     ("audit_cohort_gap_ms", -1, "0 or more"), ("shutdown_grace_seconds", -1, "0 or more"),
-    ("audit_max_batch", 0, "at least 1"), ("max_concurrent_rpcs", 0, "at least 1"), ("local_slots", 0, "at least 1"),
-    ("ray_slots", 0, "at least 1"), ("max_message_bytes", 1000, "at least 65536 (64 KiB; a plan's answer alone is several KiB)"),
+    ("audit_max_batch", 0, "at least 1"), ("max_concurrent_rpcs", 0, "at least 1"), ("local_slots", 0, "from 1 to 1024"),
+    ("ray_slots", 0, "from 1 to 65536"), ("max_message_bytes", 1000, "at least 65536 (64 KiB; a plan's answer alone is several KiB)"),
+    # regression: past gRPC's 32-bit options the start ended in OverflowError while `serve --check` said it
+    # would start; 10**11 CPU slots hung the start making them; an infinite lease or grace was taken
+    ("max_message_bytes", 2**31, "at most 2147483647 (settings are 32-bit numbers, as gRPC's are)"),
+    ("max_concurrent_rpcs", 10**14, "at most 2147483647 (settings are 32-bit numbers, as gRPC's are)"),
+    ("audit_max_batch", 2**31, "at most 2147483647 (settings are 32-bit numbers, as gRPC's are)"),
+    ("local_slots", 10**11, "from 1 to 1024"), ("ray_slots", 65537, "from 1 to 65536"),
+    ("lease_seconds", float("inf"), "a finite number"), ("credentials_poll_seconds", float("inf"), "a finite number"),
+    ("shutdown_grace_seconds", float("nan"), "a finite number"), ("audit_cohort_wait_ms", float("inf"), "a finite number"),
     ("audit_writer", "fork", "process or thread"), ("event_loop", "tokio", "one of auto, uvloop, asyncio"),
     ("log_level", "loud", "one of debug, info, warning, error"),
 ])
@@ -434,3 +442,16 @@ def test_a_certificate_covers_the_names_a_client_would_accept() -> None:
         assert not tls.covers(cert, host), host
     legacy = _certificate(common_name="node-7")  # no subjectAltName: the common name, as older clients read it
     assert tls.names(legacy) == ["node-7"] and tls.covers(legacy, "node-7") and not tls.covers(legacy, "node-8")
+
+
+def test_a_device_list_longer_than_a_machine_holds_is_refused_before_it_is_made() -> None:
+    """Regression: `--local-devices 0-99999999999` made the list (and compared every name with
+    every other) before anything checked it: the start hung."""
+    from cgsvc.launch.devices import MAX_LOCAL_DEVICES, DeviceListError, parse_devices
+
+    assert MAX_LOCAL_DEVICES == 1024 and len(parse_devices("0-1023")) == 1024
+    for text in ("0-99999999999", "0-1023,cpu0", "0-600,601-1200"):
+        with pytest.raises(DeviceListError, match="at most 1024 devices"):
+            parse_devices(text)
+    with pytest.raises(DeviceListError, match="names 3 more than once"):
+        parse_devices("0-3,3")
