@@ -32,6 +32,7 @@ from cgsvc.text import counted
 
 NO_ROLES = "it is authenticated but may call no cgsvc method (health and reflection need no token)"
 EXPIRY_WARNING_DAYS = 7
+MAX_DAYS = 36500  # --expires-in-days: a token for longer is one without --expires
 
 
 def token_warnings(tokens: dict[str, Principal], certificates: dict[str, Principal], now: float) -> list[str]:
@@ -91,8 +92,9 @@ def new(ns: argparse.Namespace) -> int:
     if ns.expires_in_days is not None:
         if ns.expires:
             return refuse(ns.output, "expires", "give --expires or --expires-in-days, not both")
-        if ns.expires_in_days <= 0:
-            return refuse(ns.output, "expires_in_days", f"must be more than 0 days, got {ns.expires_in_days:g}")
+        if not 0 < ns.expires_in_days <= MAX_DAYS:  # NaN too; a date past year 9999 has no ISO form
+            return refuse(ns.output, "expires_in_days", f"must be more than 0 days and at most {MAX_DAYS} (100 years), "
+                                                        f"got {ns.expires_in_days:g}")
         expires = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(days=ns.expires_in_days)
     elif ns.expires:
         try:

@@ -60,6 +60,9 @@ def test_bad_input_names_the_field_and_leaves_the_file_as_it_was(tmp_path: Path)
                         (("--principal", "a", "--role", "resolver", "--expires", "2027-01-31"), "expires"),
                         (("--principal", "a", "--role", "resolver", "--expires", "2001-01-31T00:00:00Z"), "expires"),
                         (("--principal", "a", "--role", "resolver", "--expires-in-days", "0"), "expires_in_days"),
+                        # regression: OverflowError and "cannot convert float NaN" tracebacks
+                        (("--principal", "a", "--role", "resolver", "--expires-in-days", "99999999999"), "expires_in_days"),
+                        (("--principal", "a", "--role", "resolver", "--expires-in-days", "nan"), "expires_in_days"),
                         (("--principal", "a", "--role", "resolver", "--expires-in-days", "3",
                           "--expires", "2099-01-31T00:00:00Z"), "expires")):
         proc = token(*args, "-o", "json")
