@@ -68,13 +68,15 @@ def _holding(store: AuditStore, tables: list[sa.Table]) -> dict[str, int]:
 
 
 def copy_store(source: AuditStore, target: AuditStore,
-               progress: Callable[[str, int], None] = lambda table, rows: None) -> Copied:
+               progress: Callable[[str, int], None] = lambda table, rows: None,
+               verifying: Callable[[int, int], None] | None = None) -> Copied:
     """Copy every row of `source` into `target`, which must hold nothing yet; then read the
-    target back and verify its log. `progress(table, rows)` hears of each chunk written."""
+    target back and verify its log. `progress(table, rows)` hears of each chunk written,
+    `verifying(checked, total)` how far the read-back has got."""
     rows = copy_rows(source, target, progress)
     size, root = target.tree_head()
     key = target.log_key()
-    return Copied(rows, size, root.hex(), key[1] if key else "", target.verify(), running(target))
+    return Copied(rows, size, root.hex(), key[1] if key else "", target.verify(verifying), running(target))
 
 
 def running(store: AuditStore) -> list[str]:

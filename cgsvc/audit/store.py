@@ -976,6 +976,10 @@ def _schema_version(conn: Connection) -> int:
     return int(conn.execute(sa.select(sa.func.max(schema_migrations.c.version))).scalar() or 0)
 
 
+def _count_records(conn: Connection) -> int:
+    return int(conn.execute(sa.select(sa.func.count()).select_from(audit_records)).scalar_one())
+
+
 def _log_key(conn: Connection) -> tuple[int, str, int] | None:
     """(generation, key_id, rotating record's sequence) of the key that signs the log today."""
     row = conn.execute(sa.select(signing_keys.c.generation, signing_keys.c.key_id, signing_keys.c.sequence)
@@ -1027,8 +1031,7 @@ def probe(url: str) -> Probe | None:
         with engine.connect() as conn:
             tables = set(sa.inspect(conn).get_table_names())
             version = _schema_version(conn) if schema_migrations.name in tables else 0
-            records = int(conn.execute(sa.select(sa.func.count()).select_from(audit_records)).scalar_one()) \
-                if audit_records.name in tables else 0
+            records = _count_records(conn) if audit_records.name in tables else 0
             key = _log_key(conn) if signing_keys.name in tables else None
     finally:
         engine.dispose()
@@ -1577,12 +1580,20 @@ class AuditStore:
                 yield self._record(r._mapping)
             after = int(rows[-1]._mapping["sequence"])
 
-    def verify(self) -> Verification:
+    def count_records(self) -> int:
+        with self.read_engine.begin() as conn:
+            return _count_records(conn)
+
+    def verify(self, progress: Callable[[int, int], None] | None = None, every: int = 10_000) -> Verification:
         """Recompute the chain and the Merkle tree from the records; name the first record that
-        fails and why."""
+        fails and why. `progress(checked, total)` hears how far it has got, every `every` records
+        and at the end."""
         expected_seq, prev, checked = 1, GENESIS, 0
         size, frontier = 0, dict[int, bytes]()
+        total = self.count_records() if progress is not None else 0
         for rec in self.iter_records():
+            if progress is not None and checked and checked % every == 0:
+                progress(checked, total)
             problem = ""
             if rec.sequence != expected_seq:
                 problem = f"sequence {expected_seq} is missing (next present is {rec.sequence})"
@@ -1599,6 +1610,8 @@ class AuditStore:
             expected_seq, prev = rec.sequence + 1, rec.record_hash
             frontier, _ = merkle.append_leaves(size, frontier, [_leaf(rec.record_hash)])
             size += 1
+        if progress is not None:
+            progress(checked, total)
         with self.read_engine.begin() as conn:
             head = conn.execute(sa.select(chain_head).where(chain_head.c.id == 1)).one()
             if int(head.sequence) != expected_seq - 1 or head.record_hash != prev:

@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cgsvc.server.token_commands import refuse
+from cgsvc.text import counted
 
 KEY_FILE = "signing_key.pem"  # serve's default --signing-key, in its data directory
 DATABASE_FILE = "cgsvc.db"  # serve's SQLite log, in its data directory
@@ -58,7 +60,8 @@ def register(sub: Any) -> None:
                                  "--data-dir directory (its cgsvc.db)")
     v.add_argument("--checkpoint", metavar="FILE", help="a checkpoint saved earlier (`cgsvc-cli audit checkpoint "
                                                          "-o json`, or `audit witness`'s): the log must hold its tree")
-    v.add_argument("-o", "--output", choices=("table", "json"), default="table", help="table (default) or json")
+    v.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                   help="table (default; progress on stderr on a terminal) or json")
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -121,15 +124,14 @@ def copy(source: str, target: str, output: str) -> int:
     except sa.exc.SQLAlchemyError as exc:
         return _unavailable(output, show, "source", exc, " (the target holds nothing of it)")
 
-    def progress(table: str, rows: int) -> None:
-        if output == "table" and sys.stderr.isatty():
-            print(f"\r{table}: {rows} rows", end="", file=sys.stderr, flush=True)
+    shown = _terminal_line(output)
 
     stores: list[AuditStore] = []
     try:
         for url in (read_url, target_url):
             stores.append(AuditStore(url, wal_checkpoint_every=0))
-        done = copy_store(stores[0], stores[1], progress)
+        done = copy_store(stores[0], stores[1], lambda table, rows: shown(f"{table}: {counted(rows, 'row')}"),
+                          lambda checked, total: shown(f"verifying the copy: {checked} of {counted(total, 'record')}"))
     except CopyError as exc:
         return refuse(output, exc.field, str(exc))
     except sa.exc.SQLAlchemyError as exc:  # unreachable, refused, or a failure inside: nothing was committed
@@ -140,8 +142,7 @@ def copy(source: str, target: str, output: str) -> int:
             store.close()
         if scratch is not None:
             scratch.cleanup()
-    if output == "table" and sys.stderr.isatty():
-        print(file=sys.stderr)
+    shown("")
     key = _carry_key(source_dir, target_dir, done.log_key_id)
     answer = {**show, "tables": done.rows, "tree_size": done.tree_size, "root_hash": done.root_hash,
               "verified": done.verification.ok, "verification": {
@@ -228,7 +229,9 @@ def verify(where: str, checkpoint_file: str | None, output: str) -> int:
                                            "verify it with the release that wrote it (this one would migrate it)")
         store = AuditStore(url, wal_checkpoint_every=0)  # at this release's schema: opening it writes nothing
         try:
-            v = store.verify()
+            shown = _terminal_line(output)
+            v = store.verify(lambda checked, total: shown(f"verifying: {checked} of {counted(total, 'record')}"))
+            shown("")
             size, root = store.tree_head()
             held = store.root_at(cp.tree_size).hex() if cp is not None and v.ok and cp.tree_size <= size else ""
             known = cp is not None and cp.key_id in store.log_key_ids()
@@ -264,6 +267,23 @@ def verify(where: str, checkpoint_file: str | None, output: str) -> int:
     else:
         print(f"audit log does NOT hold the checkpoint's tree: {result['reason']}")
     return 0 if result["ok"] else 3
+
+
+def _terminal_line(output: str) -> Callable[[str], None]:
+    """A progress line for a person: on a terminal (and not under -o json) each text replaces the
+    last on one stderr line, and "" ends the line (when anything was shown); elsewhere nothing."""
+    if output != "table" or not sys.stderr.isatty():
+        return lambda text: None
+    last = [""]
+
+    def show(text: str) -> None:
+        if text:
+            print(f"\r{text}\x1b[K", end="", file=sys.stderr, flush=True)
+        elif last[0]:
+            print(file=sys.stderr, flush=True)
+        last[0] = text
+
+    return show
 
 
 def _carry_key(source_dir: Path | None, target_dir: Path | None, key_id: str) -> dict[str, str]:

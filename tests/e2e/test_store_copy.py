@@ -287,3 +287,41 @@ def test_a_backup_is_verified_where_it_lies_and_holds_a_checkpoint_or_says_why_n
     assert junk.returncode == 2 and json.loads(junk.stdout)["error"]["field_violations"][0]["field"] == "checkpoint"
     nowhere = store_verify(tmp_path / "nowhere", "-o", "json")
     assert nowhere.returncode == 2 and "no cgsvc.db there" in nowhere.stdout, nowhere.stdout
+
+
+def on_terminal(*args: str) -> tuple[int, str, str]:
+    """`cgsvc store ARGS` with its stderr on a terminal (a pseudo-terminal): (exit code, stdout,
+    what the terminal showed)."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.run([sys.executable, "-m", "cgsvc.server.main", "store", *args], stdout=subprocess.PIPE,
+                          stderr=slave, text=True, timeout=120, cwd=ROOT)
+    os.close(slave)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the other side is closed and everything it wrote has been read
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(master)
+    return proc.returncode, proc.stdout, shown.decode()
+
+
+def test_long_store_commands_say_how_far_they_have_got_on_a_terminal(tmp_path: Path) -> None:
+    """A million records take a minute to copy and 40 s to verify: on a terminal each step says
+    how far it has got, on one line that it rewrites; a script's -o json gets none of it."""
+    with ServerProcess(tmp_path / "box") as box:
+        resolve_n(box, 3)
+    rc, out, shown = on_terminal("copy", str(box.data_dir), str(tmp_path / "copy"))
+    assert rc == 0 and "verified" in out, out
+    assert "audit_records: 3 rows" in shown and "verifying the copy: 3 of 3 records" in shown, shown
+    rc, out, shown = on_terminal("verify", str(tmp_path / "copy"))
+    assert rc == 0 and out.startswith("audit chain OK: 3 records"), out
+    assert "verifying: 3 of 3 records" in shown and shown.endswith("\n"), shown
+    rc, out, shown = on_terminal("verify", str(tmp_path / "copy"), "-o", "json")
+    assert rc == 0 and json.loads(out)["verification"]["ok"] and shown == "", shown
