@@ -189,13 +189,16 @@ def _readable(url: str, shown: str) -> tuple[str, dict[str, Any], Any]:
     snapshot = Path(scratch.name) / DATABASE_FILE
     # SQLite's online backup: one consistent snapshot, as a server may be writing to the source. It
     # only reads; a connection opened read-only would leave the WAL's two files behind when it closes.
-    source = sqlite3.connect(str(make_url(url).database))
-    target = sqlite3.connect(snapshot)
     try:
-        source.backup(target)
-    finally:
-        target.close()
-        source.close()
+        source, target = sqlite3.connect(str(make_url(url).database)), sqlite3.connect(snapshot)
+        try:
+            source.backup(target)
+        finally:
+            target.close()
+            source.close()
+    except sqlite3.Error as exc:
+        scratch.cleanup()
+        raise CopyError("source", f"{shown} could not be read for a snapshot: {exc}") from None
     note = (f"source at schema {at}: copied from a snapshot of it brought to this release's schema {STORE_SCHEMA}; "
             "the source is as it was")
     return f"sqlite:///{snapshot}", {"version": at, "copied_at": STORE_SCHEMA, "note": note}, scratch
