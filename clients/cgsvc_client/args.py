@@ -71,9 +71,26 @@ def read_json(path: str, field: str, hint: str = "") -> Any:
         except UnicodeDecodeError as exc:
             raise bad(field, f"{where} is not UTF-8 text: {exc}") from None
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
     except ValueError as exc:
         raise bad(field, f"malformed JSON in {where}: {exc}") from None
+    except RecursionError:
+        raise bad(field, f"{where} nests deeper than the JSON reader follows (about 1,000 levels)") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once: RFC 8259 leaves a repeated key's meaning to
+    the reader (Python's keeps the last), so a file that repeats one is refused, not half-read."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice in one object")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
 
 
 def add_explain(p: argparse.ArgumentParser) -> None:

@@ -346,3 +346,20 @@ def test_a_stream_whose_command_line_does_not_parse_says_so_in_one_json_line(arg
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     (line,) = proc.stdout.splitlines()
     assert json.loads(line)["error"]["field_violations"][0]["field"] == field, line
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("[" * 100_000 + "]" * 100_000, "nests deeper than"),  # regression: a RecursionError traceback
+    ('{"model": {"name": "Kimi-K2.6"}, "hardware": {"gpu": "H200"}, "model": {"name": "DeepSeek-V3"}}',
+     "key 'model' appears twice in one object"),  # was: the last one counted, silently
+    ('{"model": {"name": "Kimi-K2.6"}, "hardware": {"gpu": "H200", "gpu_count": NaN}}', "NaN is not JSON"),
+    ('{"model": {"name": "Kimi-K2.6"}, "hardware": {"gpu": "H200", "gpu_count": -Infinity}}', "-Infinity is not JSON"),
+])
+def test_a_file_that_is_not_plain_json_is_refused_naming_why(text: str, said: str) -> None:
+    """Every file argument is read as RFC 8259 JSON: what Python's parser would take beyond it
+    (NaN, a key given twice, whose last value wins) or cannot take (nesting past its recursion
+    limit) is bad input on the argument, with no traceback."""
+    proc = cli_stdin(text, "resolve", "--spec", "-", "-o", "json")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-500:]
+    (violation,) = as_json(proc)["error"]["field_violations"]
+    assert violation["field"] == "spec" and said in violation["description"], violation
