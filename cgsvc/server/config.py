@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cgsvc.audit.store import store_url
 from cgsvc.launch.devices import MAX_LOCAL_DEVICES, MAX_RAY_SLOTS
 from cgsvc.server.addresses import check_advertised, parse_host_port
 
@@ -130,6 +129,8 @@ class ServerConfig:
             except ValueError as exc:
                 raise ValueError(f"advertise_address: {exc}") from None
         if self.database_url:
+            from cgsvc.audit.store import store_url  # SQLAlchemy: only where a URL is given
+
             try:
                 store_url(self.database_url)
             except ValueError as exc:
@@ -138,6 +139,8 @@ class ServerConfig:
     @property
     def effective_database_url(self) -> str:
         if self.database_url:
+            from cgsvc.audit.store import store_url
+
             return store_url(self.database_url)
         return f"sqlite:///{Path(self.data_dir).resolve() / 'cgsvc.db'}"
 
