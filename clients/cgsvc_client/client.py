@@ -65,6 +65,25 @@ OnResume = Callable[[ServiceError | None, float], None]
 LAUNCH_ENDED = ("SUCCEEDED", "FAILED", "CANCELLED", "LOST")
 
 
+M = TypeVar("M")
+
+
+def _message(cls: Callable[..., M], prefix: str = "", **fields: Any) -> M:
+    """cls(**fields), a request or a part of one. A value protobuf cannot carry (a number past
+    its field's range, a string for a number, a field the message does not have) raises its own
+    ValueError or TypeError, naming no field; here it is INVALID_ARGUMENT on the field
+    (`prefix` + its name, as the server names it), before anything is sent."""
+    try:
+        return cls(**fields)
+    except (ValueError, TypeError) as exc:
+        for name, value in fields.items():
+            try:
+                cls(**{name: value})
+            except (ValueError, TypeError) as alone:
+                raise ServiceError.invalid([FieldViolation(prefix + name, f"cannot be sent: {alone}")]) from None
+        raise ServiceError.invalid([FieldViolation(prefix.rstrip(".") or "request", f"cannot be sent: {exc}")]) from None
+
+
 def _tls_files(ca: str | None, cert: str | None, key: str | None) -> tuple[bytes | None, bytes | None, bytes | None]:
     """(root CA, client key, client certificate) read and checked, or INVALID_ARGUMENT naming the flag."""
     try:
@@ -169,7 +188,7 @@ class Client:
 
     def list_plans(self, filter: str = "", page_size: int = 0, page_token: str = "",
                    order_by: str = "") -> plan_service_pb2.ListPlansResponse:
-        req = plan_service_pb2.ListPlansRequest(filter=filter, page_size=page_size, page_token=page_token,
+        req = _message(plan_service_pb2.ListPlansRequest, filter=filter, page_size=page_size, page_token=page_token,
                                                 order_by=order_by)
         return self.call(self.plans.ListPlans, req)  # type: ignore[no-any-return]
 
@@ -191,7 +210,7 @@ class Client:
                            ) -> audit_pb2.ListAuditRecordsResponse:
         """A page of records; `view` AUDIT_RECORD_VIEW_BASIC leaves out each one's plan JSON and hashed
         bytes (what a table or a count never shows)."""
-        req = audit_pb2.ListAuditRecordsRequest(filter=filter, page_size=page_size, page_token=page_token,
+        req = _message(audit_pb2.ListAuditRecordsRequest, filter=filter, page_size=page_size, page_token=page_token,
                                                 order_by=order_by, view=view)
         return self.call(self.audit.ListAuditRecords, req)  # type: ignore[no-any-return]
 
@@ -203,11 +222,11 @@ class Client:
         return self.call(self.audit.GetCheckpoint, audit_pb2.GetCheckpointRequest())  # type: ignore[no-any-return]
 
     def inclusion_proof(self, name: str, tree_size: int = 0) -> audit_pb2.InclusionProof:
-        req = audit_pb2.GetInclusionProofRequest(name=name, tree_size=tree_size)
+        req = _message(audit_pb2.GetInclusionProofRequest, name=name, tree_size=tree_size)
         return self.call(self.audit.GetInclusionProof, req)  # type: ignore[no-any-return]
 
     def consistency_proof(self, first_size: int, second_size: int = 0) -> audit_pb2.ConsistencyProof:
-        req = audit_pb2.GetConsistencyProofRequest(first_size=first_size, second_size=second_size)
+        req = _message(audit_pb2.GetConsistencyProofRequest, first_size=first_size, second_size=second_size)
         return self.call(self.audit.GetConsistencyProof, req)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ launches
@@ -219,11 +238,11 @@ class Client:
         """`engine`: EngineSettings' fields (dtype, kv_cache_mb, cpu_decode); absent ones default.
         The source is `spec`, else `rerun_of` (launches/ID: that launch again, which the server
         reads; give no model_path, workload, dispatcher or engine with it), else `plan`."""
-        req = launch_pb2.CreateLaunchRequest(model_path=model_path, workload=launch_pb2.LaunchWorkload(**workload),
+        req = _message(launch_pb2.CreateLaunchRequest, model_path=model_path, workload=_message(launch_pb2.LaunchWorkload, "workload.", **workload),
                                              wait_for_resources=wait_for_resources, dispatcher=dispatcher,
                                              request_id=request_id or uuid.uuid4().hex, policy=policy,
                                              validate_only=validate_only,
-                                             engine=launch_pb2.EngineSettings(**(engine or {})), labels=labels or {})
+                                             engine=_message(launch_pb2.EngineSettings, "engine.", **(engine or {})), labels=labels or {})
         if spec is not None:
             req.spec.CopyFrom(codec.spec_proto_from_dict(spec))
         elif rerun_of:
@@ -245,7 +264,7 @@ class Client:
 
     def list_launches(self, filter: str = "", page_size: int = 0, page_token: str = "",
                       order_by: str = "") -> launch_pb2.ListLaunchesResponse:
-        req = launch_pb2.ListLaunchesRequest(filter=filter, page_size=page_size, page_token=page_token,
+        req = _message(launch_pb2.ListLaunchesRequest, filter=filter, page_size=page_size, page_token=page_token,
                                              order_by=order_by)
         return self.call(self.launches.ListLaunches, req)  # type: ignore[no-any-return]
 
@@ -308,7 +327,7 @@ class Client:
 
     def launch_logs(self, name: str, rank: int = -1, tail_lines: int = 0,
                     after_offsets: dict[str, int] | None = None) -> launch_pb2.LaunchLogs:
-        req = launch_pb2.GetLaunchLogsRequest(name=name, rank=rank, tail_lines=tail_lines,
+        req = _message(launch_pb2.GetLaunchLogsRequest, name=name, rank=rank, tail_lines=tail_lines,
                                               after_offsets=after_offsets or {})
         return self.call(self.launches.GetLaunchLogs, req)  # type: ignore[no-any-return]
 
@@ -322,10 +341,10 @@ class Client:
         `request_id`: the idempotency key (a fresh one per call by default, so that a retried
         call starts one experiment). `labels`: the caller's names for it, which its launches
         carry too."""
-        req = experiment_pb2.CreateExperimentRequest(plans=plans, model_path=model_path, repeats=repeats,
-                                                     workload=launch_pb2.LaunchWorkload(**workload),
+        req = _message(experiment_pb2.CreateExperimentRequest, plans=plans, model_path=model_path, repeats=repeats,
+                                                     workload=_message(launch_pb2.LaunchWorkload, "workload.", **workload),
                                                      dispatcher=dispatcher,
-                                                     engine=launch_pb2.EngineSettings(**(engine or {})),
+                                                     engine=_message(launch_pb2.EngineSettings, "engine.", **(engine or {})),
                                                      rerun_of=rerun_of, request_id=request_id or uuid.uuid4().hex,
                                                      labels=labels or {})
         return self.call(self.experiments.CreateExperiment, req, timeout=max(self.timeout, 60))  # type: ignore[no-any-return]
@@ -343,7 +362,7 @@ class Client:
 
     def list_experiments(self, filter: str = "", page_size: int = 0, page_token: str = "",
                          order_by: str = "") -> experiment_pb2.ListExperimentsResponse:
-        req = experiment_pb2.ListExperimentsRequest(filter=filter, page_size=page_size, page_token=page_token,
+        req = _message(experiment_pb2.ListExperimentsRequest, filter=filter, page_size=page_size, page_token=page_token,
                                                     order_by=order_by)
         return self.call(self.experiments.ListExperiments, req)  # type: ignore[no-any-return]
 

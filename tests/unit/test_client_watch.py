@@ -34,3 +34,30 @@ def test_a_stream_that_keeps_closing_empty_is_given_up_after_resume_for() -> Non
                         on_resume=lambda err, pause: told.append((err, pause))))
     assert e.value.code == "UNAVAILABLE"
     assert [pause for _, pause in told] == [0.5, 1.0]  # waits grow while nothing comes
+
+
+def test_a_number_the_api_cannot_carry_is_bad_input_naming_its_field() -> None:
+    """Regression: `Client.list_plans(page_size=2**31)` (or a workload's seed past an int32, a
+    tree size past an int64) raised protobuf's "ValueError: Value out of range", which names no
+    field, from inside the client. It is INVALID_ARGUMENT naming the field, before anything is
+    sent (nothing listens at this address)."""
+    with Client("127.0.0.1:1") as c:
+        for call, field in ((lambda: c.list_plans(page_size=2**31), "page_size"),
+                            (lambda: c.list_audit_records(page_size=-2**31 - 1), "page_size"),
+                            (lambda: c.list_launches(page_size=2**40), "page_size"),
+                            (lambda: c.list_experiments(page_size=2**40), "page_size"),
+                            (lambda: c.consistency_proof(2**63), "first_size"),
+                            (lambda: c.inclusion_proof("auditRecords/1", 2**64), "tree_size"),
+                            (lambda: c.launch_logs("launches/x", tail_lines=2**31), "tail_lines"),
+                            (lambda: c.launch_logs("launches/x", after_offsets={"rank0.log": 2**63}), "after_offsets"),
+                            (lambda: c.create_launch("/m", {"seed": 2**31}), "workload.seed"),
+                            (lambda: c.create_launch("/m", {"input_len": "12"}), "workload.input_len"),
+                            (lambda: c.create_launch("/m", {"inputlen": 12}), "workload.inputlen"),
+                            (lambda: c.create_launch("/m", {}, engine={"kv_cache_mb": "x"}), "engine.kv_cache_mb"),
+                            (lambda: c.create_experiment(["plans/a", "plans/b"], "/m", {}, repeats=2**31), "repeats"),
+                            (lambda: c.create_experiment(["plans/a", "plans/b"], "/m", {"requests": 2**33}, 1),
+                             "workload.requests")):
+            with pytest.raises(ServiceError) as caught:
+                call()
+            assert caught.value.code == "INVALID_ARGUMENT", (field, caught.value)
+            assert [v.field for v in caught.value.violations] == [field], (field, caught.value)
