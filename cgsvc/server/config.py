@@ -118,7 +118,8 @@ class ServerConfig:
                 raise ValueError(f"{name} must be {valid}, got {getattr(self, name)!r}")
         for name, typ, value in numbers:  # what the bounds leave open goes to gRPC's C ints
             if typ == "int" and value > INT32_MAX:
-                raise ValueError(f"{name} must be at most {INT32_MAX} (settings are 32-bit numbers, as gRPC's are), got {value}")
+                raise ValueError(f"{name} must be at most {INT32_MAX} (settings are 32-bit numbers, as gRPC's are), "
+                                 f"got {value}")
         if parse_host_port(self.address) is None:
             # gRPC binds some other port for one it cannot parse (127.0.0.1:99999 served on a random one)
             raise ValueError(f"address must be HOST:PORT (port 0-65535, 0 picks a free one; an IPv6 host in "

@@ -396,7 +396,8 @@ def _run(given: Sequence[str]) -> int:
         prog = exc.parser.prog
         if json_requested(args):
             _report({"error": ServiceError.invalid(exc.violations()).to_dict()
-                     | {"message": f"{prog}: {exc.message} (see {prog} --help)"}}, one_line=_lines_asked(exc.parser, args))
+                     | {"message": f"{prog}: {exc.message} (see {prog} --help)"}},
+                    one_line=_lines_asked(exc.parser, args))
         else:  # what argparse itself prints
             exc.parser.print_usage(sys.stderr)
             print(f"{prog}: error: {exc.message}", file=sys.stderr)

@@ -81,7 +81,8 @@ def _message(cls: Callable[..., M], prefix: str = "", **fields: Any) -> M:
                 cls(**{name: value})
             except (ValueError, TypeError) as alone:
                 raise ServiceError.invalid([FieldViolation(prefix + name, f"cannot be sent: {alone}")]) from None
-        raise ServiceError.invalid([FieldViolation(prefix.rstrip(".") or "request", f"cannot be sent: {exc}")]) from None
+        whole = prefix.rstrip(".") or "request"
+        raise ServiceError.invalid([FieldViolation(whole, f"cannot be sent: {exc}")]) from None
 
 
 def _tls_files(ca: str | None, cert: str | None, key: str | None) -> tuple[bytes | None, bytes | None, bytes | None]:
@@ -188,8 +189,8 @@ class Client:
 
     def list_plans(self, filter: str = "", page_size: int = 0, page_token: str = "",
                    order_by: str = "") -> plan_service_pb2.ListPlansResponse:
-        req = _message(plan_service_pb2.ListPlansRequest, filter=filter, page_size=page_size, page_token=page_token,
-                                                order_by=order_by)
+        req = _message(plan_service_pb2.ListPlansRequest, filter=filter, page_size=page_size,
+                       page_token=page_token, order_by=order_by)
         return self.call(self.plans.ListPlans, req)  # type: ignore[no-any-return]
 
     def iter_plans(self, filter: str = "", page_size: int = 100) -> Iterator[plan_pb2.Plan]:
@@ -210,8 +211,8 @@ class Client:
                            ) -> audit_pb2.ListAuditRecordsResponse:
         """A page of records; `view` AUDIT_RECORD_VIEW_BASIC leaves out each one's plan JSON and hashed
         bytes (what a table or a count never shows)."""
-        req = _message(audit_pb2.ListAuditRecordsRequest, filter=filter, page_size=page_size, page_token=page_token,
-                                                order_by=order_by, view=view)
+        req = _message(audit_pb2.ListAuditRecordsRequest, filter=filter, page_size=page_size,
+                       page_token=page_token, order_by=order_by, view=view)
         return self.call(self.audit.ListAuditRecords, req)  # type: ignore[no-any-return]
 
     def verify_audit_log(self) -> audit_pb2.VerifyAuditLogResponse:
@@ -238,11 +239,11 @@ class Client:
         """`engine`: EngineSettings' fields (dtype, kv_cache_mb, cpu_decode); absent ones default.
         The source is `spec`, else `rerun_of` (launches/ID: that launch again, which the server
         reads; give no model_path, workload, dispatcher or engine with it), else `plan`."""
-        req = _message(launch_pb2.CreateLaunchRequest, model_path=model_path, workload=_message(launch_pb2.LaunchWorkload, "workload.", **workload),
-                                             wait_for_resources=wait_for_resources, dispatcher=dispatcher,
-                                             request_id=request_id or uuid.uuid4().hex, policy=policy,
-                                             validate_only=validate_only,
-                                             engine=_message(launch_pb2.EngineSettings, "engine.", **(engine or {})), labels=labels or {})
+        req = _message(launch_pb2.CreateLaunchRequest, model_path=model_path,
+                       workload=_message(launch_pb2.LaunchWorkload, "workload.", **workload),
+                       wait_for_resources=wait_for_resources, dispatcher=dispatcher,
+                       request_id=request_id or uuid.uuid4().hex, policy=policy, validate_only=validate_only,
+                       engine=_message(launch_pb2.EngineSettings, "engine.", **(engine or {})), labels=labels or {})
         if spec is not None:
             req.spec.CopyFrom(codec.spec_proto_from_dict(spec))
         elif rerun_of:
@@ -265,7 +266,7 @@ class Client:
     def list_launches(self, filter: str = "", page_size: int = 0, page_token: str = "",
                       order_by: str = "") -> launch_pb2.ListLaunchesResponse:
         req = _message(launch_pb2.ListLaunchesRequest, filter=filter, page_size=page_size, page_token=page_token,
-                                             order_by=order_by)
+                       order_by=order_by)
         return self.call(self.launches.ListLaunches, req)  # type: ignore[no-any-return]
 
     def cancel_launch(self, name: str) -> launch_pb2.Launch:
@@ -328,7 +329,7 @@ class Client:
     def launch_logs(self, name: str, rank: int = -1, tail_lines: int = 0,
                     after_offsets: dict[str, int] | None = None) -> launch_pb2.LaunchLogs:
         req = _message(launch_pb2.GetLaunchLogsRequest, name=name, rank=rank, tail_lines=tail_lines,
-                                              after_offsets=after_offsets or {})
+                       after_offsets=after_offsets or {})
         return self.call(self.launches.GetLaunchLogs, req)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ experiments
@@ -342,11 +343,9 @@ class Client:
         call starts one experiment). `labels`: the caller's names for it, which its launches
         carry too."""
         req = _message(experiment_pb2.CreateExperimentRequest, plans=plans, model_path=model_path, repeats=repeats,
-                                                     workload=_message(launch_pb2.LaunchWorkload, "workload.", **workload),
-                                                     dispatcher=dispatcher,
-                                                     engine=_message(launch_pb2.EngineSettings, "engine.", **(engine or {})),
-                                                     rerun_of=rerun_of, request_id=request_id or uuid.uuid4().hex,
-                                                     labels=labels or {})
+                       workload=_message(launch_pb2.LaunchWorkload, "workload.", **workload), dispatcher=dispatcher,
+                       engine=_message(launch_pb2.EngineSettings, "engine.", **(engine or {})),
+                       rerun_of=rerun_of, request_id=request_id or uuid.uuid4().hex, labels=labels or {})
         return self.call(self.experiments.CreateExperiment, req, timeout=max(self.timeout, 60))  # type: ignore[no-any-return]
 
     def rerun_experiment(self, name: str, request_id: str | None = None,
@@ -362,8 +361,8 @@ class Client:
 
     def list_experiments(self, filter: str = "", page_size: int = 0, page_token: str = "",
                          order_by: str = "") -> experiment_pb2.ListExperimentsResponse:
-        req = _message(experiment_pb2.ListExperimentsRequest, filter=filter, page_size=page_size, page_token=page_token,
-                                                    order_by=order_by)
+        req = _message(experiment_pb2.ListExperimentsRequest, filter=filter, page_size=page_size,
+                       page_token=page_token, order_by=order_by)
         return self.call(self.experiments.ListExperiments, req)  # type: ignore[no-any-return]
 
     def cancel_experiment(self, name: str) -> experiment_pb2.Experiment:
