@@ -284,7 +284,8 @@ def test_a_replica_whose_lease_lapses_has_its_launches_taken_over(tmp_path: Path
         assert servers[0].proc is not None
         servers[0].proc.send_signal(signal.SIGSTOP)
         try:
-            wait_for("A settled LOST by replica 1", lambda: c1.get_launch(a).state == "LOST")
+            # as long as C's wait below: a loaded machine (two pytest processes, a slow day) took over 30 s
+            wait_for("A settled LOST by replica 1", lambda: c1.get_launch(a).state == "LOST", timeout=120)
             wait_for("C placed by replica 1", lambda: c1.get_launch(c).state == "RUNNING", timeout=120)
             wait_for("B followed by replica 1", lambda: any(m.startswith("re-attached") for m in state_records(c1, b)))
             owner1 = (servers[1].data_dir / "instance").read_text().strip()
