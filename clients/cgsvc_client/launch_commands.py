@@ -180,12 +180,24 @@ def report_table(launch: Any) -> str:
                  ("KV cache", f"{r.kv_bytes_per_token} bytes/token (latent only)"
                   + (f"; {render.mib(r.kv_cache_budget_bytes)} a rank ({r.kv_cache_budget_reason})"
                      if r.kv_cache_budget_bytes else ""))]
-        honoured = sum(f.status == "honoured" for f in r.plan_fidelity)
-        rows.append(("plan fidelity", f"{honoured} of {len(r.plan_fidelity)} plan fields honoured as planned"))
+        rows.append(("plan fidelity", fidelity_line(r.plan_fidelity)))
         rows += [(f.status.replace("_", " "), f"{f.field}: {f.requested} -> {f.effective} ({f.reason})")
                  for f in r.plan_fidelity if f.status != "honoured"]
     rows += [("note", note) for note in worker_notes(launch.report_json)]
     return render.fields(rows)
+
+
+def fidelity_line(fidelity: Any) -> str:
+    """How many plan fields ran as planned, and how many did not and why in a word: a field with
+    nothing to act on (an eager phase's sizes) is counted apart from one the workers replaced."""
+    count = collections.Counter(f.status for f in fidelity)
+    if not fidelity:
+        return "not reported (workers of a release before plan fidelity)"
+    if count["honoured"] == len(fidelity):
+        return f"all {len(fidelity)} plan fields honoured as planned"
+    return ", ".join([f"{count['honoured']} of {len(fidelity)} plan fields honoured as planned"]
+                     + [f"{count['substituted']} substituted"] * bool(count["substituted"])
+                     + [f"{count['not_applicable']} not applicable (nothing to act on)"] * bool(count["not_applicable"]))
 
 
 def worker_notes(report_json: str) -> list[str]:

@@ -86,3 +86,24 @@ def test_a_wait_off_a_terminal_says_how_far_a_long_phase_has_got_every_few_secon
         "RUNNING    [##############################] 8/8 tokens",
         "SUCCEEDED  [##############################] 8/8 tokens",
     ]
+
+
+def test_a_launch_report_counts_its_plan_fields_by_how_they_ran() -> None:
+    """`launches show` said "6 of 10 plan fields honoured as planned" of a launch whose other 4
+    fields had nothing to act on (an eager phase has no sizes): a reader took 4 for dishonoured.
+    The line counts each status, the substitutions first."""
+    from cgsvc_client.launch_commands import report_table
+
+    def shown(*statuses: str) -> str:
+        fidelity = [launch_pb2.PlanFidelity(field=f"f{i}", status=s, requested="1", effective="2", reason="why")
+                    for i, s in enumerate(statuses)]
+        table = report_table(launch_pb2.Launch(name="launches/x", state="SUCCEEDED",
+                                               report=launch_pb2.LaunchReport(plan_fidelity=fidelity)))
+        return next(line for line in table.splitlines() if line.startswith("plan fidelity")).split("  ", 1)[1].strip()
+
+    assert shown("honoured", "not_applicable", "honoured", "not_applicable") == (
+        "2 of 4 plan fields honoured as planned, 2 not applicable (nothing to act on)")
+    assert shown("honoured", "substituted", "not_applicable") == (
+        "1 of 3 plan fields honoured as planned, 1 substituted, 1 not applicable (nothing to act on)")
+    assert shown("honoured", "honoured") == "all 2 plan fields honoured as planned"
+    assert shown() == "not reported (workers of a release before plan fidelity)"  # it read "0 of 0 ..."
