@@ -435,15 +435,16 @@ def each_page(fetch: Callable[[str, int, str], Any], field: str, query: str, pag
 
 def pages(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field: str) -> Iterator[tuple[Any, str]]:
     """The pages a List command reads (list_filter(), --page-size): the page --page-token names
-    or, with --all, every page from there to the last (a running count on a terminal's stderr)."""
+    or, with --all, every page from there to the last (on a terminal's stderr, a count of those read
+    while more are to come, on one line cleared after the last)."""
     progress = ns.all and sys.stderr.isatty()
     seen = 0
     if order := getattr(ns, "order_by", ""):  # --newest-first
         fetch = functools.partial(_ordered, fetch, order)
     for items, token in each_page(fetch, field, list_filter(ns), ns.page_size, ns.page_token or "", ns.all):
-        seen += len(items)
-        if progress:
-            print(f"\r{seen} {field} so far ...", end="" if token else "\n", file=sys.stderr, flush=True)
+        if progress and (token or seen):
+            seen += len(items)
+            print(f"\r{seen} {field} read ...\x1b[K" if token else "\r\x1b[K", end="", file=sys.stderr, flush=True)
         yield items, token
 
 

@@ -107,3 +107,49 @@ def test_a_launch_report_counts_its_plan_fields_by_how_they_ran() -> None:
         "1 of 3 plan fields honoured as planned, 1 substituted, 1 not applicable (nothing to act on)")
     assert shown("honoured", "honoured") == "all 2 plan fields honoured as planned"
     assert shown() == "not reported (workers of a release before plan fidelity)"  # it read "0 of 0 ..."
+
+
+class _Terminal:
+    """A stderr that says it is a terminal, keeping what is written to it."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_listing_of_many_pages_counts_them_on_one_line_that_it_clears_when_done(monkeypatch: Any) -> None:
+    """`launches summary` on a terminal left "1 launches so far ..." under its table: a count
+    that read as unfinished, in bad grammar, of a listing already whole. The count is shown
+    while pages are still to come, and its line is cleared after the last."""
+    import argparse
+    import sys
+
+    from cgsvc_client.args import pages
+
+    def fetch(pages_of: list[int]) -> Any:
+        def page(query: str, size: int, token: str) -> Any:
+            at = int(token or 0)
+            more = str(at + 1) if at + 1 < len(pages_of) else ""
+            return argparse.Namespace(launches=[object()] * pages_of[at], next_page_token=more)
+        return page
+
+    def shown(pages_of: list[int], every: bool = True) -> str:
+        terminal = _Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        ns = argparse.Namespace(all=every, filter="", since=None, time_field="create_time", page_size=1000,
+                                page_token=None)
+        assert sum(len(items) for items, _ in pages(ns, fetch(pages_of), "launches")) == sum(pages_of[:None if every else 1])
+        return terminal.text
+
+    assert shown([1]) == ""  # one page: nothing to wait for
+    assert shown([1000, 1000, 1]) == "\r1000 launches read ...\x1b[K\r2000 launches read ...\x1b[K\r\x1b[K"
+    assert shown([1000, 1], every=False) == ""  # one page asked for
