@@ -239,10 +239,11 @@ def add_policy(p: argparse.ArgumentParser) -> None:
                                     "sglang-0.5.17 (cgsvc-cli policies lists them)")
 
 
-def add_workload(p: argparse.ArgumentParser) -> None:
-    """The checkpoint, workload and dispatcher flags of every command that starts worker groups."""
-    p.add_argument("--model-path", dest="checkpoint", required=True, help="checkpoint directory for the workers (launch: also the "
-                   "spec's model where neither --spec nor --model names one)")
+def add_workload(p: argparse.ArgumentParser, checkpoint_also: str = "") -> None:
+    """The checkpoint, workload and dispatcher flags of every command that starts worker groups
+    (`checkpoint_also`: what else --model-path stands for in this command)."""
+    p.add_argument("--model-path", dest="checkpoint", required=True,
+                   help="checkpoint directory for the workers" + (f" ({checkpoint_also})" if checkpoint_also else ""))
     p.add_argument("--input-len", type=int32, default=128, help="prompt tokens per request (default 128)")
     p.add_argument("--output-len", type=int32, default=32, help="tokens to generate per request (default 32)")
     p.add_argument("--requests", type=int32, default=4, help="requests per launch (default 4)")

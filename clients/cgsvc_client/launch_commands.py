@@ -587,7 +587,7 @@ def register(sub: Any) -> None:
     add_spec_flags(la, exclude=("--model-path",))
     la.add_argument("--plan", help="plans/ID of a stored plan instead of a spec")
     add_policy(la)
-    add_workload(la)
+    add_workload(la, "also the spec's model where neither --spec nor --model names one")
     la.add_argument("--request-id", help="idempotency key: a retry with the same id returns the same launch "
                                           "(default: a fresh id per invocation)")
     add_labels(la, "a name of your own for the launch (repeatable; lower-case letters, digits, _ and -), to find it "
