@@ -380,7 +380,7 @@ def launches_summary(ns: argparse.Namespace) -> int:
     print(render.table([*by, "launches", "succeeded", "TTFT p50 ms", "TPOT p50 ms", "tokens/s"],
                        [(*(g[f] for f in by), g["launches"], g["succeeded"] or 0, ms(g["ttft_ms_p50_median"]),
                          ms(g["tpot_ms_p50_median"]), ms(g["throughput_tok_s_median"])) for g in groups]))
-    print(f"{render.counted(total, 'launch', 'launches')} in {render.counted(len(groups), 'group')}; latencies are "
+    print(f"{render.counted(total, 'launch')} in {render.counted(len(groups), 'group')}; latencies are "
           "medians over each group's succeeded launches")
     return 0
 

@@ -153,3 +153,12 @@ def test_a_listing_of_many_pages_counts_them_on_one_line_that_it_clears_when_don
     assert shown([1]) == ""  # one page: nothing to wait for
     assert shown([1000, 1000, 1]) == "\r1000 launches read ...\x1b[K\r2000 launches read ...\x1b[K\r\x1b[K"
     assert shown([1000, 1], every=False) == ""  # one page asked for
+
+
+def test_a_count_takes_its_nouns_plural_as_english_does() -> None:
+    """`experiment run` printed "2 launchs per arm"."""
+    from cgsvc.text import counted
+
+    assert [counted(n, "launch") for n in (0, 1, 2)] == ["0 launches", "1 launch", "2 launches"]
+    assert counted(3, "record") == "3 records" and counted(2, "process") == "2 processes"
+    assert counted(2, "box") == "2 boxes" and counted(2, "mouse", "mice") == "2 mice"
