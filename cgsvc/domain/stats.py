@@ -140,8 +140,12 @@ def brief_part(metric: str, diff: dict[str, Any], launches: dict[str, Any] | Non
     call = _call(diff, launches)
     if call in ("slower", "faster"):
         return f"{metric} B {call} {abs(diff['mean']):.2f} ms{_relative(diff)}"
-    return f"{metric} " + {"no_samples": "no samples", "too_few": "too few samples", "equal": "no difference",
-                           "spans_zero": "cannot tell", "launches_disagree": "cannot tell (launches disagree)"}[call]
+    return f"{metric} {CALL_WORDS[call]}"
+
+
+# Each call _call makes, in the words a list or a summary shows it by.
+CALL_WORDS = {"slower": "B slower", "faster": "B faster", "no_samples": "no samples", "too_few": "too few samples",
+              "equal": "no difference", "spans_zero": "cannot tell", "launches_disagree": "cannot tell (launches disagree)"}
 
 
 METRICS = ("ttft_ms", "tpot_ms")

@@ -1,5 +1,5 @@
 """`cgsvc-cli` evidence commands: `policies`, `plans diff`, `policy impact`, and the A/B
-`experiment run` with `experiments list|show`."""
+`experiment run` with `experiments list|show|summary|diff`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from cgsvc import codec
@@ -24,6 +25,7 @@ from cgsvc_client.args import (
     add_listing,
     add_output,
     add_server,
+    add_summary,
     add_workload,
     bad,
     engine,
@@ -39,6 +41,7 @@ from cgsvc_client.args import (
     resource_name,
     resumed,
     streamed,
+    summarize,
     workload,
 )
 from cgsvc_client.client import LAUNCH_ENDED, Client
@@ -498,6 +501,60 @@ def cmd_experiments_list(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _call_words(metric: str) -> Callable[[dict[str, Any]], str]:
+    """What an experiment's stored result says of one metric, in the words of `experiments list`'s
+    verdict ("B faster", "cannot tell", ...); "-" before it has a result."""
+    def words(x: dict[str, Any]) -> str:
+        from cgsvc.domain import stats  # numpy: only the commands that read a result need it
+
+        return stats.CALL_WORDS[stats.metric_call(x["result"], metric)["call"]] if x.get("result") else "-"
+    return words
+
+
+# What `experiments summary --by` groups experiments by: a field of the experiment as
+# experiment_dict gives it, or what its result says.
+EXPERIMENT_FIELDS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "state": lambda x: x["state"],
+    "principal": lambda x: x.get("principal") or "-",
+    "day": lambda x: x.get("create_time", "")[:10] or "-",  # made that UTC day
+    "a": lambda x: x["plans"][0] if x.get("plans") else "-",
+    "b": lambda x: x["plans"][1] if len(x.get("plans", [])) > 1 else "-",
+    "dispatcher": lambda x: x.get("dispatcher") or "-",
+    "model_path": lambda x: x.get("model_path") or "-",
+    "repeats": lambda x: x.get("repeats", 0),
+    "rerun_of": lambda x: x.get("rerun_of") or "-",
+    "ttft": _call_words("ttft_ms"),
+    "tpot": _call_words("tpot_ms"),
+    # yes: the arms' plans differ only in fields the workers substituted away, so a difference is the machine's
+    "ran_alike": lambda x: ("yes" if x["result"].get("ran_alike") else "no") if x.get("result") else "-",
+}
+EXPERIMENT_MEASURES: dict[str, Any] = {
+    "succeeded": ((lambda x: 1 if x["state"] == "SUCCEEDED" else None), sum),
+    "launches": ((lambda x: len(x.get("runs", []))), sum),
+}
+
+
+def cmd_experiments_summary(ns: argparse.Namespace) -> int:
+    """The experiments grouped by the --by fields: how many, how many succeeded, their launches."""
+    fields = dict(EXPERIMENT_FIELDS)  # and labels.KEY: that label's value ("-" for one without it)
+    for name in (f.strip().lower() for f in ns.by.split(",")):
+        if name.startswith("labels.") and name != "labels.":
+            fields[name] = (lambda key: lambda x: x.get("labels", {}).get(key, "-"))(name.removeprefix("labels."))
+    with Client.from_args(ns) as c:
+        def fetch(query: str, size: int, token: str, **order: Any) -> Any:
+            page = c.list_experiments(query, size, token, **order)
+            return argparse.Namespace(experiments=[codec.experiment_dict(m) for m in page.experiments],
+                                      next_page_token=page.next_page_token)
+        by, total, groups = summarize(ns, fetch, "experiments", fields, EXPERIMENT_MEASURES)
+    if render.output_mode(ns) == "json":
+        render.print_json({"summary": {"by": by, "experiments": total, "groups": groups}})
+        return 0
+    print(render.table([*by, "experiments", "succeeded", "launches"],
+                       [(*(g[f] for f in by), g["experiments"], g["succeeded"] or 0, g["launches"]) for g in groups]))
+    print(f"{render.counted(total, 'experiment')} in {render.counted(len(groups), 'group')}")
+    return 0
+
+
 EXPERIMENT_REQUEST = ("plans", "workload", "model_path", "repeats", "dispatcher", "engine")
 METRIC_NAMES = {"ttft_ms": "TTFT", "tpot_ms": "TPOT"}
 
@@ -625,6 +682,10 @@ def register(sub: Any) -> None:
     add_listing(el, 'state = "SUCCEEDED"')
     add_label_columns(el, "an experiment")
     el.set_defaults(func=cmd_experiments_list)
+    esum = exs.add_parser("summary", help="experiments counted by some fields, such as what each found of TTFT and "
+                                          "TPOT (with how many succeeded and their launches)")
+    add_summary(esum, "state,ttft,tpot", {**EXPERIMENT_FIELDS, "labels.KEY": None}, 'labels.team = "infra"')
+    esum.set_defaults(func=cmd_experiments_summary)
     es = exs.add_parser("show", help="one experiment: its launches, statistics and verdict")
     es.add_argument("name", help="experiments/ID or ID")
     es.set_defaults(func=cmd_experiments_show)
@@ -657,6 +718,6 @@ def register(sub: Any) -> None:
     ed.add_argument("--exit-code", action="store_true",
                     help="exit 1 when a metric's verdict did not hold (flipped, or only one can tell), 0 when not")
     ed.set_defaults(func=cmd_experiments_diff)
-    for parser in (el, es, ec, elab, ew, er, ed):
+    for parser in (el, esum, es, ec, elab, ew, er, ed):
         add_output(parser)
         add_server(parser, required=True)

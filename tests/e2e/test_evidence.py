@@ -4,6 +4,7 @@ versions included), and A/B experiments on real TP4 worker groups with the tiny 
 
 from __future__ import annotations
 
+import collections
 import json
 import subprocess
 import sys
@@ -395,6 +396,25 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
     assert d["arms_swapped"] is True and d["request_differs"] == ["workload", "repeats"], d
     as_given = turned["result"]["difference"]["ttft_ms"]
     assert d["metrics"][0]["b"]["mean"] == pytest.approx(-as_given["mean"]), (d["metrics"][0], as_given)
+    # `experiments summary`: the experiments counted by what they found, each metric's call as the
+    # stored result gives it, and by their arms (the turned experiment has the plans the other way)
+    from cgsvc.domain.stats import CALL_WORDS, metric_call
+
+    found = json.loads(cli(srv, "experiments", "summary", "--by", "state,ttft,tpot", "-o", "json").stdout)["summary"]
+    calls = collections.Counter(("SUCCEEDED", *(CALL_WORDS[metric_call(x["result"], m)["call"]]
+                                                for m in ("ttft_ms", "tpot_ms"))) for x in (exp, turned))
+    assert found["experiments"] == 2 and {(g["state"], g["ttft"], g["tpot"]): g["experiments"]
+                                          for g in found["groups"]} == dict(calls), found
+    assert sum(g["launches"] for g in found["groups"]) == 6  # 2 a arm, then 1
+    assert all(g["succeeded"] == g["experiments"] for g in found["groups"]), found
+    arms = json.loads(cli(srv, "experiments", "summary", "--by", "a,ran_alike,labels.team", "-o", "json").stdout)
+    assert sorted((g["a"], g["ran_alike"], g["labels.team"], g["experiments"], g["launches"], g["succeeded"])
+                  for g in arms["summary"]["groups"]) == sorted([(a, "yes", "infra", 1, 4, 1), (b, "yes", "-", 1, 2, 1)])
+    table = cli(srv, "experiments", "summary", "--by", "tpot", "-o", "table")
+    assert table.returncode == 0 and table.stdout.rstrip().endswith("2 experiments in " + (
+        "1 group" if len({g[2] for g in calls}) == 1 else "2 groups")), table.stdout
+    unknown = cli(srv, "experiments", "summary", "--by", "verdict", "-o", "json")
+    assert unknown.returncode == 2 and "valid: state, principal" in unknown.stdout, unknown.stdout
     wrong = cli(srv, "experiments", "diff", exp["name"], "plans/x", "-o", "json")
     assert wrong.returncode == 2 and '"field": "b"' in wrong.stdout, wrong.stdout
     # `experiments label`: an ended experiment's labels change, audited; its launches keep theirs
