@@ -468,16 +468,21 @@ Measure = tuple[Callable[[Any], Any], Callable[[list[Any]], Any]]  # a value of 
 
 def summarize(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], field: str,
               fields: dict[str, Callable[[Any], Any]], measures: dict[str, Measure] | None = None,
-              ) -> tuple[list[str], int, list[dict[str, Any]]]:
+              label: Callable[[Any, str], str] | None = None) -> tuple[list[str], int, list[dict[str, Any]]]:
     """A `summary` command's answer: every item of every page that matches --filter and --since,
-    counted by the --by fields (checked against `fields`, in any case), the most common group
-    first; each group also with each measure, reduced over the items that have a value (None when
-    none has). A field that reads a list (the rules a plan used) counts the item once under each
-    of its values. Constant memory: counts and values, not items. Returns (by, items, groups)."""
+    counted by the --by fields (checked against `fields`, in any case, and `labels.KEY` where
+    `label` reads an item's label KEY), the most common group first; each group also with each
+    measure, reduced over the items that have a value (None when none has). A field that reads a
+    list (the rules a plan used) counts the item once under each of its values. Constant memory:
+    counts and values, not items. Returns (by, items, groups)."""
     by = [f.strip().lower() for f in ns.by.split(",") if f.strip()]
+    if label is not None:
+        fields = {**fields, **{f: functools.partial(_labelled, label, f.removeprefix("labels.")) for f in by
+                               if f.startswith("labels.") and f != "labels."}}
     unknown = [f for f in by if f not in fields]
     if not by or unknown:
-        raise bad("by", f"{', '.join(unknown) or 'nothing'}: not a field to group by; valid: {', '.join(fields)} "
+        valid = [f for f in fields if not f.startswith("labels.")] + ["labels.KEY"] * (label is not None)
+        raise bad("by", f"{', '.join(unknown) or 'nothing'}: not a field to group by; valid: {', '.join(valid)} "
                         "(comma-separated)")
     measures = measures or {}
     counts: collections.Counter[tuple[Any, ...]] = collections.Counter()
@@ -500,6 +505,10 @@ def summarize(ns: argparse.Namespace, fetch: Callable[[str, int, str], Any], fie
             group[name] = reduce(values[key][name]) if values[key][name] else None
         groups.append(group)
     return by, seen, groups
+
+
+def _labelled(label: Callable[[Any, str], str], key: str, item: Any) -> str:
+    return label(item, key)
 
 
 def add_summary(p: argparse.ArgumentParser, default: str, fields: dict[str, Any], example: str,

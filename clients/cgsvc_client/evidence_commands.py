@@ -536,16 +536,13 @@ EXPERIMENT_MEASURES: dict[str, Any] = {
 
 def cmd_experiments_summary(ns: argparse.Namespace) -> int:
     """The experiments grouped by the --by fields: how many, how many succeeded, their launches."""
-    fields = dict(EXPERIMENT_FIELDS)  # and labels.KEY: that label's value ("-" for one without it)
-    for name in (f.strip().lower() for f in ns.by.split(",")):
-        if name.startswith("labels.") and name != "labels.":
-            fields[name] = (lambda key: lambda x: x.get("labels", {}).get(key, "-"))(name.removeprefix("labels."))
     with Client.from_args(ns) as c:
         def fetch(query: str, size: int, token: str, **order: Any) -> Any:
             page = c.list_experiments(query, size, token, **order)
             return argparse.Namespace(experiments=[codec.experiment_dict(m) for m in page.experiments],
                                       next_page_token=page.next_page_token)
-        by, total, groups = summarize(ns, fetch, "experiments", fields, EXPERIMENT_MEASURES)
+        by, total, groups = summarize(ns, fetch, "experiments", EXPERIMENT_FIELDS, EXPERIMENT_MEASURES,
+                                      label=lambda x, key: x.get("labels", {}).get(key, "-"))  # "-": none
     if render.output_mode(ns) == "json":
         render.print_json({"summary": {"by": by, "experiments": total, "groups": groups}})
         return 0

@@ -365,12 +365,9 @@ LAUNCH_MEASURES: dict[str, Measure] = {
 def launches_summary(ns: argparse.Namespace) -> int:
     """The launches grouped by the --by fields: how many ran each way, and what the ones that
     succeeded measured (medians of their TTFT and TPOT p50 and throughput)."""
-    fields = dict(LAUNCH_FIELDS)  # and labels.KEY: that label's value ("-" for a launch without it)
-    for name in (f.strip().lower() for f in ns.by.split(",")):
-        if name.startswith("labels.") and name != "labels.":
-            fields[name] = (lambda key: lambda x: x.labels.get(key, "-"))(name.removeprefix("labels."))
-    with Client.from_args(ns) as c:
-        by, total, groups = summarize(ns, c.list_launches, "launches", fields, LAUNCH_MEASURES)
+    with Client.from_args(ns) as c:  # and labels.KEY: that label's value ("-" for a launch without it)
+        by, total, groups = summarize(ns, c.list_launches, "launches", LAUNCH_FIELDS, LAUNCH_MEASURES,
+                                      label=lambda x, key: x.labels.get(key, "-"))
     if render.output_mode(ns) == "json":
         render.print_json({"summary": {"by": by, "launches": total, "groups": groups}})
         return 0

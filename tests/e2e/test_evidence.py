@@ -415,6 +415,7 @@ def test_an_experiment_runs_the_arms_interleaved_and_is_stored(srv: ServerProces
         "1 group" if len({g[2] for g in calls}) == 1 else "2 groups")), table.stdout
     unknown = cli(srv, "experiments", "summary", "--by", "verdict", "-o", "json")
     assert unknown.returncode == 2 and "valid: state, principal" in unknown.stdout, unknown.stdout
+    assert "ran_alike, labels.KEY (comma-separated)" in unknown.stdout, unknown.stdout  # labels too, as --by takes
     wrong = cli(srv, "experiments", "diff", exp["name"], "plans/x", "-o", "json")
     assert wrong.returncode == 2 and '"field": "b"' in wrong.stdout, wrong.stdout
     # `experiments label`: an ended experiment's labels change, audited; its launches keep theirs
