@@ -109,6 +109,17 @@ def error_from_rpc(err: grpc.RpcError) -> ServiceError:
     return from_status(st, code if code in CODE_NUMBERS else "UNKNOWN", details or code)
 
 
+def _every(list_call: Callable[..., Any], field: str, filter: str, page_size: int, **kw: Any) -> Iterator[Any]:
+    """The items of every page a List call answers, following next_page_token to the last; a page
+    is asked for only when the one before has been read."""
+    token = ""
+    while True:
+        page = list_call(filter, page_size, token, **kw)
+        yield from getattr(page, field)
+        if not (token := page.next_page_token):
+            return
+
+
 def label_mask(set_labels: dict[str, str], remove: Sequence[str]) -> field_mask_pb2.FieldMask:
     """The update_mask that sets these labels and removes those: labels.KEY for each."""
     return field_mask_pb2.FieldMask(paths=[f"labels.{key}" for key in [*set_labels, *remove]])
@@ -193,14 +204,9 @@ class Client:
                        page_token=page_token, order_by=order_by)
         return self.call(self.plans.ListPlans, req)  # type: ignore[no-any-return]
 
-    def iter_plans(self, filter: str = "", page_size: int = 100) -> Iterator[plan_pb2.Plan]:
-        token = ""
-        while True:
-            page = self.list_plans(filter, page_size, token)
-            yield from page.plans
-            token = page.next_page_token
-            if not token:
-                return
+    def iter_plans(self, filter: str = "", page_size: int = 100, order_by: str = "") -> Iterator[plan_pb2.Plan]:
+        """Every plan that matches `filter`, in `order_by`'s order, read a page at a time."""
+        return _every(self.list_plans, "plans", filter, page_size, order_by=order_by)
 
     # ------------------------------------------------------------------ audit
     def get_audit_record(self, name: str) -> audit_pb2.AuditRecord:
@@ -214,6 +220,12 @@ class Client:
         req = _message(audit_pb2.ListAuditRecordsRequest, filter=filter, page_size=page_size,
                        page_token=page_token, order_by=order_by, view=view)
         return self.call(self.audit.ListAuditRecords, req)  # type: ignore[no-any-return]
+
+    def iter_audit_records(self, filter: str = "", page_size: int = 100, order_by: str = "",
+                           view: audit_pb2.AuditRecordView = audit_pb2.AUDIT_RECORD_VIEW_UNSPECIFIED,
+                           ) -> Iterator[audit_pb2.AuditRecord]:
+        """Every record that matches `filter` (list_audit_records, `view` included), read a page at a time."""
+        return _every(self.list_audit_records, "records", filter, page_size, order_by=order_by, view=view)
 
     def verify_audit_log(self) -> audit_pb2.VerifyAuditLogResponse:
         return self.call(self.audit.VerifyAuditLog, audit_pb2.VerifyAuditLogRequest(),  # type: ignore[no-any-return]
@@ -268,6 +280,10 @@ class Client:
         req = _message(launch_pb2.ListLaunchesRequest, filter=filter, page_size=page_size, page_token=page_token,
                        order_by=order_by)
         return self.call(self.launches.ListLaunches, req)  # type: ignore[no-any-return]
+
+    def iter_launches(self, filter: str = "", page_size: int = 100, order_by: str = "") -> Iterator[launch_pb2.Launch]:
+        """Every launch that matches `filter`, in `order_by`'s order, read a page at a time."""
+        return _every(self.list_launches, "launches", filter, page_size, order_by=order_by)
 
     def cancel_launch(self, name: str) -> launch_pb2.Launch:
         return self.call(self.launches.CancelLaunch, launch_pb2.CancelLaunchRequest(name=name),  # type: ignore[no-any-return]
@@ -364,6 +380,11 @@ class Client:
         req = _message(experiment_pb2.ListExperimentsRequest, filter=filter, page_size=page_size,
                        page_token=page_token, order_by=order_by)
         return self.call(self.experiments.ListExperiments, req)  # type: ignore[no-any-return]
+
+    def iter_experiments(self, filter: str = "", page_size: int = 100,
+                         order_by: str = "") -> Iterator[experiment_pb2.Experiment]:
+        """Every experiment that matches `filter`, in `order_by`'s order, read a page at a time."""
+        return _every(self.list_experiments, "experiments", filter, page_size, order_by=order_by)
 
     def cancel_experiment(self, name: str) -> experiment_pb2.Experiment:
         return self.call(self.experiments.CancelExperiment,  # type: ignore[no-any-return]

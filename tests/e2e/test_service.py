@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 from cgsvc.errors import ServiceError
-from cgsvc.v1 import plan_service_pb2
+from cgsvc.v1 import audit_pb2, plan_service_pb2
 from tests.conftest import ROOT, llama_dir
 from tests.e2e.server import ServerProcess
 
@@ -171,6 +171,36 @@ def test_resolve_get_list(client: Client) -> None:
         if not token:
             break
     assert names <= set(seen) and all(client.get_plan(n).spec.hardware.gpu == "H200" for n in seen)
+
+
+def test_the_python_client_reads_every_page_of_each_collection(client: Client) -> None:
+    """A program had to loop on next_page_token itself for launches, records and experiments
+    (only plans had an iterator): each collection has one, taking the filter and order a page does."""
+    for _ in range(3):
+        client.resolve_proto(KIMI)
+
+    def paged(list_call: Any, field: str, filter: str, **kw: Any) -> list[str]:
+        seen, token = [], ""
+        while True:
+            page = list_call(filter, 2, token, **kw)
+            seen += [x.name for x in getattr(page, field)]
+            if not (token := page.next_page_token):
+                return seen
+
+    resolved = paged(client.list_audit_records, "records", 'method = "ResolvePlan"')
+    assert len(resolved) >= 3
+    assert [r.name for r in client.iter_audit_records('method = "ResolvePlan"', page_size=2)] == resolved
+    newest = client.iter_audit_records('method = "ResolvePlan"', page_size=2, order_by="sequence desc",
+                                       view=audit_pb2.AUDIT_RECORD_VIEW_BASIC)
+    assert [(r.name, r.plan_json) for r in newest] == [(name, "") for name in reversed(resolved)]
+    assert [p.name for p in client.iter_plans('gpu = "GB300"', page_size=2, order_by="create_time desc")] == (
+        paged(client.list_plans, "plans", 'gpu = "GB300"', order_by="create_time desc"))
+    for iterate, list_call, field in ((client.iter_launches, client.list_launches, "launches"),
+                                      (client.iter_experiments, client.list_experiments, "experiments")):
+        assert [x.name for x in iterate("", page_size=2)] == paged(list_call, field, "")
+    with pytest.raises(ServiceError) as e:  # a bad filter is refused when the first page is read
+        next(client.iter_launches('state = "RUNING"'))
+    assert e.value.code == "INVALID_ARGUMENT"
 
 
 def test_validate_only_stores_no_plan_but_is_audited(client: Client) -> None:
