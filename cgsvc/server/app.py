@@ -154,6 +154,19 @@ class Prepared:
     notes: list[str] = field(default_factory=list)  # a dry run: what a start would make, or would meet
 
 
+
+def _data_dir_problem(path: Path) -> str | None:
+    """Why a start could not use `path` as its data directory, as a check can tell without making
+    it: a file in its place, or a file (or a directory it may not write) where it would be made."""
+    if path.exists():
+        return None if path.is_dir() else f"{path} is a file, not a directory"
+    above = next((p for p in path.absolute().parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        return f"cannot make {path}: {os.strerror(errno.ENOTDIR)}"
+    if above is not None and not os.access(above, os.W_OK | os.X_OK):
+        return f"cannot make {path}: {os.strerror(errno.EACCES)}"
+    return None
+
 def prepare(cfg: ServerConfig, dry: bool = False) -> Prepared:
     """Every check a start makes before it opens the database, in its order; ConfigError at the
     first that fails. `dry` (serve --check) makes nothing: no data directory, no key file, and
@@ -170,6 +183,8 @@ def prepare(cfg: ServerConfig, dry: bool = False) -> Prepared:
         if not (dry and why == os.strerror(errno.EADDRINUSE)):
             raise ConfigError(f"address: cannot listen on {cfg.address}: {why}")
         notes.append(f"address {cfg.address} is in use now: a start succeeds once whatever listens there stops")
+    if problem := _data_dir_problem(Path(cfg.data_dir)):
+        raise ConfigError(f"data_dir: {problem}")
     if dry:
         if not Path(cfg.data_dir).is_dir():
             notes.append(f"data_dir {cfg.data_dir} does not exist: a start makes it (mode 0700)")

@@ -105,3 +105,19 @@ def test_what_stops_a_start_stops_the_check_in_the_same_words(tmp_path: Path) ->
     down = check(tmp_path / "pg", "--database-url", "postgresql+psycopg://postgres@127.0.0.1:1/none")
     assert down.returncode == 2 and down.stderr.startswith("cgsvc: database: cannot read postgresql+psycopg://"), \
         down.stderr
+
+
+def test_a_data_dir_that_is_a_file_or_under_one_stops_the_check_as_it_stops_the_start(tmp_path: Path) -> None:
+    """Regression: `serve --check` said "this configuration starts" of a data directory that names
+    a file, or lies under one, which a start then refused."""
+    (tmp_path / "a-file").write_text("")
+    for data_dir, why in ((tmp_path / "a-file", f"data_dir: {tmp_path / 'a-file'} is a file, not a directory"),
+                          (tmp_path / "a-file" / "data", f"data_dir: cannot make {tmp_path / 'a-file' / 'data'}: "
+                                                         "Not a directory")):
+        proc = check(data_dir)
+        said = serve_refused(data_dir)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+        assert proc.stderr.strip() == said.strip().splitlines()[-1] == f"cgsvc: {why}", (proc.stderr, said)
+        error = json.loads(check(data_dir, "-o", "json").stdout)["error"]
+        assert error["field_violations"][0]["field"] == "data_dir", error
+    assert (tmp_path / "a-file").read_text() == ""
