@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import grpc
+import sqlalchemy as sa
 import structlog
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -19,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from cgsvc import catalog
 from cgsvc.audit import checkpoint
 from cgsvc.audit.auditor import Auditor
+from cgsvc.audit.records import mask_secrets
 from cgsvc.audit.store import AuditStore
 from cgsvc.audit.writer import AuditWriter, ProcessAuditWriter, Writer
 from cgsvc.domain.experiments import Experiments
@@ -239,7 +241,12 @@ async def start(cfg: ServerConfig) -> Running:
     assert p.signing_key is not None  # made when absent, as this start is not a dry one
     signing_key = p.signing_key
     instance, instance_lock = server_instance(Path(cfg.data_dir))  # before the database is touched
-    store = AuditStore(cfg.effective_database_url)
+    try:
+        store = AuditStore(cfg.effective_database_url)
+    except sa.exc.SQLAlchemyError as exc:  # down, refused, or not a database: as `serve --check` says it
+        instance_lock.close()
+        raise ConfigError(f"database: cannot read {mask_secrets(cfg.effective_database_url)}: "
+                          f"{str(exc).splitlines()[0]}") from None
     writer: Writer = (
         ProcessAuditWriter(store, cfg.audit_max_batch, metrics.observe_batch, cfg.audit_cohort_wait_ms / 1000,
                            cfg.audit_cohort_gap_ms / 1000)

@@ -121,3 +121,17 @@ def test_a_data_dir_that_is_a_file_or_under_one_stops_the_check_as_it_stops_the_
         error = json.loads(check(data_dir, "-o", "json").stdout)["error"]
         assert error["field_violations"][0]["field"] == "data_dir", error
     assert (tmp_path / "a-file").read_text() == ""
+
+
+def test_a_database_that_cannot_be_read_stops_the_start_in_the_checks_words(tmp_path: Path) -> None:
+    """Regression: a start whose PostgreSQL did not answer, or whose cgsvc.db was not SQLite,
+    ended in SQLAlchemy's traceback (exit 1), where the check named the database and why."""
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "cgsvc.db").write_text("not a database")
+    for data_dir, args in ((tmp_path / "bad", ()),
+                           (tmp_path / "pg", ("--database-url", "postgresql+psycopg://postgres@127.0.0.1:1/none"))):
+        proc = check(data_dir, *args)
+        said = serve_refused(data_dir, *args)
+        assert "Traceback" not in said and said.strip().startswith("cgsvc: database: cannot read "), said
+        assert proc.returncode == 2 and proc.stderr.strip() == said.strip(), (proc.stderr, said)
+    assert (tmp_path / "bad" / "cgsvc.db").read_text() == "not a database"
