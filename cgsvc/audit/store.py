@@ -1262,16 +1262,50 @@ class AuditStore:
 
     # ------------------------------------------------------------------ append
     def append_batch(self, items: Sequence[PendingAppend]) -> list[AppendResult]:
-        """Append all items in one transaction, in order; durable when this returns."""
+        """Append all items in one transaction, in order; durable when this returns (once more
+        after a lost connection: append_again)."""
         batch = self.open_batch()
         try:
             batch.add(items)
             results = batch.commit()
+        except Exception as exc:  # noqa: BLE001 - append_again raises what it cannot recover from
+            batch.abort()
+            results = self.append_again(items, batch, exc)
         except BaseException:  # an interrupt before add's or commit's own guard: give the store back
             batch.abort()
             raise
         self.after_commit()
         return results
+
+    def append_again(self, items: Sequence[PendingAppend], batch: AppendBatch, exc: Exception) -> list[AppendResult]:
+        """After `batch` (of `items`) failed with `exc`: where that is PostgreSQL's connection lost
+        (a restart, a failover, an idle timeout) or its transaction given up (a serialization or
+        deadlock abort), the log decides what happened. If the batch's last transaction is in it
+        (only the COMMIT's answer was lost), its results answer; if not, nothing of it was
+        written, and it is appended once more on a new connection. Anything else raises `exc`;
+        so does a second failure, and a log that cannot be read to tell."""
+        if self.dialect != "postgresql" or not isinstance(exc, _pg_operational_error()):
+            raise exc
+        self._pg_head = None  # the head is read again, from the log
+        tried = batch.attempt
+        try:
+            with self.read_engine.connect() as conn:
+                landed = bool(tried) and conn.execute(
+                    sa.select(audit_records.c.record_hash).where(audit_records.c.sequence == tried[0].record.sequence)
+                ).scalar() == tried[0].record.record_hash
+        except sa.exc.SQLAlchemyError:
+            raise exc from None
+        log.warning("audit append: %s: %s", f"{type(exc).__name__}: {exc}".splitlines()[0],
+                    "the batch was committed; answering it" if landed else "nothing was written; appending it again")
+        if landed:
+            return list(tried)
+        batch = self.open_batch()
+        try:
+            batch.add(items)
+            return batch.commit()
+        except BaseException:
+            batch.abort()
+            raise
 
     def after_commit(self) -> None:
         """What a commit leaves that nobody need wait for: on SQLite, when the log has grown
@@ -1634,6 +1668,14 @@ def _request_ids(items: Sequence[PendingAppend]) -> list[str]:
     return sorted({i.request_id for i in items if i.request_id})
 
 
+def _pg_operational_error() -> type[Exception]:
+    """psycopg's OperationalError: a connection lost or a transaction given up by the server
+    (imported here: psycopg costs a SQLite store and every CLI start about 50 ms)."""
+    import psycopg
+
+    return psycopg.OperationalError
+
+
 class AppendBatch:
     """One group commit, filled as appends arrive: `add` chains them onto the log at once,
     `commit` makes them durable together; nobody may be answered before it returns.
@@ -1665,6 +1707,9 @@ class AppendBatch:
         self._unsent_sets: dict[str, tuple[str, ...]] = {}
         self._unsent_bodies: dict[str, str] = {}
         self.firsts: dict[tuple[str, str, str], AuditRecord] = {}
+        # the results of the transaction last sent to be committed: where its answer is lost,
+        # whether these are in the log says whether it committed (AuditStore.append_again)
+        self.attempt: list[AppendResult] = []
         self._open = True
         if deferred:
             return
@@ -1768,6 +1813,7 @@ class AppendBatch:
             if self.optimistic:  # PostgreSQL: the whole batch is one statement, its own transaction
                 head = self._head()
                 side = _side_rows(self._unsent_bodies, self._unsent_sets)
+                self.attempt = self.results
                 try:
                     self.cur.execute(_PG_APPEND_SQL, (
                         self.head_seq, json.dumps(self.records), json.dumps(self.idem_rows),
@@ -1783,9 +1829,12 @@ class AppendBatch:
                 else:
                     self._committed(head)
             elif not locked:  # SQLite: its transaction is open and holds every row but the head
+                self.attempt = self.results
                 self._commit_locked()
             if locked:  # PostgreSQL, the locked way: the whole transaction now
+                self.attempt = []
                 whole = AppendBatch(store, self.conn, optimistic=False, first=self.items)
+                self.attempt = whole.results
                 self.results = whole._commit_locked()
         except BaseException:
             self.abort()

@@ -550,6 +550,12 @@ def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float, coh
             failure = f"{type(exc).__name__}: {exc}"
             if batch is not None:
                 batch.abort()  # rolled back (a no-op when the store already did)
+                try:  # a lost connection: the log says whether the batch is in it, or it goes again
+                    committed = store.append_again(sent, batch, exc)
+                    results = [_result_to_wire(*r) for r in zip(sent, batch.items, committed, strict=True)]
+                    failure = ""
+                except Exception as again:  # noqa: BLE001 - as above
+                    failure = f"{type(again).__name__}: {again}"
         busy += time.perf_counter() - t0
         recent.append(most)
         answers: list[tuple[str, Any, Any]] = []

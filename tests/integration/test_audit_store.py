@@ -18,7 +18,7 @@ from cgsvc.audit import filters
 from cgsvc.audit.records import AuditEntry, mask_secrets
 from cgsvc.audit.store import AuditStore, PageTokenError, PendingAppend, PlanListing
 from cgsvc.audit.writer import AuditWriter
-from tests.integration.pg import pg_url_or_skip
+from tests.integration.pg import PG_BASE, pg_url_or_skip
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -1173,6 +1173,97 @@ def test_postgresql_one_statement_append_writes_every_table() -> None:
         again = s.append(entry(3), request_id="r-3")  # the key of record 4 was stored: a replay
         assert again.replay_of is not None and again.replay_of.sequence == other.record.sequence == 4
         assert s.verify().ok and s.tree_head()[0] == 5
+    finally:
+        s.close()
+
+
+def _cut(application_name: str) -> None:
+    """What a PostgreSQL restart, a failover or an idle timeout does to a store's connections:
+    every backend of the sessions named `application_name` ended, from another session."""
+    eng = sa.create_engine(PG_BASE)
+    with eng.begin() as conn:
+        ended = conn.exec_driver_sql("SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                     "WHERE application_name = %(n)s) AS t", {"n": application_name}).scalar()
+    eng.dispose()
+    assert ended, f"no session of {application_name} was found to end"
+
+
+def _named(schema: str) -> tuple[str, str]:
+    """A PostgreSQL URL whose sessions carry a name of their own (application_name), and the name."""
+    name = f"cgsvc-test-{uuid.uuid4().hex[:10]}"
+    return f"{pg_url_or_skip(schema)}&application_name={name}", name
+
+
+def test_postgresql_appends_again_after_its_connection_was_cut() -> None:
+    """Regression: the first batch after the server ended the store's append connection (a
+    restart, a failover, an idle timeout) failed every caller in it, INTERNAL and unaudited.
+    Nothing of that batch was written, so it is appended once more on a new connection, on the
+    one-statement path (the head known) and the locked one (the head read first)."""
+    url, name = _named(f"store_{uuid.uuid4().hex[:10]}")
+    s = AuditStore(url)
+    try:
+        s.append(entry(1))
+        assert s._pg_head is not None  # the next append is the one-statement kind
+        _cut(name)
+        assert s.append(entry(2)).record.sequence == 2
+        s._pg_head = None  # the locked path's turn
+        _cut(name)
+        first = s.append(entry(3), request_id="r-3")
+        assert first.record.sequence == 3 and first.replay_of is None
+        assert s.append(entry(3), request_id="r-3").replay_of is not None  # its key was stored once
+        assert [r.sequence for r in s.list_records()[0]] == [1, 2, 3, 4] and s.verify().ok
+    finally:
+        s.close()
+
+
+def test_a_batch_whose_commit_landed_is_not_appended_again() -> None:
+    """Where the answer to the COMMIT is what the lost connection took, the batch is in the log:
+    its own results answer, and nothing is appended twice. Other failures are not guessed at."""
+    import psycopg
+
+    url = pg_url_or_skip(f"store_{uuid.uuid4().hex[:10]}")
+    s = AuditStore(url)
+    try:
+        s.append(entry(1))
+        items = [PendingAppend(entry(2)), PendingAppend(entry(3))]
+        batch = s.open_batch()
+        batch.add(items)
+        landed = batch.commit()
+        lost = psycopg.OperationalError("server closed the connection unexpectedly")
+        again = s.append_again(items, batch, lost)
+        assert [r.record.record_hash for r in again] == [r.record.record_hash for r in landed]
+        assert s.tree_head()[0] == 3 and s.verify().ok
+        with pytest.raises(ValueError):  # not a lost connection: raised as it was
+            s.append_again(items, batch, ValueError("a bug"))
+        assert s.tree_head()[0] == 3
+    finally:
+        s.close()
+
+
+def test_the_writer_process_appends_again_after_its_connection_was_cut() -> None:
+    """The server's writer process, whose connection the database ended: the callers of the next
+    batch are answered with their records, as if nothing had happened."""
+    import asyncio
+
+    from cgsvc.audit.writer import ProcessAuditWriter
+
+    url, name = _named(f"store_{uuid.uuid4().hex[:10]}")
+    s = AuditStore(url)
+
+    async def run() -> list[int]:
+        writer = ProcessAuditWriter(s)
+        try:
+            first = await asyncio.wait_for(writer.submit_async(PendingAppend(entry(1))), timeout=20)
+            _cut(name)
+            later = await asyncio.wait_for(asyncio.gather(*(writer.submit_async(PendingAppend(entry(i)))
+                                                            for i in (2, 3))), timeout=20)
+        finally:
+            await writer.aclose()
+        return [r.record.sequence for r in (first, *later)]
+
+    try:
+        assert asyncio.run(run()) == [1, 2, 3]
+        assert s.verify().ok and s.tree_head()[0] == 3
     finally:
         s.close()
 
