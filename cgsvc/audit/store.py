@@ -809,7 +809,8 @@ def _method_term(column: Any, t: filters.Term) -> Any:
         near = difflib.get_close_matches(value.lower(), list(rpc_methods()), n=1) if len(value) <= 100 else []
         hint = f"did you mean {rpc_methods()[near[0]][0].rsplit('/', 1)[1]!r}? " if near else ""
         raise filters.FilterError(f"unknown method {clip(value, 32)!r}; {hint}give an RPC by name (ResolvePlan, "
-                                  "CreateLaunch, ...) or in full, or an event: launch.state, experiment.state")
+                                  "CreateLaunch, ...) or in full, or an event: launch.state, experiment.state, "
+                                  "launch.retention, server.credentials, server.signing_key")
     if t.op not in ("=", "!="):
         raise filters.FilterError(f"method {t.op} takes a full name; an RPC by name supports only = and !=")
     return column.in_(full) if t.op == "=" else column.not_in(full)

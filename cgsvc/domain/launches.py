@@ -23,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import datetime as dt
 import functools
 import hashlib
 import json
 import math
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -88,6 +90,8 @@ ACTIVE = LAUNCH_STATES[:4]  # in the order a launch moves through them
 TERMINAL = LAUNCH_STATES[4:]
 WORKER_STATES = {"loading": "LOADING", "capturing": "CAPTURING", "running": "RUNNING"}
 STATE_METHOD = "launch.state"
+RETENTION_METHOD = "launch.retention"  # an ended launch's logs removed (--launch-retention-days)
+REMOVED = "removed.json"  # what retention leaves in a run directory: when and why its logs went
 UPDATE_METHOD = "/cgsvc.v1.LaunchService/UpdateLaunch"
 
 
@@ -923,11 +927,56 @@ class Launches:
     async def _lost(self, row: LaunchRow, message: str, error: str = "") -> None:
         await self.transition(row, "LOST", message, error=error or message)
 
+    # ------------------------------------------------------------------ retention
+    async def remove_old_logs(self, days: float) -> list[str]:
+        """The run directories on this machine (under run_root) of launches that ended and have
+        not changed for `days` lose their logs, events and report file. Each removal's audit
+        record is committed first; what stays is the plan file (the launch's later records are
+        filed by it) and REMOVED, naming the record, which GetLaunchLogs answers with. The
+        report, the plan and the records are in the database. Returns the launches' names."""
+        cutoff = (dt.datetime.now(dt.UTC) - dt.timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+        def candidates() -> list[Path]:
+            if not self.run_root.is_dir():
+                return []
+            return sorted(p for p in self.run_root.iterdir() if p.is_dir() and not (p / REMOVED).exists())
+
+        removed = []
+        for path in await asyncio.to_thread(candidates):
+            row = await asyncio.to_thread(self.store.get, path.name)
+            if row is None or row.state not in TERMINAL or not row.update_time or row.update_time >= cutoff \
+                    or Path(row.run_dir).resolve() != path.resolve():
+                continue
+            record = await self.audit(row, "cgsvc", RETENTION_METHOD, "OK", (
+                f"launches/{row.launch_id}: logs and events removed from {path} on {HOST}: it ended "
+                f"{row.state} and last changed {row.update_time}, over {days:g} days ago (launch_retention_days); "
+                "its report, plan and records are kept"))
+            await asyncio.to_thread(_remove_run_files, RunDir(path), {
+                "removed_at": utc_now(), "record": record, "last_change": row.update_time, "retention_days": days})
+            removed.append(f"launches/{row.launch_id}")
+        return removed
+
     async def close(self) -> None:
         """Stop following launches (they keep running; a restarted server re-attaches)."""
         for w in self.watched.values():
             if w.task is not None:
                 w.task.cancel()
+
+
+def _remove_run_files(run: RunDir, why: dict[str, Any]) -> None:
+    """What retention removes of an ended launch's run directory, the marker saying so written last."""
+    shutil.rmtree(run.logs, ignore_errors=True)
+    for path in (run.events, run.report, run.followed):
+        path.unlink(missing_ok=True)
+    (run.path / REMOVED).write_text(json.dumps(why))
+
+
+def removed_logs(run: RunDir) -> dict[str, Any] | None:
+    """What retention left in a run directory whose logs it removed (REMOVED); None where it did not."""
+    try:
+        return dict(json.loads((run.path / REMOVED).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _cancelled_by(principal: str, reason: str) -> str:

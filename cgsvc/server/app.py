@@ -123,8 +123,9 @@ class Running:
         self.health.enter_graceful_shutdown()
         if (lease := self.extras.get("lease")) is not None:
             lease.cancel()  # its row stays: a server restarted in time takes its launches back itself
-        if (poll := self.extras.get("credentials_poll")) is not None:
-            poll.cancel()
+        for task in ("credentials_poll", "retention"):
+            if (running := self.extras.get(task)) is not None:
+                running.cancel()
         pipeline = self.extras["pipeline"]
         pipeline.shutting_down()
         await self.server.stop(grace)
@@ -312,12 +313,30 @@ async def start(cfg: ServerConfig) -> Running:
     poll = None
     if cfg.credentials_poll_seconds > 0 and admits.paths:
         poll = asyncio.create_task(admits.poll(auditor, cfg.credentials_poll_seconds))
+    retention = asyncio.create_task(keep_retention(launches, cfg.launch_retention_days)) \
+        if cfg.launch_retention_days > 0 else None
     return Running(server, port, store, writer, health_servicer,
                    {"servicers": servicers, "auditor": auditor, "launches": launches, "experiments": experiments,
                     "lease": lease, "recovered": recovered, "devices": inventory, "model_roots": model_roots,
                     "instance_lock": instance_lock, "loopback": loopback, "signing_key_path": key_path,
-                    "credentials": admits, "credentials_poll": poll, "pipeline": pipeline,
+                    "credentials": admits, "credentials_poll": poll, "retention": retention, "pipeline": pipeline,
                     "key_id": settled.key_id, "signing": settled})
+
+
+async def keep_retention(launches: Launches, days: float) -> None:
+    """Remove the logs of launches ended `days` ago (Launches.remove_old_logs): at start, then
+    every quarter of that time, at least every second and at most every hour."""
+    while True:
+        try:
+            removed = await launches.remove_old_logs(days)
+            metrics.LOGS_REMOVED.inc(len(removed))
+            if removed:
+                log.info("removed the logs of ended launches (launch_retention_days)", launches=removed, days=days)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a database or disk away for a while: try again next time
+            log.exception("removing old launch logs failed; trying again")
+        await asyncio.sleep(min(3600.0, max(1.0, days * 86400 / 4)))
 
 
 FORGET_LEASES_AFTER = 24 * 3600.0  # seconds: a lapsed lease of a replica with nothing active is then deleted

@@ -26,6 +26,7 @@ EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MIN_MESSAGE_BYTES = 64 * 1024
 INT32_MAX = 2**31 - 1
+MAX_RETENTION_DAYS = 36500  # a hundred years: past it, a date overflows
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,10 @@ class ServerConfig:
     unfollowed_group_seconds: float = _opt(600.0, "a worker group that no server has followed for this long (its "
                                                   "server stopped and did not come back, or its replica is gone) "
                                                   "is stopped by its supervisor, reporting why; 0: never")
+    launch_retention_days: float = _opt(0.0, "days an ended launch's logs and events are kept on this machine "
+                                             "after its last change (its end, or a later relabel): then they are "
+                                             "removed, audited (method launch.retention), and its report, plan and "
+                                             "records stay; 0: kept for ever")
     ray_address: str = _opt("", "HOST:PORT of a Ray cluster's GCS; enables the Ray dispatcher")
     ray_slots: int = _opt(8, "ranks the Ray dispatcher may run at once")
     ray_gpus_per_rank: float = _opt(-1.0, "GPUs Ray gives each rank: -1 (default) one for a GPU plan and none "
@@ -106,6 +111,8 @@ class ServerConfig:
             ("audit_cohort_wait_ms", self.audit_cohort_wait_ms >= 0, "0 or more"),
             ("audit_cohort_gap_ms", self.audit_cohort_gap_ms >= 0, "0 or more"),
             ("shutdown_grace_seconds", self.shutdown_grace_seconds >= 0, "0 or more"),
+            ("launch_retention_days", 0 <= self.launch_retention_days <= MAX_RETENTION_DAYS,
+             f"0 (kept for ever) or more, at most {MAX_RETENTION_DAYS}"),
             ("audit_max_batch", self.audit_max_batch >= 1, "at least 1"),
             ("max_concurrent_rpcs", self.max_concurrent_rpcs >= 1, "at least 1"),
             ("local_slots", 1 <= self.local_slots <= MAX_LOCAL_DEVICES, f"from 1 to {MAX_LOCAL_DEVICES}"),

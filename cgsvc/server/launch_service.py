@@ -31,6 +31,7 @@ from cgsvc.domain.launches import (
     order_for,
     read_checkpoint,
     read_log,
+    removed_logs,
     request_hash,
     workload_problems,
 )
@@ -283,7 +284,15 @@ class LaunchService:
             if offset < 0:
                 raise ServiceError.invalid([FieldViolation(
                     "after_offsets", f"{log}: a byte offset of 0 or more (an earlier answer's end_offset), got {offset}")])
-        logs = RunDir(Path(row.run_dir)).logs
+        run = RunDir(Path(row.run_dir))
+        logs = run.logs
+        if (removed := removed_logs(run)) is not None:  # an empty answer would read as "the ranks wrote nothing"
+            raise ServiceError("FAILED_PRECONDITION", (
+                f"{request.name}'s logs were removed at {removed.get('removed_at', '?')} by the server's "
+                f"--launch-retention-days ({removed.get('retention_days', '?'):g} days after its last change, "
+                f"{removed.get('last_change', '?')}; {removed.get('record', '')}): its report, plan and audit records "
+                f"are kept (cgsvc-cli launches show {request.name})"), reason="LOGS_REMOVED",
+                info={"removed_at": str(removed.get("removed_at", "")), "record": str(removed.get("record", ""))})
         if not logs.exists():  # an empty answer would read as "the ranks wrote nothing"
             elsewhere = await self._logs_elsewhere(row, request.name, logs)
             if elsewhere is not None:

@@ -961,3 +961,42 @@ def test_logs_larger_than_one_message_are_read_whole_in_pieces(tmp_path: Path, c
         assert followed == {k: v for k, v in whole.items() if v}
         last = {x["name"]: x["text"] for x in json.loads(cli("--tail", "3").stdout)["logs"]}
         assert last["rank1.log"] == "\n".join(whole["rank1.log"].splitlines()[-3:])
+
+
+def test_an_ended_launchs_logs_are_removed_after_the_retention_audited_and_the_rest_kept(
+        tmp_path: Path, ckpt: str) -> None:
+    """`--launch-retention-days`: the run directory of a launch that ended and has not changed
+    since loses its logs, events and report file on this machine; its record of that is committed
+    first, its report, plan and records stay, and its logs answer that they were removed, when
+    and why, where an empty answer would read as "the ranks wrote nothing"."""
+    seconds = 2.0
+    with ServerProcess(tmp_path / "srv", "--launch-retention-days", repr(seconds / 86400)) as srv, \
+            Client(srv.address) as c:
+        name = c.create_launch(ckpt, SHORT, spec=KIMI).metadata.name
+        ended = wait_state(c, name, ("SUCCEEDED",))
+        assert [x.name for x in c.launch_logs(name).logs]  # kept while the retention runs
+        run_dir = srv.data_dir / "launches" / name.split("/")[1]
+        deadline = time.monotonic() + 60
+        while not (run_dir / "removed.json").exists():
+            assert time.monotonic() < deadline, sorted(p.name for p in run_dir.iterdir())
+            time.sleep(0.2)
+        assert sorted(p.name for p in run_dir.iterdir()) == ["plan.json", "removed.json"]
+        records = c.list_audit_records(f'method = "launch.retention" AND launch_id = "{name}"').records
+        assert len(records) == 1, records
+        said = records[0].outcome_message
+        assert said.startswith(f"{name}: logs and events removed from {run_dir} on {HOST}"), said
+        assert records[0].model == "nvidia/Kimi-K2.6-NVFP4"  # filed by its plan, as its other records
+        with pytest.raises(ServiceError) as e:
+            c.launch_logs(name)
+        assert e.value.code == "FAILED_PRECONDITION" and e.value.reason == "LOGS_REMOVED", e.value
+        assert "removed" in e.value.message and records[0].name in e.value.message, e.value.message
+        kept = c.get_launch(name)
+        assert kept.state == "SUCCEEDED" and kept.report.ttft_ms_p50 == ended.report.ttft_ms_p50
+        assert c.label_launch(name, {"kept": "yes"}).labels["kept"] == "yes"  # it may change still
+        time.sleep(3 * seconds)  # later sweeps find nothing more to remove
+        again = c.list_audit_records(f'method = "launch.retention" AND launch_id = "{name}"').records
+        assert [r.name for r in again] == [records[0].name]
+        cli = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "launches", "logs", name, "--server",
+                              srv.address], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        error = json.loads(cli.stdout)["error"]  # FAILED_PRECONDITION: exit 2, as LOGS_ELSEWHERE is
+        assert cli.returncode == 2 and error["reason"] == "LOGS_REMOVED" and "removed" in error["message"], cli.stdout

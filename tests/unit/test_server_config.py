@@ -57,6 +57,9 @@ def test_an_address_grpc_cannot_bind_as_given_is_refused_when_loaded() -> None:
     ("shutdown_grace_seconds", float("nan"), "a finite number"), ("audit_cohort_wait_ms", float("inf"), "a finite number"),
     ("audit_writer", "fork", "process or thread"), ("event_loop", "tokio", "one of auto, uvloop, asyncio"),
     ("log_level", "loud", "one of debug, info, warning, error"),
+    ("launch_retention_days", -1, "0 (kept for ever) or more, at most 36500"),
+    ("launch_retention_days", 10**6, "0 (kept for ever) or more, at most 36500"),
+    ("launch_retention_days", float("inf"), "a finite number"),
 ])
 def test_every_bounded_setting_is_checked_when_loaded(name: str, value: object, valid: str) -> None:
     with pytest.raises(ValueError, match=f"^{name} must be {re.escape(valid)}, got "):
