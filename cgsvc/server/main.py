@@ -242,7 +242,8 @@ def check(cfg: ServerConfig, loop_line: str = "", output: str = "table") -> int:
     log_file = (sa.engine.make_url(url).database or "") if url.startswith("sqlite") and found is not None else ""
     checked = [transport(cfg),
                f"local devices: {', '.join(p.inventory.devices)} ({p.inventory.source})",
-               key_line, f"database: {_redact(url)}: {database}", *([loop_line] if loop_line else [])]
+               key_line, f"database: {_redact(url)}: {database}", *([loop_line] if loop_line else []),
+               *([retention_line(cfg.launch_retention_days)] if cfg.launch_retention_days > 0 else [])]
     warnings = config_warnings(cfg, p.loopback, p.key_path, log_file, p.model_roots, metrics_url, p.admits)
     if output == "json":
         print(json.dumps({"starts": True, "address": cfg.address, "ok": checked, "notes": notes,
@@ -303,6 +304,8 @@ async def serve(cfg: ServerConfig, loop_line: str = "") -> int:
         print(f"WARNING: {warning}", flush=True)
     if roots := running.extras["model_roots"].dirs:
         print(f"checkpoint paths: under {', '.join(roots)} (--model-roots)", flush=True)
+    if cfg.launch_retention_days > 0:
+        print(retention_line(cfg.launch_retention_days), flush=True)
     if admits.paths:
         poll = cfg.credentials_poll_seconds
         print(f"credentials: SIGHUP reloads {', '.join(admits.paths)}"
@@ -351,6 +354,11 @@ async def serve(cfg: ServerConfig, loop_line: str = "") -> int:
     await running.stop(cfg.shutdown_grace_seconds)
     log.info("stopped")
     return 0
+
+
+def retention_line(days: float) -> str:
+    return (f"launch logs: removed {days:g} days after an ended launch's last change, audited "
+            "(--launch-retention-days; its report and records are kept)")
 
 
 def _redact(url: str) -> str:

@@ -972,6 +972,7 @@ def test_an_ended_launchs_logs_are_removed_after_the_retention_audited_and_the_r
     seconds = 2.0
     with ServerProcess(tmp_path / "srv", "--launch-retention-days", repr(seconds / 86400)) as srv, \
             Client(srv.address) as c:
+        assert any(line.startswith("launch logs: removed 2.3") for line in srv.output), srv.output  # said at start
         name = c.create_launch(ckpt, SHORT, spec=KIMI).metadata.name
         ended = wait_state(c, name, ("SUCCEEDED",))
         assert [x.name for x in c.launch_logs(name).logs]  # kept while the retention runs

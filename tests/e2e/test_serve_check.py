@@ -50,6 +50,8 @@ def test_a_first_start_is_checked_without_making_anything(tmp_path: Path) -> Non
     assert as_json["starts"] and as_json["ok"] == ok and as_json["notes"] == notes, as_json
     assert any(w.startswith("insecure local mode") for w in as_json["warnings"]), as_json
     assert not fresh.exists()  # no directory, no key, no database
+    kept = lines(check(fresh, "--launch-retention-days", "30"), "ok")
+    assert kept[-1].startswith("launch logs: removed 30 days after an ended launch's last change"), kept
 
 
 def test_a_log_is_read_and_left_as_it_was(tmp_path: Path) -> None:
