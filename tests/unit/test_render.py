@@ -162,3 +162,4 @@ def test_a_count_takes_its_nouns_plural_as_english_does() -> None:
     assert [counted(n, "launch") for n in (0, 1, 2)] == ["0 launches", "1 launch", "2 launches"]
     assert counted(3, "record") == "3 records" and counted(2, "process") == "2 processes"
     assert counted(2, "box") == "2 boxes" and counted(2, "mouse", "mice") == "2 mice"
+    assert counted(2, "policy") == "2 policies" and counted(2, "key") == "2 keys"
