@@ -1669,6 +1669,19 @@ def _request_ids(items: Sequence[PendingAppend]) -> list[str]:
     return sorted({i.request_id for i in items if i.request_id})
 
 
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` says the database could not do its part, for a while, rather than that the
+    request or the code is wrong: DB-API's OperationalError ("an unexpected disconnect, data
+    source name not found, transaction could not be processed"), raw or as SQLAlchemy wraps it,
+    and the writer process's report of one."""
+    import sqlite3
+
+    from cgsvc.audit.writer import AuditDatabaseUnavailable
+
+    return isinstance(exc, (sa.exc.OperationalError, sqlite3.OperationalError, _pg_operational_error(),
+                            AuditDatabaseUnavailable))
+
+
 def _pg_operational_error() -> type[Exception]:
     """psycopg's OperationalError: a connection lost or a transaction given up by the server
     (imported here: psycopg costs a SQLite store and every CLI start about 50 ms)."""

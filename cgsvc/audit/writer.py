@@ -38,7 +38,13 @@ from concurrent.futures import Future
 from typing import Any
 
 from cgsvc.audit.records import AuditEntry, chained
-from cgsvc.audit.store import AppendResult, AuditStore, PendingAppend, PlanListing
+from cgsvc.audit.store import (
+    AppendResult,
+    AuditStore,
+    PendingAppend,
+    PlanListing,
+    database_unavailable,
+)
 
 _STOP = object()
 
@@ -138,6 +144,10 @@ def _settle_on_loop(pairs: list[tuple[asyncio.Future[AppendResult], Any]]) -> No
 
 class WriterProcessError(RuntimeError):
     """The writer process failed a batch or died; the batch's callers get this."""
+
+
+class AuditDatabaseUnavailable(WriterProcessError):
+    """The writer process failed a batch because the database did not do its part (store.database_unavailable)."""
 
 
 _FRAME = struct.Struct("!i")  # multiprocessing.Connection's framing: a 4-byte length, then the pickle
@@ -363,7 +373,7 @@ class ProcessAuditWriter:
         if stats is not None and self.observe is not None:
             self.observe(*stats)
         if status != "ok":
-            error = WriterProcessError(payload)
+            error = (AuditDatabaseUnavailable if status == "unavailable" else WriterProcessError)(payload)
         for i, (item, fut) in enumerate(part):
             if fut.done():  # its caller was cancelled (it is audited all the same)
                 continue
@@ -517,7 +527,7 @@ def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float, coh
         sizes = [len(sent)]
         t0 = time.perf_counter()
         busy = 0.0  # seconds spent appending, not waiting
-        failure = ""
+        failure, away = "", False
         batch = None
         try:
             batch = store.open_batch()
@@ -547,7 +557,7 @@ def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float, coh
             committed = batch.commit()
             results = [_result_to_wire(*r) for r in zip(sent, batch.items, committed, strict=True)]
         except Exception as exc:  # noqa: BLE001 - the parent reports it to every caller of the batch
-            failure = f"{type(exc).__name__}: {exc}"
+            failure, away = f"{type(exc).__name__}: {exc}", database_unavailable(exc)
             if batch is not None:
                 batch.abort()  # rolled back (a no-op when the store already did)
                 try:  # a lost connection: the log says whether the batch is in it, or it goes again
@@ -555,12 +565,12 @@ def _writer_process(url: str, conn: Any, max_batch: int, cohort_wait: float, coh
                     results = [_result_to_wire(*r) for r in zip(sent, batch.items, committed, strict=True)]
                     failure = ""
                 except Exception as again:  # noqa: BLE001 - as above
-                    failure = f"{type(again).__name__}: {again}"
+                    failure, away = f"{type(again).__name__}: {again}", database_unavailable(again)
         busy += time.perf_counter() - t0
         recent.append(most)
         answers: list[tuple[str, Any, Any]] = []
         if failure:
-            answers = [("error", failure, None)] * len(sizes)
+            answers = [("unavailable" if away else "error", failure, None)] * len(sizes)
         else:
             stats = (len(results), busy)
             k = 0

@@ -29,6 +29,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from cgsvc.audit.auditor import REQUEST_AUDITED
+from cgsvc.audit.store import database_unavailable
 from cgsvc.errors import ServiceError
 from cgsvc.server import metrics
 from cgsvc.server.auth import Authenticator, AuthError, Principal
@@ -172,6 +173,17 @@ class Pipeline:
             self._finish(rc, t0, exc.code, exc.message)
             await self._audit_unrecorded(rc, request, exc.code, exc.message)  # e.g. a refused CancelLaunch
             await context.abort_with_status(to_status(exc))
+        if database_unavailable(exc):  # not a bug, and not for long: a client retries UNAVAILABLE
+            why = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            message = (f"the database does not answer ({why}); try again: a retry with the same request_id "
+                       "makes nothing twice")
+            self._finish(rc, t0, "UNAVAILABLE", message)
+            log.error("rpc failed: the database does not answer", method=rc.method, error=why)
+            try:  # the record of it, where the database answers that much
+                await self._audit_unrecorded(rc, request, "UNAVAILABLE", message)
+            except Exception:  # noqa: BLE001 - it does not: the caller is answered all the same
+                log.warning("the failed call could not be audited either", method=rc.method)
+            await context.abort_with_status(to_status(ServiceError("UNAVAILABLE", message, reason="DATABASE_UNAVAILABLE")))
         self._finish(rc, t0, "INTERNAL", repr(exc))
         log.error("rpc failed", method=rc.method, error=traceback.format_exc())
         message = f"internal error: {type(exc).__name__}"

@@ -348,7 +348,7 @@ def hoist_leading_options(argv: Sequence[str]) -> list[str]:
 def with_hint(err: ServiceError, ns: argparse.Namespace) -> ServiceError:
     """A connection failure with the flag that fixes it: gRPC reports plaintext to a TLS server as
     'Socket closed' and TLS to a plaintext one as a handshake error, neither naming TLS plainly."""
-    if err.code != "UNAVAILABLE":
+    if err.code != "UNAVAILABLE" or err.reason:  # a reason: the server answered, saying why (DATABASE_UNAVAILABLE)
         return err
     tls = bool(getattr(ns, "tls_ca", None) or getattr(ns, "tls_cert", None))
     if not tls and "Socket closed" in err.message:

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from cgsvc_client.client import Client
 
 from cgsvc.audit.store import AuditStore
 from cgsvc.errors import ServiceError
+from tests.conftest import ROOT
 from tests.e2e.server import ServerProcess
 from tests.integration.pg import pg_url_or_skip
 
@@ -180,3 +187,95 @@ def test_cli_verify_exits_non_zero_on_a_tampered_log(tmp_path: Path) -> None:
                                "-o", "table"], capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert proc.returncode == 3
         assert "BROKEN at auditRecords/3" in proc.stdout and "modified" in proc.stdout
+
+
+class _Proxy:
+    """A TCP forwarder between the server and PostgreSQL: stopping it is the database going away
+    (its listener closed, every connection through it cut), starting it again its return."""
+
+    def __init__(self, port: int, to: tuple[str, int]) -> None:
+        self.port, self.to = port, to
+        self.listener: socket.socket | None = None
+        self.open: list[socket.socket] = []
+
+    def start(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                near, _ = listener.accept()
+                far = socket.create_connection(self.to)
+            except OSError:
+                return
+            self.open += [near, far]
+            for a, b in ((near, far), (far, near)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        assert self.listener is not None
+        with contextlib.suppress(OSError):  # wakes the accept (a close alone leaves it listening on Linux)
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        for s in self.open:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        self.open = []
+
+
+def test_a_database_that_goes_away_is_unavailable_to_callers_and_its_return_is_served(tmp_path: Path) -> None:
+    """Regression: while PostgreSQL did not answer, every call that needed it failed INTERNAL
+    ("internal error: WriterProcessError", "OperationalError"), which reads as a bug in the server
+    and which no client retries. It is UNAVAILABLE, saying the database does not answer, which
+    clients retry; once the database is back the server serves again, its log whole."""
+    from urllib.parse import urlsplit
+
+    from tests.e2e.server import quiet_port
+    from tests.integration.pg import PG_BASE
+
+    url = pg_url_or_skip(f"away_{uuid.uuid4().hex[:10]}")
+    real = urlsplit(PG_BASE)
+    proxy = _Proxy(quiet_port(), (real.hostname or "127.0.0.1", real.port or 5432))
+    proxy.start()
+    through = url.replace(f"{real.hostname}:{real.port}", f"127.0.0.1:{proxy.port}")
+    with ServerProcess(tmp_path / "srv", "--database-url", through) as srv, Client(srv.address) as c:
+        c.resolve_proto(KIMI)
+        proxy.stop()
+        for what, call in (("ResolvePlan", lambda: c.resolve_proto(KIMI)), ("ListPlans", lambda: c.list_plans()),
+                           ("VerifyAuditLog", lambda: c.verify_audit_log())):
+            with pytest.raises(ServiceError) as e:
+                call()
+            assert e.value.code == "UNAVAILABLE" and e.value.reason == "DATABASE_UNAVAILABLE", (what, e.value)
+            assert "the database does not answer" in e.value.message, e.value.message
+        said = subprocess.run([sys.executable, "-m", "cgsvc_client.cli", "plans", "list", "--server", srv.address,
+                               "-o", "json"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        error = json.loads(said.stdout)["error"]  # the server's words, not a hint that nothing listens there
+        assert said.returncode == 1 and error["reason"] == "DATABASE_UNAVAILABLE", said.stdout
+        assert "nothing answers at" not in error["message"], error["message"]
+        proxy.start()
+        deadline = time.monotonic() + 30
+        while True:  # the writer's and the readers' next connections find it
+            try:
+                back = c.resolve_proto(KIMI)
+                break
+            except ServiceError as exc:
+                assert exc.code == "UNAVAILABLE" and time.monotonic() < deadline, exc
+                time.sleep(0.5)
+        assert c.get_plan(back.name).name == back.name
+        verified = c.verify_audit_log()
+        assert verified.ok and verified.records_checked >= 2
+    proxy.stop()
