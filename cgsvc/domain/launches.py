@@ -41,7 +41,7 @@ import structlog
 from cgsvc import __version__, catalog, codec
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.records import AuditEntry
-from cgsvc.audit.store import StoredPlan, utc_now
+from cgsvc.audit.store import StoredPlan, database_unavailable, utc_now
 from cgsvc.contract import (
     CPU_DECODE_MODES,
     DEFAULT_ENGINE,
@@ -633,17 +633,33 @@ class Launches:
 
     # ------------------------------------------------------------------ monitor
     async def monitor(self, launch_id: str) -> None:
+        """Follow a launch's group until it ends. Through a database that does not answer for a
+        while it keeps following: once it answers again, the group's events are read again from
+        the start (states only move forward) and what happened is written then, its end once."""
         w = self.watched.setdefault(launch_id, Watched())
-        row = await asyncio.to_thread(self.store.get, launch_id)
-        assert row is not None
-        disp = self.dispatchers[row.dispatcher]
-        handle = RunHandle.from_json(row.handle_json)
-        run = RunDir(Path(row.run_dir))
-        try:
-            await self._follow(row, disp, handle, run, w)
-        except TakenOver:
-            await self._let_go(launch_id, disp, handle)
-            return
+        pause = 0.5
+        while True:
+            try:
+                row = await asyncio.to_thread(self.store.get, launch_id)
+                assert row is not None
+                disp = self.dispatchers[row.dispatcher]
+                handle = RunHandle.from_json(row.handle_json)
+                run = RunDir(Path(row.run_dir))
+                if row.state in TERMINAL:  # settled before the database went away
+                    break
+                await self._follow(row, disp, handle, run, w)
+                break
+            except TakenOver:
+                await self._let_go(launch_id, disp, handle)
+                return
+            except Exception as exc:
+                if not database_unavailable(exc):
+                    raise
+                log.warning("following a launch: the database does not answer; following on", launch_id=launch_id,
+                            error=f"{type(exc).__name__}: {exc}".splitlines()[0][:200], retry_seconds=pause)
+                w.events_offset = 0  # an event read but not written is read again
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
         await self.schedule()
 
     async def _follow(self, row: LaunchRow, disp: LocalDispatcher, handle: RunHandle, run: RunDir,

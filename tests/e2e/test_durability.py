@@ -279,3 +279,42 @@ def test_a_database_that_goes_away_is_unavailable_to_callers_and_its_return_is_s
         verified = c.verify_audit_log()
         assert verified.ok and verified.records_checked >= 2
     proxy.stop()
+
+
+def test_a_launch_followed_through_a_database_outage_ends_as_it_ran(tmp_path: Path) -> None:
+    """Regression: the server's task following a running launch died at the first write the
+    database did not take (a progress count, a state), so the launch stayed RUNNING after its
+    group had finished, until a restart. It keeps following, and writes what happened once the
+    database is back: one end, recorded once."""
+    from urllib.parse import urlsplit
+
+    from cgsvc_worker.checkpoint import make_checkpoint
+
+    from tests.e2e.server import quiet_port
+    from tests.integration.pg import PG_BASE
+
+    url = pg_url_or_skip(f"away_{uuid.uuid4().hex[:10]}")
+    real = urlsplit(PG_BASE)
+    proxy = _Proxy(quiet_port(), (real.hostname or "127.0.0.1", real.port or 5432))
+    proxy.start()
+    through = url.replace(f"{real.hostname}:{real.port}", f"127.0.0.1:{proxy.port}")
+    ckpt = make_checkpoint(str(tmp_path / "tiny-kimi"), "tiny-kimi")
+    work = {"input_len": 12, "output_len": 48, "requests": 1, "concurrency": 1, "seed": 3}
+    with ServerProcess(tmp_path / "srv", "--database-url", through) as srv, Client(srv.address) as c:
+        name = c.create_launch(ckpt, work, spec=KIMI).metadata.name
+        deadline = time.monotonic() + 120
+        while c.get_launch(name).tokens_done < 2:  # running, its progress being written
+            assert time.monotonic() < deadline, c.get_launch(name)
+            time.sleep(0.1)
+        proxy.stop()
+        time.sleep(3)  # progress the server cannot write, and maybe the group's end
+        proxy.start()
+        while (launch := c.get_launch(name)).state not in ("SUCCEEDED", "FAILED", "CANCELLED", "LOST"):
+            assert time.monotonic() < deadline, launch
+            time.sleep(0.2)
+        assert launch.state == "SUCCEEDED" and launch.tokens_done == 48, launch
+        ends = [r.outcome_message for r in c.list_audit_records(f'launch_id = "{name}" AND method = "launch.state"',
+                                                                 page_size=100).records if "SUCCEEDED" in r.outcome_message]
+        assert len(ends) == 1, ends
+        assert c.verify_audit_log().ok
+    proxy.stop()
