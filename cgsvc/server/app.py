@@ -157,7 +157,6 @@ class Prepared:
     notes: list[str] = field(default_factory=list)  # a dry run: what a start would make, or would meet
 
 
-
 def _data_dir_problem(path: Path) -> str | None:
     """Why a start could not use `path` as its data directory, as a check can tell without making
     it: a file in its place, or a file (or a directory it may not write) where it would be made."""
@@ -169,6 +168,7 @@ def _data_dir_problem(path: Path) -> str | None:
     if above is not None and not os.access(above, os.W_OK | os.X_OK):
         return f"cannot make {path}: {os.strerror(errno.EACCES)}"
     return None
+
 
 def prepare(cfg: ServerConfig, dry: bool = False) -> Prepared:
     """Every check a start makes before it opens the database, in its order; ConfigError at the
