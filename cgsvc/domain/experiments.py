@@ -20,14 +20,15 @@ import contextlib
 import dataclasses
 import functools
 import json
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import structlog
 
 from cgsvc import __version__
 from cgsvc.audit.filters import labels_cell, labels_of
 from cgsvc.audit.records import AuditEntry
+from cgsvc.audit.store import database_unavailable
 from cgsvc.contract import DEFAULT_ENGINE, EngineSettings, ran_alike, ran_as
 from cgsvc.domain import stats
 from cgsvc.domain.labels import LabelChange, change_labels, created_with, label_problems
@@ -49,6 +50,7 @@ from cgsvc.ids import new_id, parse_name
 from cgsvc.launch.store import ExperimentRow, ExperimentStore, LaunchRow, Lease, Workload
 
 log = structlog.get_logger("cgsvc.experiments")
+T = TypeVar("T")
 
 CREATE_EXPERIMENT_METHOD = "/cgsvc.v1.ExperimentService/CreateExperiment"
 CANCEL_EXPERIMENT_METHOD = "/cgsvc.v1.ExperimentService/CancelExperiment"
@@ -243,9 +245,24 @@ class Experiments:
         return made, True
 
     # ------------------------------------------------------------------ run
+    async def _patiently(self, experiment_id: str, step: Callable[[], Awaitable[T]]) -> T:
+        """step(), and again while the database does not answer: an experiment waits an outage
+        out, as its launches do (each step is a read, or a write of the same row again)."""
+        pause = 0.5
+        while True:
+            try:
+                return await step()
+            except Exception as exc:
+                if not database_unavailable(exc):
+                    raise
+                log.warning("experiment: the database does not answer; waiting", experiment_id=experiment_id,
+                            error=f"{type(exc).__name__}: {exc}".splitlines()[0][:200], retry_seconds=pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
+
     async def _save(self, row: ExperimentRow) -> ExperimentRow:
         """Store the row (TakenOver when another replica owns the experiment now)."""
-        saved = await asyncio.to_thread(self.store.update, row)
+        saved = await self._patiently(row.experiment_id, lambda: asyncio.to_thread(self.store.update, row))
         if saved is None:
             raise TakenOver(row.experiment_id)
         row = saved
@@ -255,15 +272,19 @@ class Experiments:
         return row
 
     async def _follow(self, row: ExperimentRow, launch_id: str) -> tuple[ExperimentRow, LaunchRow]:
-        """Wait for a launch to end, keeping its state in the experiment's last run up to date."""
-        async for kind, launch in self.launches.watch(launch_id):
-            if kind == "state" and launch.state != row.runs[-1]["state"]:
-                row = dataclasses.replace(row, runs=(*row.runs[:-1], {**row.runs[-1], "state": launch.state}))
-                if launch.state not in TERMINAL:
-                    row = await self._save(row)
-            if launch.state in TERMINAL:
-                return row, launch
-        return row, await self.launches.get(launch_id)
+        """Wait for a launch to end, keeping its state in the experiment's last run up to date
+        (through a database outage: the watch opens again, answering the state first)."""
+        async def follow() -> tuple[ExperimentRow, LaunchRow]:
+            nonlocal row
+            async for kind, launch in self.launches.watch(launch_id):
+                if kind == "state" and launch.state != row.runs[-1]["state"]:
+                    row = dataclasses.replace(row, runs=(*row.runs[:-1], {**row.runs[-1], "state": launch.state}))
+                    if launch.state not in TERMINAL:
+                        row = await self._save(row)
+                if launch.state in TERMINAL:
+                    return row, launch
+            return row, await self.launches.get(launch_id)
+        return await self._patiently(row.experiment_id, follow)
 
     async def run(self, experiment_id: str, caller: Caller) -> None:
         why = f"experiments/{experiment_id}, which started it, has ended"
@@ -352,13 +373,14 @@ class Experiments:
 
     async def _end(self, row: ExperimentRow, samples: dict[str, dict[str, list[float]]], state: str,
                    error: str) -> None:
-        now = await asyncio.to_thread(self.store.get, row.experiment_id)
+        now = await self._patiently(row.experiment_id, lambda: asyncio.to_thread(self.store.get, row.experiment_id))
         if now is not None and now.owner != row.owner:  # not this replica's to end any more
             raise TakenOver(row.experiment_id)
         # the result saved after the last launch was made from these same samples: not made again
         result = row.result if row.result.get("arms") else await asyncio.to_thread(result_of, row, samples)
         message = f"{state}: {result['verdict']}" + (f"; {error}" if error else "")
-        record = await self.audit(EXPERIMENT_STATE_METHOD, "cgsvc", "OK", message, experiment_id=row.experiment_id)
+        record = await self._patiently(row.experiment_id, lambda: self.audit(
+            EXPERIMENT_STATE_METHOD, "cgsvc", "OK", message, experiment_id=row.experiment_id))
         await self._save(dataclasses.replace(row, state=state, error=error, result=result,
                                              audit_records=(*row.audit_records, record)))
         self.ended[state] += 1
@@ -398,7 +420,7 @@ class Experiments:
 
     async def _cancel_asked(self, experiment_id: str) -> str:
         """Who asked for the experiment to stop ("" when nobody has)."""
-        row = await asyncio.to_thread(self.store.get, experiment_id)
+        row = await self._patiently(experiment_id, lambda: asyncio.to_thread(self.store.get, experiment_id))
         return row.cancel_requested_by if row is not None else ""
 
     # ------------------------------------------------------------------ read, watch, recover

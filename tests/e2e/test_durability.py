@@ -318,3 +318,41 @@ def test_a_launch_followed_through_a_database_outage_ends_as_it_ran(tmp_path: Pa
         assert len(ends) == 1, ends
         assert c.verify_audit_log().ok
     proxy.stop()
+
+
+def test_an_experiment_waits_out_a_database_outage_and_ends_as_its_launches_did(tmp_path: Path) -> None:
+    """Regression: an experiment whose database went away while it waited on a launch failed at
+    the first read (and, its end not writable either, stayed RUNNING until a restart). It waits
+    the outage out, as its launches do, and ends as they did."""
+    from urllib.parse import urlsplit
+
+    from cgsvc_worker.checkpoint import make_checkpoint
+
+    from tests.e2e.server import quiet_port
+    from tests.integration.pg import PG_BASE
+
+    url = pg_url_or_skip(f"away_{uuid.uuid4().hex[:10]}")
+    real = urlsplit(PG_BASE)
+    proxy = _Proxy(quiet_port(), (real.hostname or "127.0.0.1", real.port or 5432))
+    proxy.start()
+    through = url.replace(f"{real.hostname}:{real.port}", f"127.0.0.1:{proxy.port}")
+    ckpt = make_checkpoint(str(tmp_path / "tiny-kimi"), "tiny-kimi")
+    work = {"input_len": 12, "output_len": 24, "requests": 1, "concurrency": 1, "seed": 3}
+    with ServerProcess(tmp_path / "srv", "--database-url", through) as srv, Client(srv.address) as c:
+        plans = [c.resolve_proto(KIMI).name, c.resolve_proto(KIMI, policy="sglang-0.5.18").name]
+        name = c.create_experiment(plans, ckpt, work, repeats=1).name
+        deadline = time.monotonic() + 180
+        while not (exp := c.get_experiment(name)).runs or exp.runs[0].state != "RUNNING":
+            assert time.monotonic() < deadline and exp.state == "RUNNING", exp
+            time.sleep(0.1)
+        proxy.stop()
+        time.sleep(3)
+        proxy.start()
+        while (exp := c.get_experiment(name)).state == "RUNNING":
+            assert time.monotonic() < deadline, exp
+            time.sleep(0.3)
+        assert exp.state == "SUCCEEDED" and [r.state for r in exp.runs] == ["SUCCEEDED", "SUCCEEDED"], exp
+        ends = [r for r in c.list_audit_records('method = "experiment.state"', page_size=100).records
+                if "SUCCEEDED" in r.outcome_message]
+        assert len(ends) == 1 and c.verify_audit_log().ok, ends
+    proxy.stop()
