@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -237,11 +238,9 @@ class _Proxy:
         self.open = []
 
 
-def test_a_database_that_goes_away_is_unavailable_to_callers_and_its_return_is_served(tmp_path: Path) -> None:
-    """Regression: while PostgreSQL did not answer, every call that needed it failed INTERNAL
-    ("internal error: WriterProcessError", "OperationalError"), which reads as a bug in the server
-    and which no client retries. It is UNAVAILABLE, saying the database does not answer, which
-    clients retry; once the database is back the server serves again, its log whole."""
+@pytest.fixture()
+def away() -> Iterator[tuple[_Proxy, str]]:
+    """A PostgreSQL URL of a fresh schema that reaches the server through a _Proxy, and the proxy."""
     from urllib.parse import urlsplit
 
     from tests.e2e.server import quiet_port
@@ -251,7 +250,18 @@ def test_a_database_that_goes_away_is_unavailable_to_callers_and_its_return_is_s
     real = urlsplit(PG_BASE)
     proxy = _Proxy(quiet_port(), (real.hostname or "127.0.0.1", real.port or 5432))
     proxy.start()
-    through = url.replace(f"{real.hostname}:{real.port}", f"127.0.0.1:{proxy.port}")
+    yield proxy, url.replace(f"{real.hostname}:{real.port}", f"127.0.0.1:{proxy.port}")
+    if proxy.listener is not None and proxy.listener.fileno() != -1:
+        proxy.stop()
+
+
+def test_a_database_that_goes_away_is_unavailable_to_callers_and_its_return_is_served(
+        tmp_path: Path, away: tuple[_Proxy, str]) -> None:
+    """Regression: while PostgreSQL did not answer, every call that needed it failed INTERNAL
+    ("internal error: WriterProcessError", "OperationalError"), which reads as a bug in the server
+    and which no client retries. It is UNAVAILABLE, saying the database does not answer, which
+    clients retry; once the database is back the server serves again, its log whole."""
+    proxy, through = away
     with ServerProcess(tmp_path / "srv", "--database-url", through) as srv, Client(srv.address) as c:
         c.resolve_proto(KIMI)
         proxy.stop()
@@ -278,28 +288,19 @@ def test_a_database_that_goes_away_is_unavailable_to_callers_and_its_return_is_s
         assert c.get_plan(back.name).name == back.name
         verified = c.verify_audit_log()
         assert verified.ok and verified.records_checked >= 2
-    proxy.stop()
 
 
-def test_a_launch_followed_through_a_database_outage_ends_as_it_ran(tmp_path: Path) -> None:
+def test_a_launch_followed_through_a_database_outage_ends_as_it_ran(
+        tmp_path: Path, away: tuple[_Proxy, str]) -> None:
     """Regression: the server's task following a running launch died at the first write the
     database did not take (a progress count, a state), so the launch stayed RUNNING after its
     group had finished, until a restart. It keeps following, and writes what happened once the
     database is back: one end, recorded once."""
-    from urllib.parse import urlsplit
-
     from cgsvc_worker.checkpoint import make_checkpoint
 
-    from tests.e2e.server import quiet_port
-    from tests.integration.pg import PG_BASE
-
-    url = pg_url_or_skip(f"away_{uuid.uuid4().hex[:10]}")
-    real = urlsplit(PG_BASE)
-    proxy = _Proxy(quiet_port(), (real.hostname or "127.0.0.1", real.port or 5432))
-    proxy.start()
-    through = url.replace(f"{real.hostname}:{real.port}", f"127.0.0.1:{proxy.port}")
     ckpt = make_checkpoint(str(tmp_path / "tiny-kimi"), "tiny-kimi")
     work = {"input_len": 12, "output_len": 48, "requests": 1, "concurrency": 1, "seed": 3}
+    proxy, through = away
     with ServerProcess(tmp_path / "srv", "--database-url", through) as srv, Client(srv.address) as c:
         name = c.create_launch(ckpt, work, spec=KIMI).metadata.name
         deadline = time.monotonic() + 120
@@ -317,27 +318,18 @@ def test_a_launch_followed_through_a_database_outage_ends_as_it_ran(tmp_path: Pa
                                                                  page_size=100).records if "SUCCEEDED" in r.outcome_message]
         assert len(ends) == 1, ends
         assert c.verify_audit_log().ok
-    proxy.stop()
 
 
-def test_an_experiment_waits_out_a_database_outage_and_ends_as_its_launches_did(tmp_path: Path) -> None:
+def test_an_experiment_waits_out_a_database_outage_and_ends_as_its_launches_did(
+        tmp_path: Path, away: tuple[_Proxy, str]) -> None:
     """Regression: an experiment whose database went away while it waited on a launch failed at
     the first read (and, its end not writable either, stayed RUNNING until a restart). It waits
     the outage out, as its launches do, and ends as they did."""
-    from urllib.parse import urlsplit
-
     from cgsvc_worker.checkpoint import make_checkpoint
 
-    from tests.e2e.server import quiet_port
-    from tests.integration.pg import PG_BASE
-
-    url = pg_url_or_skip(f"away_{uuid.uuid4().hex[:10]}")
-    real = urlsplit(PG_BASE)
-    proxy = _Proxy(quiet_port(), (real.hostname or "127.0.0.1", real.port or 5432))
-    proxy.start()
-    through = url.replace(f"{real.hostname}:{real.port}", f"127.0.0.1:{proxy.port}")
     ckpt = make_checkpoint(str(tmp_path / "tiny-kimi"), "tiny-kimi")
     work = {"input_len": 12, "output_len": 24, "requests": 1, "concurrency": 1, "seed": 3}
+    proxy, through = away
     with ServerProcess(tmp_path / "srv", "--database-url", through) as srv, Client(srv.address) as c:
         plans = [c.resolve_proto(KIMI).name, c.resolve_proto(KIMI, policy="sglang-0.5.18").name]
         name = c.create_experiment(plans, ckpt, work, repeats=1).name
@@ -355,4 +347,3 @@ def test_an_experiment_waits_out_a_database_outage_and_ends_as_its_launches_did(
         ends = [r for r in c.list_audit_records('method = "experiment.state"', page_size=100).records
                 if "SUCCEEDED" in r.outcome_message]
         assert len(ends) == 1 and c.verify_audit_log().ok, ends
-    proxy.stop()
