@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from cgsvc.audit.records import utc_text
 from cgsvc.errors import did_you_mean, one_spelling
 
 # A word may hold colons (a time's) but not end in one: `labels.team:*` is a word, then has.
@@ -178,7 +179,7 @@ def utc_time(text: str) -> str | None:
         moment = dt.datetime.fromisoformat(text.strip()) if len(text) <= 64 else None
     if moment is None or moment.tzinfo is None:
         return None
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return utc_text(moment)
 
 
 def _tokens(text: str) -> list[tuple[str, str]]:

@@ -28,7 +28,12 @@ _URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]{0,31}://)[^/@\s]+@",
 
 def utc_now() -> str:
     """A record's time: RFC 3339 UTC with microseconds, which sorts as text."""
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return utc_text(dt.datetime.now(dt.UTC))
+
+
+def utc_text(moment: dt.datetime) -> str:
+    """A moment (with its offset) as the services write times (utc_now), comparable with them as text."""
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def mask_secrets(value: Any) -> Any:

@@ -1682,6 +1682,11 @@ def database_unavailable(exc: BaseException) -> bool:
                             AuditDatabaseUnavailable))
 
 
+def outage_text(exc: BaseException) -> str:
+    """The first line of a database_unavailable error, as a log line or an answer names it."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+
+
 def _pg_operational_error() -> type[Exception]:
     """psycopg's OperationalError: a connection lost or a transaction given up by the server
     (imported here: psycopg costs a SQLite store and every CLI start about 50 ms)."""

@@ -28,7 +28,6 @@ import structlog
 from cgsvc import __version__
 from cgsvc.audit.filters import labels_cell, labels_of
 from cgsvc.audit.records import AuditEntry
-from cgsvc.audit.store import database_unavailable
 from cgsvc.contract import DEFAULT_ENGINE, EngineSettings, ran_alike, ran_as
 from cgsvc.domain import stats
 from cgsvc.domain.labels import LabelChange, change_labels, created_with, label_problems
@@ -40,6 +39,7 @@ from cgsvc.domain.launches import (
     dispatcher_named,
     engine_settings,
     order_for,
+    patiently,
     read_checkpoint,
     request_hash,
     workload_problems,
@@ -245,20 +245,11 @@ class Experiments:
         return made, True
 
     # ------------------------------------------------------------------ run
-    async def _patiently(self, experiment_id: str, step: Callable[[], Awaitable[T]]) -> T:
+    @staticmethod
+    async def _patiently(experiment_id: str, step: Callable[[], Awaitable[T]]) -> T:
         """step(), and again while the database does not answer: an experiment waits an outage
         out, as its launches do (each step is a read, or a write of the same row again)."""
-        pause = 0.5
-        while True:
-            try:
-                return await step()
-            except Exception as exc:
-                if not database_unavailable(exc):
-                    raise
-                log.warning("experiment: the database does not answer; waiting", experiment_id=experiment_id,
-                            error=f"{type(exc).__name__}: {exc}".splitlines()[0][:200], retry_seconds=pause)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 5.0)
+        return await patiently(step, "running an experiment", experiment_id=experiment_id)
 
     async def _save(self, row: ExperimentRow) -> ExperimentRow:
         """Store the row (TakenOver when another replica owns the experiment now)."""

@@ -31,17 +31,17 @@ import math
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
 from cgsvc import __version__, catalog, codec
 from cgsvc.audit.auditor import Auditor
-from cgsvc.audit.records import AuditEntry
-from cgsvc.audit.store import StoredPlan, database_unavailable, utc_now
+from cgsvc.audit.records import AuditEntry, utc_text
+from cgsvc.audit.store import StoredPlan, database_unavailable, outage_text, utc_now
 from cgsvc.contract import (
     CPU_DECODE_MODES,
     DEFAULT_ENGINE,
@@ -84,6 +84,7 @@ from cgsvc.resolve import DEFAULT_POLICY, policy_version
 from cgsvc.text import counted
 
 log = structlog.get_logger("cgsvc.launch")
+T = TypeVar("T")
 
 CREATE_METHOD = "/cgsvc.v1.LaunchService/CreateLaunch"
 ACTIVE = LAUNCH_STATES[:4]  # in the order a launch moves through them
@@ -637,30 +638,27 @@ class Launches:
         while it keeps following: once it answers again, the group's events are read again from
         the start (states only move forward) and what happened is written then, its end once."""
         w = self.watched.setdefault(launch_id, Watched())
-        pause = 0.5
-        while True:
-            try:
-                row = await asyncio.to_thread(self.store.get, launch_id)
-                assert row is not None
-                disp = self.dispatchers[row.dispatcher]
-                handle = RunHandle.from_json(row.handle_json)
-                run = RunDir(Path(row.run_dir))
-                if row.state in TERMINAL:  # settled before the database went away
-                    break
-                await self._follow(row, disp, handle, run, w)
-                break
-            except TakenOver:
-                await self._let_go(launch_id, disp, handle)
-                return
-            except Exception as exc:
-                if not database_unavailable(exc):
-                    raise
-                log.warning("following a launch: the database does not answer; following on", launch_id=launch_id,
-                            error=f"{type(exc).__name__}: {exc}".splitlines()[0][:200], retry_seconds=pause)
-                w.events_offset = 0  # an event read but not written is read again
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 5.0)
-        await self.schedule()
+
+        def read_again() -> None:
+            w.events_offset = 0  # an event read but not written is read again
+
+        if await patiently(lambda: self._monitor(launch_id, w), "following a launch", read_again, launch_id=launch_id):
+            await self.schedule()
+
+    async def _monitor(self, launch_id: str, w: Watched) -> bool:
+        """monitor()'s one try: False when another replica took the launch over."""
+        row = await asyncio.to_thread(self.store.get, launch_id)
+        assert row is not None
+        if row.state in TERMINAL:  # settled before the database went away
+            return True
+        disp = self.dispatchers[row.dispatcher]
+        handle = RunHandle.from_json(row.handle_json)
+        try:
+            await self._follow(row, disp, handle, RunDir(Path(row.run_dir)), w)
+        except TakenOver:
+            await self._let_go(launch_id, disp, handle)
+            return False
+        return True
 
     async def _follow(self, row: LaunchRow, disp: LocalDispatcher, handle: RunHandle, run: RunDir,
                       w: Watched) -> None:
@@ -950,7 +948,7 @@ class Launches:
         record is committed first; what stays is the plan file (the launch's later records are
         filed by it) and REMOVED, naming the record, which GetLaunchLogs answers with. The
         report, the plan and the records are in the database. Returns the launches' names."""
-        cutoff = (dt.datetime.now(dt.UTC) - dt.timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        cutoff = utc_text(dt.datetime.now(dt.UTC) - dt.timedelta(days=days))
 
         def candidates() -> list[Path]:
             if not self.run_root.is_dir():
@@ -977,6 +975,26 @@ class Launches:
         for w in self.watched.values():
             if w.task is not None:
                 w.task.cancel()
+
+
+async def patiently(step: Callable[[], Awaitable[T]], doing: str, on_wait: Callable[[], None] | None = None,
+                    **context: str) -> T:
+    """step(), and again while the database does not answer (store.database_unavailable), waiting
+    0.5 s, then longer, up to 5 s between tries: what the service does on its own (following a
+    launch, running an experiment) waits an outage out. `on_wait` is called before each wait."""
+    pause = 0.5
+    while True:
+        try:
+            return await step()
+        except Exception as exc:
+            if not database_unavailable(exc):
+                raise
+            log.warning(f"{doing}: the database does not answer; waiting", error=outage_text(exc),
+                        retry_seconds=pause, **context)
+            if on_wait is not None:
+                on_wait()
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
 
 def _remove_run_files(run: RunDir, why: dict[str, Any]) -> None:

@@ -29,7 +29,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from cgsvc.audit.auditor import REQUEST_AUDITED
-from cgsvc.audit.store import database_unavailable
+from cgsvc.audit.store import database_unavailable, outage_text
 from cgsvc.errors import ServiceError
 from cgsvc.server import metrics
 from cgsvc.server.auth import Authenticator, AuthError, Principal
@@ -174,7 +174,7 @@ class Pipeline:
             await self._audit_unrecorded(rc, request, exc.code, exc.message)  # e.g. a refused CancelLaunch
             await context.abort_with_status(to_status(exc))
         if database_unavailable(exc):  # not a bug, and not for long: a client retries UNAVAILABLE
-            why = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            why = outage_text(exc)
             message = (f"the database does not answer ({why}); try again: a retry with the same request_id "
                        "makes nothing twice")
             self._finish(rc, t0, "UNAVAILABLE", message)
