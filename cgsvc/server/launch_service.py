@@ -287,9 +287,11 @@ class LaunchService:
         run = RunDir(Path(row.run_dir))
         logs = run.logs
         if (removed := removed_logs(run)) is not None:  # an empty answer would read as "the ranks wrote nothing"
+            days = removed.get("retention_days")  # a marker edited by hand: "?", not a format error
             raise ServiceError("FAILED_PRECONDITION", (
                 f"{request.name}'s logs were removed at {removed.get('removed_at', '?')} by the server's "
-                f"--launch-retention-days ({removed.get('retention_days', '?'):g} days after its last change, "
+                f"--launch-retention-days ({f'{days:g}' if isinstance(days, int | float) else '?'} days after its "
+                "last change, "
                 f"{removed.get('last_change', '?')}; {removed.get('record', '')}): its report, plan and audit records "
                 f"are kept (cgsvc-cli launches show {request.name})"), reason="LOGS_REMOVED",
                 info={"removed_at": str(removed.get("removed_at", "")), "record": str(removed.get("record", ""))})

@@ -991,6 +991,13 @@ def test_an_ended_launchs_logs_are_removed_after_the_retention_audited_and_the_r
             c.launch_logs(name)
         assert e.value.code == "FAILED_PRECONDITION" and e.value.reason == "LOGS_REMOVED", e.value
         assert "removed" in e.value.message and records[0].name in e.value.message, e.value.message
+        marker = run_dir / "removed.json"  # one edited by hand still answers why, not INTERNAL
+        written = marker.read_text()
+        marker.write_text(json.dumps({k: v for k, v in json.loads(written).items() if k != "retention_days"}))
+        with pytest.raises(ServiceError) as e:
+            c.launch_logs(name)
+        assert e.value.reason == "LOGS_REMOVED" and "(? days after" in e.value.message, e.value
+        marker.write_text(written)
         kept = c.get_launch(name)
         assert kept.state == "SUCCEEDED" and kept.report.ttft_ms_p50 == ended.report.ttft_ms_p50
         assert c.label_launch(name, {"kept": "yes"}).labels["kept"] == "yes"  # it may change still
