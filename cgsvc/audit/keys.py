@@ -132,9 +132,16 @@ def check(rot: Rotation) -> None:
             f"({rot.previous_key_id[:16]}...)") from None
 
 
-def chain(rotations: list[Rotation], start: str, end: str) -> list[Rotation]:
+def fields(rotations: list[Rotation]) -> list[dict[str, Any]]:
+    """The rotations followed, as every command that follows them reports them (`key_rotations`)."""
+    return [{"record": r.record, "from_key_id": r.previous_key_id, "to_key_id": r.key_id,
+             "endorsed_tree_size": (r.endorsement or {}).get("tree_size")} for r in rotations]
+
+
+def chain(rotations: list[Rotation], start: str, end: str,
+          whose: str = "the server's checkpoint is signed by key") -> list[Rotation]:
     """The endorsed rotations, in log order, that lead from key `start` to key `end`; raise
-    checkpoint.CheckpointError naming why there is no such chain."""
+    checkpoint.CheckpointError naming why there is no such chain (`whose` says where `end` came from)."""
     path: list[Rotation] = []
     at = start
     for rot in rotations:
@@ -147,6 +154,6 @@ def chain(rotations: list[Rotation], start: str, end: str) -> list[Rotation]:
         at = rot.key_id
     if at != end:
         raise checkpoint.CheckpointError(
-            f"the server's checkpoint is signed by key {end[:16]}..., and the log records no rotation signed by "
+            f"{whose} {end[:16]}..., and the log records no rotation signed by "
             f"the checkpoint's key {start[:16]}... that leads to it (expected {start[:16]}...)")
     return path

@@ -1544,11 +1544,6 @@ class AuditStore:
         with self.read_engine.begin() as conn:
             return _log_key(conn)
 
-    def log_key_ids(self) -> set[str]:
-        """Every key id the log has been signed by, of any generation."""
-        with self.read_engine.begin() as conn:
-            return set(conn.execute(sa.select(signing_keys.c.key_id)).scalars())
-
     def add_log_key(self, generation: int, key_id: str, public_key: str, sequence: int) -> bool:
         """Make `key_id` the log's key as `generation`; False when another server took that
         generation first (replicas starting together): read `log_key` again."""

@@ -15,14 +15,20 @@ arguments, carries the signing key between data directories, and says what it di
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cgsvc.server.token_commands import refuse
 from cgsvc.text import counted
+
+if TYPE_CHECKING:
+    from cgsvc.audit.checkpoint import Checkpoint
+    from cgsvc.audit.keys import Rotation
+    from cgsvc.audit.store import AuditStore
 
 KEY_FILE = "signing_key.pem"  # serve's default --signing-key, in its data directory
 DATABASE_FILE = "cgsvc.db"  # serve's SQLite log, in its data directory
@@ -53,13 +59,16 @@ def register(sub: Any) -> None:
         "verify", help="verify a database's log where it lies, with no server: a backup, or a stopped server's",
         description="Recompute the log's hash chain and Merkle tree from the database itself, as `cgsvc-cli audit "
                     "verify` has a server do, and with --checkpoint check that a checkpoint signed earlier is "
-                    "this log's: its signature, and the tree of its size here has its root. Reads only; a database "
+                    "this log's: its signature, the tree of its size here has its root, and the key signing the "
+                    "log today is the checkpoint's or one it rotated to (each rotation recorded in the log, signed "
+                    "by the key it retires, over a tree the log holds). Reads only; a database "
                     "at another schema than this release's is refused rather than migrated. Exit 0 when it "
                     "verifies, 3 when it does not, 2 for bad arguments, 1 when the database cannot be reached.")
     v.add_argument("where", help="the database: a URL (sqlite:///PATH, postgresql+psycopg://...) or a serve "
                                  "--data-dir directory (its cgsvc.db)")
     v.add_argument("--checkpoint", metavar="FILE", help="a checkpoint saved earlier (`cgsvc-cli audit checkpoint "
-                                                         "-o json`, or `audit witness`'s): the log must hold its tree")
+                                                         "-o json`, or `audit witness`'s): the log must hold its tree, and its key must "
+                                                         "be the log's or have signed the rotations to it")
     v.add_argument("-o", "--output", choices=("table", "json"), default="table",
                    help="table (default; progress on stderr on a terminal) or json")
 
@@ -209,7 +218,7 @@ def verify(where: str, checkpoint_file: str | None, output: str) -> int:
 
     import sqlalchemy as sa
 
-    from cgsvc.audit import checkpoint
+    from cgsvc.audit import checkpoint, keys
     from cgsvc.audit.records import mask_secrets
     from cgsvc.audit.store import STORE_SCHEMA, AuditStore, probe
 
@@ -224,6 +233,8 @@ def verify(where: str, checkpoint_file: str | None, output: str) -> int:
         except (OSError, ValueError, checkpoint.CheckpointError) as exc:
             return refuse(output, "checkpoint", f"{checkpoint_file} is not a cgsvc checkpoint: {exc}")
     show = {"database": mask_secrets(url)}
+    key_why, today = "", ""
+    followed: list[Rotation] = []
     try:
         found = probe(url)
         if found is None or found.schema_version != STORE_SCHEMA:
@@ -237,7 +248,8 @@ def verify(where: str, checkpoint_file: str | None, output: str) -> int:
             shown("")
             size, root = store.tree_head()
             held = store.root_at(cp.tree_size).hex() if cp is not None and v.ok and cp.tree_size <= size else ""
-            known = cp is not None and cp.key_id in store.log_key_ids()
+            if cp is not None and v.ok:
+                key_why, followed, today = _follow_key(store, cp, size)
         finally:
             store.close()
     except sa.exc.SQLAlchemyError as exc:
@@ -255,7 +267,8 @@ def verify(where: str, checkpoint_file: str | None, output: str) -> int:
             why = checkpoint.shorter(size, cp)
         elif not why and held != cp.root_hash:
             why = checkpoint.inconsistent(cp)
-        result.update(ok=not why, reason=why, checkpoint_size=cp.tree_size, key_id=cp.key_id, key_known=known)
+        result.update(ok=not (why or key_why), reason=why or key_why, checkpoint_size=cp.tree_size, key_id=cp.key_id,
+                      key_known=not key_why, current_key_id=today, key_rotations=keys.fields(followed))
     if output == "json":
         print_json({"verification": result})
     elif not v.ok:
@@ -264,12 +277,49 @@ def verify(where: str, checkpoint_file: str | None, output: str) -> int:
     elif cp is None:
         print(f"audit chain OK: {v.records_checked} records, head {v.head_hash[:16]}, root {root.hex()[:16]}")
     elif result["ok"]:
-        whose = "one of this log's keys" if known else "a key this log does not name (signed elsewhere?)"
+        whose = ("the log's key today" if not followed else
+                 "; ".join(f"key rotated to {r['to_key_id'][:16]} at {r['record']}, signed by {r['from_key_id'][:16]}"
+                           for r in result["key_rotations"]))
         print(f"audit log OK: {v.records_checked} records; it holds the checkpoint's tree of {cp.tree_size} records "
               f"(root {cp.root_hash[:16]}), signed by key {cp.key_id[:16]}, {whose}")
     else:
         print(f"audit log does NOT hold the checkpoint's tree: {result['reason']}")
     return 0 if result["ok"] else 3
+
+
+def _follow_key(store: AuditStore, cp: Checkpoint, size: int) -> tuple[str, list[Rotation], str]:
+    """Whether the key that signs this log today is the checkpoint's, or one the checkpoint's key
+    handed the log to through rotations recorded in it, each signed by the key it retires over a
+    tree this log holds: (why not, "" when it is; the rotations followed; today's key id). The
+    checks `audit verify --checkpoint` makes against a server, made on the records at hand."""
+    from cgsvc.audit import checkpoint, keys
+
+    current = store.log_key()
+    today = current[1] if current is not None else ""
+    if today == cp.key_id:
+        return "", [], today
+    if not today:
+        return (f"this log names no signing key, so nothing ties the checkpoint's key {cp.key_id[:16]}... to it",
+                [], today)
+    rotations: list[keys.Rotation] = []
+    token = ""
+    while True:
+        page, token = store.list_records(f'method = "{keys.METHOD}"', page_size=100, page_token=token, plans=False)
+        for rec in page:  # a malformed one is skipped, and so breaks the chain: only a signed rotation counts
+            with contextlib.suppress(ValueError):
+                rotations.append(keys.Rotation.from_record(rec.sequence, rec.spec_json))
+        if not token:
+            break
+    try:
+        path = keys.chain(rotations, cp.key_id, today, whose="the log's key is")
+        for rot in path:
+            handed = int((rot.endorsement or {})["tree_size"])
+            if handed > size or store.root_at(handed).hex() != (rot.endorsement or {})["root_hash"]:
+                raise checkpoint.CheckpointError(f"{rot.record}: the log does not hold the tree the old key handed "
+                                                 f"over ({counted(handed, 'record')})")
+    except checkpoint.CheckpointError as exc:
+        return str(exc), [], today
+    return "", path, today
 
 
 def _terminal_line(output: str) -> Callable[[str], None]:

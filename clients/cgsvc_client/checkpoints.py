@@ -42,13 +42,8 @@ class Extension:
         if self.new is None:
             return {"ok": self.ok, "reason": self.reason}
         return {"checkpoint_size": old.tree_size, "tree_size": self.new.tree_size, "root_hash": self.new.root_hash,
-                "key_id": self.new.key_id, "key_rotations": rotation_fields(self.rotations),
+                "key_id": self.new.key_id, "key_rotations": keys.fields(self.rotations),
                 "ok": self.ok, "reason": self.reason}
-
-
-def rotation_fields(rotations: list[keys.Rotation]) -> list[dict[str, Any]]:
-    return [{"record": r.record, "from_key_id": r.previous_key_id, "to_key_id": r.key_id,
-             "endorsed_tree_size": (r.endorsement or {}).get("tree_size")} for r in rotations]
 
 
 def rotation_records(c: Client) -> list[Any]:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from cgsvc import codec
-from cgsvc.audit import checkpoint, merkle
+from cgsvc.audit import checkpoint, keys, merkle
 from cgsvc.audit.records import utc_now
 from cgsvc.errors import ServiceError
 from cgsvc.files import write_atomically
@@ -149,7 +149,7 @@ class Witness:
                                                                                       kept.key_id))
         return {**out, "ok": True, "first": False, **_fields(new), "previous_size": kept.tree_size,
                 "grew_by": new.tree_size - kept.tree_size, "proof_hashes": len(ext.proof),
-                "key_rotations": checkpoints.rotation_fields(ext.rotations), "warnings": warnings, "reason": ""}
+                "key_rotations": keys.fields(ext.rotations), "warnings": warnings, "reason": ""}
 
 
 def _fields(cp: checkpoint.Checkpoint) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cgsvc.audit import checkpoint, keys
 from tests.conftest import ROOT
 from tests.e2e.server import ServerProcess, serve_refused
+from tests.e2e.test_store_copy import store_verify
 from tests.e2e.test_trust import checkpoint_file, cli, resolve_n
 from tests.e2e.test_witness import witness
 from tests.integration.pg import pg_url_or_skip
@@ -107,6 +108,15 @@ def test_a_rotation_signed_by_the_old_key_is_followed_and_a_server_with_another_
             assert len(rotation_records(srv)) == 1
     err = serve_refused(data)  # the retired key (data_dir's) no longer signs this log
     assert f"signed by key {new_id}" in err and f"this server's key is {old['key_id']}" in err, err
+    # with no server, the log where it lies follows the same rotation from the old checkpoint
+    proc = store_verify(data, "--checkpoint", str(tmp_path / "old.json"), "-o", "json")
+    verification = json.loads(proc.stdout)["verification"]
+    assert proc.returncode == 0 and verification["ok"] and verification["key_known"], proc.stdout
+    assert (verification["key_id"], verification["current_key_id"]) == (old["key_id"], new_id), verification
+    assert verification["key_rotations"] == [{"record": "auditRecords/4", "from_key_id": old["key_id"],
+                                              "to_key_id": new_id, "endorsed_tree_size": 3}], verification
+    table = store_verify(data, "--checkpoint", str(tmp_path / "old.json")).stdout
+    assert f"key rotated to {new_id[:16]} at auditRecords/4, signed by {old['key_id'][:16]}" in table, table
 
 
 def test_a_key_declared_lost_is_recorded_unendorsed_and_every_checkpoint_holder_refuses_it(tmp_path: Path) -> None:
@@ -138,6 +148,10 @@ def test_a_key_declared_lost_is_recorded_unendorsed_and_every_checkpoint_holder_
         # whoever accepts the new key says so: a new directory pinned to it
         rc, [fresh] = witness(srv, tmp_path / "repinned", "--key-id", new_id)
         assert rc == 0 and fresh["trust"] == "pinned by --key-id"
+    proc = store_verify(data, "--checkpoint", str(tmp_path / "old.json"), "-o", "json")  # nor a backup of it
+    verification = json.loads(proc.stdout)["verification"]
+    assert proc.returncode == 3 and not verification["ok"] and "without its signature" in verification["reason"], \
+        proc.stdout
 
 
 def test_replicas_share_the_log_key_and_one_left_on_a_retired_key_stops_signing(tmp_path: Path) -> None:

@@ -17,7 +17,9 @@ from typing import Any
 
 import sqlalchemy as sa
 from cgsvc_client.client import Client
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from cgsvc.audit import checkpoint
 from cgsvc.audit.store import STORE_SCHEMA, AuditStore, probe
 from cgsvc.launch.store import LaunchRow, LaunchStore, Workload
 from tests.conftest import ROOT
@@ -281,6 +283,16 @@ def test_a_backup_is_verified_where_it_lies_and_holds_a_checkpoint_or_says_why_n
         assert proc.returncode == 3 and not result["ok"] and said in result["reason"], (how, proc.stdout)
     table = store_verify(backups["truncated"], "--checkpoint", str(tmp_path / "cp.json"))
     assert table.stdout.startswith("audit log does NOT hold the checkpoint's tree: the log is shorter"), table.stdout
+    # the same tree signed by a key this log never had (nor rotated to): the tree holds, the key does not
+    saved = json.loads((tmp_path / "cp.json").read_text())["checkpoint"]
+    forged = checkpoint.sign(Ed25519PrivateKey.generate(), saved["tree_size"], bytes.fromhex(saved["root_hash"]),
+                             saved["time"])
+    (tmp_path / "forged.json").write_text(json.dumps({"checkpoint": forged.to_dict()}))
+    proc = store_verify(backups["kept"], "--checkpoint", str(tmp_path / "forged.json"), "-o", "json")
+    result = json.loads(proc.stdout)["verification"]
+    assert proc.returncode == 3 and not result["ok"] and not result["key_known"], proc.stdout
+    assert f"the log's key is {saved['key_id'][:16]}" in result["reason"], result["reason"]
+    assert "no rotation signed by the checkpoint's key" in result["reason"], result["reason"]
     # bad input: a file that is no checkpoint, a directory with no log
     (tmp_path / "junk.json").write_text("[]")
     junk = store_verify(backups["kept"], "--checkpoint", str(tmp_path / "junk.json"), "-o", "json")
