@@ -6,9 +6,13 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import settings
+
+if TYPE_CHECKING:
+    from tests.integration.pg import Proxy
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -45,3 +49,22 @@ def _drop_postgres_schemas() -> Iterator[None]:
     from tests.integration.pg import drop_created
 
     drop_created()
+
+
+@pytest.fixture()
+def away() -> Iterator[tuple[Proxy, str]]:
+    """A PostgreSQL URL of a fresh schema that reaches the server through a Proxy, and the proxy:
+    stopping it is the database going away, starting it again its return."""
+    import uuid
+    from urllib.parse import urlsplit
+
+    from tests.e2e.server import quiet_port
+    from tests.integration.pg import PG_BASE, Proxy, pg_url_or_skip
+
+    url = pg_url_or_skip(f"away_{uuid.uuid4().hex[:10]}")
+    real = urlsplit(PG_BASE)
+    proxy = Proxy(quiet_port(), (real.hostname or "127.0.0.1", real.port or 5432))
+    proxy.start()
+    yield proxy, url.replace(f"{real.hostname}:{real.port}", f"127.0.0.1:{proxy.port}")
+    if proxy.listener is not None and proxy.listener.fileno() != -1:
+        proxy.stop()

@@ -34,6 +34,7 @@ from cgsvc.domain.labels import LabelChange, change_labels, created_with, label_
 from cgsvc.domain.launches import (
     TERMINAL,
     Launches,
+    LaunchOrder,
     PlanSource,
     TakenOver,
     dispatcher_named,
@@ -262,6 +263,14 @@ class Experiments:
             cond.notify_all()
         return row
 
+    async def _launch(self, order: LaunchOrder, caller: Caller) -> LaunchRow:
+        """The launch of one run, made once however often the database goes away meanwhile."""
+        launch, _ = await self._patiently(order.experiment, lambda: self.launches.create(order, caller))
+        if launch.experiment != order.experiment:  # the caller's own CreateLaunch took this request_id
+            raise ServiceError("ALREADY_EXISTS", f"request_id {order.request_id!r} already made "
+                                                 f"launches/{launch.launch_id}, which is not this experiment's")
+        return launch
+
     async def _follow(self, row: ExperimentRow, launch_id: str) -> tuple[ExperimentRow, LaunchRow]:
         """Wait for a launch to end, keeping its state in the experiment's last run up to date
         (through a database outage: the watch opens again, answering the state first)."""
@@ -301,7 +310,7 @@ class Experiments:
                 await self.launches.request_cancel(launch_id, principal, why)
 
     async def _run(self, experiment_id: str, caller: Caller) -> None:
-        row = await asyncio.to_thread(self.store.get, experiment_id)
+        row = await self._patiently(experiment_id, lambda: asyncio.to_thread(self.store.get, experiment_id))
         assert row is not None
         req = row.request
         workload = Workload(**req["workload"])
@@ -311,16 +320,21 @@ class Experiments:
         ran: dict[str, dict[str, Any]] = {}
         try:
             ckpt = read_checkpoint(req["model_path"], workload, self.plans.model_roots)
-            plans = [PlanSource.stored(await self.plans.get(name.removeprefix("plans/"))) for name in req["plans"]]
+            plans = [PlanSource.stored(await self._patiently(experiment_id, functools.partial(
+                self.plans.get, name.removeprefix("plans/")))) for name in req["plans"]]
             for repeat in range(1, req["repeats"] + 1):
                 for arm, plan in zip(ARMS, plans, strict=True):
                     if who := await self._cancel_asked(experiment_id):
                         await self._end(row, samples, "CANCELLED", _cancelled(who, samples))
                         return
+                    # one request_id a run: a retry after the database went away finds the launch
+                    # the first try made, rather than making a second
+                    asked = f"experiments/{experiment_id}/runs/{len(row.runs) + 1}"
                     order = dataclasses.replace(
                         order_for(plan, ckpt, req["model_path"], workload, req["dispatcher"], True, engine=engine),
-                        experiment=experiment_id, experiment_run=f"arm {arm}, repeat {repeat}", labels=row.labels)
-                    launch, _ = await self.launches.create(order, dataclasses.replace(caller, request_id=""))
+                        experiment=experiment_id, experiment_run=f"arm {arm}, repeat {repeat}", labels=row.labels,
+                        request_id=asked, request_hash=request_hash({"experiment": experiment_id, "run": asked}))
+                    launch = await self._launch(order, dataclasses.replace(caller, request_id=asked))
                     self.current[experiment_id] = launch.launch_id
                     run = {"arm": arm, "repeat": repeat, "launch": f"launches/{launch.launch_id}", "state": launch.state}
                     row = await self._save(dataclasses.replace(row, runs=(*row.runs, run)))

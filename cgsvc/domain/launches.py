@@ -417,6 +417,7 @@ class Launches:
         self.address = ""  # HOST:PORT its clients reach it at, once it serves (Replica.address)
         self.shared = shared
         self.watched: dict[str, Watched] = {}
+        self.unfinished: set[str] = set()  # launches stored whose accepted record did not commit: not placed
         self.poll_seconds = 0.1
         self.taken_over = 0  # launches claimed from replicas whose lease lapsed (a metric)
         self.ended: collections.Counter[tuple[str, str]] = collections.Counter()  # (dispatcher, state) ended here
@@ -561,7 +562,8 @@ class Launches:
 
     async def create(self, order: LaunchOrder, caller: Caller) -> tuple[LaunchRow, bool]:
         """Start a launch (or find the one this request_id already started); returns the row
-        and whether it is new."""
+        and whether it is new. A retry of a try that stored the row and then lost the database
+        before its record committed finishes that launch (new): nothing places it until then."""
         await self.admit(order)
         launch_id = new_id()
         run = RunDir(self.run_root / launch_id)
@@ -573,16 +575,25 @@ class Launches:
                         request_id=order.request_id, request_hash=order.request_hash, engine=order.engine,
                         rerun_of=order.rerun_of, labels=order.labels, experiment=order.experiment)
         created = await asyncio.to_thread(self.store.create, row)
-        if not created.new:
+        if not created.new and (created.conflicts or created.row.launch_id not in self.unfinished):
             return created.row, False
-        write_plan(run, order.plan_json, order.spec_json)
+        # new, or this server's own launch whose first try lost the database after the row was
+        # stored and before its record committed: the retry (its request_id) finishes that try
+        launch_id, run = created.row.launch_id, RunDir(Path(created.row.run_dir))
+        self.unfinished.discard(launch_id)  # a call at the same time as this one answers it as made
         engine = f" ({order.engine.text()})" if order.engine != DEFAULT_ENGINE else ""  # the record says what was asked
         again = f", rerun of launches/{order.rerun_of}" if order.rerun_of else ""
         if order.experiment:
             again += f", {order.experiment_run} of experiments/{order.experiment}"
         again += created_with(order.labels)
-        await self.audit_order(created.row, order, caller, f"launch of {order.plan_audit} on "
-                                                           f"{counted(order.tp, order.dispatcher + ' rank')}{engine}{again}")
+        try:
+            write_plan(run, order.plan_json, order.spec_json)
+            await self.audit_order(created.row, order, caller, f"launch of {order.plan_audit} on "
+                                   f"{counted(order.tp, order.dispatcher + ' rank')}{engine}{again}")
+        except BaseException:  # not placed until a retry has recorded it (or a restart adopts it)
+            if order.request_id:
+                self.unfinished.add(launch_id)
+            raise
         self.watched[launch_id] = Watched()
         await self.schedule()
         got = await asyncio.to_thread(self.store.get, launch_id)
@@ -597,7 +608,7 @@ class Launches:
 
     async def _place(self) -> None:
         for row in await asyncio.to_thread(self.store.in_states, ("PLACING",)):
-            if row.owner != self.instance:
+            if row.owner != self.instance or row.launch_id in self.unfinished:
                 continue
             disp = self.dispatchers[row.dispatcher]
             busy = self._busy(disp, await asyncio.to_thread(self.store.in_states, ACTIVE))
@@ -1018,8 +1029,9 @@ def _cancelled_by(principal: str, reason: str) -> str:
 
 
 def write_plan(run: RunDir, plan_json: str, spec_json: str) -> None:
-    """A new run directory, with the plan and spec the workers run."""
-    run.path.mkdir(parents=True)
+    """A new run directory, with the plan and spec the workers run (written again by a retry
+    that finishes an earlier try's launch: the same plan)."""
+    run.path.mkdir(parents=True, exist_ok=True)
     run.plan.write_text(json.dumps({"plan": json.loads(plan_json), "spec": json.loads(spec_json)}))
 
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +18,7 @@ from cgsvc.audit.store import AuditStore
 from cgsvc.errors import ServiceError
 from tests.conftest import ROOT
 from tests.e2e.server import ServerProcess
-from tests.integration.pg import pg_url_or_skip
+from tests.integration.pg import Proxy, pg_url_or_skip
 
 KIMI = {"model": {"name": "nvidia/Kimi-K2.6-NVFP4"}, "hardware": {"gpu": "GB300", "gpu_count": 4}, "parallelism": {"tp": 4}}
 
@@ -190,73 +187,8 @@ def test_cli_verify_exits_non_zero_on_a_tampered_log(tmp_path: Path) -> None:
         assert "BROKEN at auditRecords/3" in proc.stdout and "modified" in proc.stdout
 
 
-class _Proxy:
-    """A TCP forwarder between the server and PostgreSQL: stopping it is the database going away
-    (its listener closed, every connection through it cut), starting it again its return."""
-
-    def __init__(self, port: int, to: tuple[str, int]) -> None:
-        self.port, self.to = port, to
-        self.listener: socket.socket | None = None
-        self.open: list[socket.socket] = []
-
-    def start(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", self.port))
-        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                near, _ = listener.accept()
-                far = socket.create_connection(self.to)
-            except OSError:
-                return
-            self.open += [near, far]
-            for a, b in ((near, far), (far, near)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-    def stop(self) -> None:
-        assert self.listener is not None
-        with contextlib.suppress(OSError):  # wakes the accept (a close alone leaves it listening on Linux)
-            self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
-        for s in self.open:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-        self.open = []
-
-
-@pytest.fixture()
-def away() -> Iterator[tuple[_Proxy, str]]:
-    """A PostgreSQL URL of a fresh schema that reaches the server through a _Proxy, and the proxy."""
-    from urllib.parse import urlsplit
-
-    from tests.e2e.server import quiet_port
-    from tests.integration.pg import PG_BASE
-
-    url = pg_url_or_skip(f"away_{uuid.uuid4().hex[:10]}")
-    real = urlsplit(PG_BASE)
-    proxy = _Proxy(quiet_port(), (real.hostname or "127.0.0.1", real.port or 5432))
-    proxy.start()
-    yield proxy, url.replace(f"{real.hostname}:{real.port}", f"127.0.0.1:{proxy.port}")
-    if proxy.listener is not None and proxy.listener.fileno() != -1:
-        proxy.stop()
-
-
 def test_a_database_that_goes_away_is_unavailable_to_callers_and_its_return_is_served(
-        tmp_path: Path, away: tuple[_Proxy, str]) -> None:
+        tmp_path: Path, away: tuple[Proxy, str]) -> None:
     """Regression: while PostgreSQL did not answer, every call that needed it failed INTERNAL
     ("internal error: WriterProcessError", "OperationalError"), which reads as a bug in the server
     and which no client retries. It is UNAVAILABLE, saying the database does not answer, which
@@ -291,7 +223,7 @@ def test_a_database_that_goes_away_is_unavailable_to_callers_and_its_return_is_s
 
 
 def test_a_launch_followed_through_a_database_outage_ends_as_it_ran(
-        tmp_path: Path, away: tuple[_Proxy, str]) -> None:
+        tmp_path: Path, away: tuple[Proxy, str]) -> None:
     """Regression: the server's task following a running launch died at the first write the
     database did not take (a progress count, a state), so the launch stayed RUNNING after its
     group had finished, until a restart. It keeps following, and writes what happened once the
@@ -321,7 +253,7 @@ def test_a_launch_followed_through_a_database_outage_ends_as_it_ran(
 
 
 def test_an_experiment_waits_out_a_database_outage_and_ends_as_its_launches_did(
-        tmp_path: Path, away: tuple[_Proxy, str]) -> None:
+        tmp_path: Path, away: tuple[Proxy, str]) -> None:
     """Regression: an experiment whose database went away while it waited on a launch failed at
     the first read (and, its end not writable either, stayed RUNNING until a restart). It waits
     the outage out, as its launches do, and ends as they did."""

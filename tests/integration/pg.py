@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import threading
 
 import pytest
 import sqlalchemy as sa
@@ -44,3 +47,51 @@ def pg_url_or_skip(schema: str) -> str:
     eng.dispose()
     CREATED.append(schema)
     return f"{PG_BASE}?options=-csearch_path%3D{schema}"
+
+
+class Proxy:
+    """A TCP forwarder between the server and PostgreSQL: stopping it is the database going away
+    (its listener closed, every connection through it cut), starting it again its return."""
+
+    def __init__(self, port: int, to: tuple[str, int]) -> None:
+        self.port, self.to = port, to
+        self.listener: socket.socket | None = None
+        self.open: list[socket.socket] = []
+
+    def start(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                near, _ = listener.accept()
+                far = socket.create_connection(self.to)
+            except OSError:
+                return
+            self.open += [near, far]
+            for a, b in ((near, far), (far, near)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        assert self.listener is not None
+        with contextlib.suppress(OSError):  # wakes the accept (a close alone leaves it listening on Linux)
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        for s in self.open:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        self.open = []

@@ -1,0 +1,101 @@
+"""The database going away in the middle of making a launch: the launch row stored, its accepted
+record not. An experiment waits the outage out and its retry (the run's request_id) finishes that
+launch, recorded once, rather than failing the experiment or making a second launch; until then
+nothing places it (PostgreSQL, reached through a proxy the test stops and starts)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import sqlalchemy as sa
+from cgsvc_worker.checkpoint import make_checkpoint
+
+from cgsvc.audit.auditor import Auditor
+from cgsvc.audit.store import AuditStore
+from cgsvc.audit.writer import AuditWriter
+from cgsvc.domain.experiments import Experiments
+from cgsvc.domain.launches import CREATE_METHOD, Launches
+from cgsvc.domain.plans import Caller, Plans
+from cgsvc.launch.devices import Inventory
+from cgsvc.launch.dispatch import LocalDispatcher
+from cgsvc.launch.store import Created, ExperimentStore, LaunchRow, LaunchStore, Workload
+from tests.integration.pg import Proxy
+from tests.integration.test_takeover import running
+
+
+class CutAfterCreate(LaunchStore):
+    """A launch store whose first new row is followed at once by the database going away (the
+    proxy stopped) for `outage` seconds: the window between storing a launch and recording it."""
+
+    def __init__(self, audit: AuditStore, proxy: Proxy, outage: float) -> None:
+        super().__init__(audit)
+        self.proxy, self.outage = proxy, outage
+        self.cut = threading.Event()
+
+    def create(self, row: LaunchRow) -> Created:
+        made = super().create(row)
+        if made.new and row.launch_id != "holder" and not self.cut.is_set():
+            self.cut.set()
+            self.proxy.stop()
+            threading.Timer(self.outage, self.proxy.start).start()
+        return made
+
+
+def test_an_experiment_whose_database_goes_away_as_it_makes_a_launch_finishes_that_launch(
+        away: tuple[Proxy, str], tmp_path: Path) -> None:
+    """Regression: the experiment failed ("internal error: ... OperationalError") at the first
+    write its launch's making could not do, and a retry could not have told a launch made from
+    none. Now each run's launch is asked for with the request_id experiments/ID/runs/N."""
+    proxy, through = away
+    store = AuditStore(through)
+
+    async def scenario() -> None:
+        writer = AuditWriter(store)
+        try:
+            auditor = Auditor(store, writer)
+            tiny = make_checkpoint(str(tmp_path / "tiny"), "tiny")
+            spec = {"model": {"path": tiny}, "hardware": {"gpu": "cpu"}, "parallelism": {"tp": 1}}
+            plans = Plans(auditor)
+            names = [f"plans/{(await plans.resolve_and_record(spec, Caller('alice'))).plan_id}" for _ in "AB"]
+            rows = CutAfterCreate(store, proxy, outage=2.0)
+            rows.create(running("holder", "r1").replace(devices=("cpu0",)))  # cpu0 is taken: the launch queues
+            launches = Launches(rows, auditor, tmp_path / "runs", [LocalDispatcher(Inventory(("cpu0",), "test"))],
+                                instance="r1")
+            experiments = Experiments(ExperimentStore(store), launches, plans)
+            exp = await experiments.create(names, Workload(4, 4, 1, 1), tiny, 1, "local", Caller("alice"))
+            deadline = asyncio.get_running_loop().time() + 60
+            while True:
+                assert asyncio.get_running_loop().time() < deadline, "the experiment never made its launch"
+                await asyncio.sleep(0.2)
+                try:  # this reader too finds no database for a while
+                    now = await experiments.get(exp.experiment_id)
+                except sa.exc.OperationalError:
+                    continue
+                assert now.state == "RUNNING", now.error
+                if now.runs:
+                    break
+            assert rows.cut.is_set()  # the database did go away between the row and its record
+            made = [r for r in rows.list_rows()[0] if r.launch_id != "holder"]
+            assert len(made) == 1, made  # the retry found the launch the first try stored
+            launch = made[0]
+            assert now.runs[0]["launch"] == f"launches/{launch.launch_id}"
+            assert (launch.request_id, launch.experiment) == (f"experiments/{exp.experiment_id}/runs/1",
+                                                              exp.experiment_id)
+            records = store.list_records(f'launch_id = "{launch.launch_id}" AND method = "{CREATE_METHOD}"')[0]
+            assert len(records) == 1 and records[0].request_id == launch.request_id, records
+            assert f"arm A, repeat 1 of experiments/{exp.experiment_id}" in records[0].outcome_message
+            assert not launches.unfinished  # recorded: placed as soon as cpu0 is free
+            await experiments.cancel(exp.experiment_id, Caller("alice"))
+            await asyncio.wait_for(experiments.tasks[exp.experiment_id], 60)
+            ended = await experiments.get(exp.experiment_id)
+            assert ended.state == "CANCELLED", (ended.state, ended.error)
+            assert store.verify().ok
+        finally:
+            writer.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        store.close()
