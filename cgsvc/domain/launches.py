@@ -898,6 +898,19 @@ class Launches:
             return None
         return row.replace(owner=self.instance)
 
+    def _accepted(self, launch_id: str) -> bool:
+        """Whether the log holds the accepted CreateLaunch record of this launch."""
+        where = f'launch_id = "{launch_id}" AND method = "{CREATE_METHOD}" AND outcome = "OK"'
+        return bool(self.auditor.store.list_records(where, page_size=1, plans=False)[0])
+
+    async def _unaccepted(self, row: LaunchRow, said: str) -> list[str]:
+        """End, unstarted, a launch stored by a server that lost its database (or stopped) before
+        its accepted record committed: no group runs that the log does not account for."""
+        why = (f"{said}no record of it was accepted (the server that stored it stopped, or lost its database, before "
+               "recording it): not started; ask again, with a new request_id")
+        await self.transition_if_still(row, "FAILED", why, error=why)
+        return [f"failed launches/{row.launch_id}: stored, never recorded as accepted"]
+
     async def _adopt(self, row: LaunchRow, why: str, owner: str, host: str = HOST) -> list[str]:
         """A launch this server has just claimed, from its own earlier run (`why` empty) or from
         a replica whose lease lapsed: placed here (PLACING), followed from here (its group runs
@@ -919,6 +932,8 @@ class Launches:
                              f"{said}dispatcher {row.dispatcher!r} is not configured on this server")
             return []
         if row.state == "PLACING":
+            if not await asyncio.to_thread(self._accepted, row.launch_id):
+                return await self._unaccepted(row, said)
             if not run.plan.exists():  # its run directory was on another machine: make one here
                 stored = await asyncio.to_thread(self.auditor.store.get_plan, row.plan_id)
                 if stored is None:

@@ -99,3 +99,42 @@ def test_an_experiment_whose_database_goes_away_as_it_makes_a_launch_finishes_th
         asyncio.run(scenario())
     finally:
         store.close()
+
+
+def test_a_launch_stored_without_its_record_is_not_started_by_a_restart(tmp_path: Path) -> None:
+    """A server that stopped (or lost its database for good) between storing a launch and
+    recording it left a PLACING row with no accepted record: the restart's recovery used to
+    place it, a worker group that no record accounts for. It ends FAILED, saying why, with a
+    record; a launch recorded as accepted still waits for its devices."""
+    store = AuditStore(f"sqlite:///{tmp_path / 'cgsvc.db'}")
+
+    async def scenario() -> None:
+        writer = AuditWriter(store)
+        try:
+            auditor = Auditor(store, writer)
+            rows = LaunchStore(store)
+            launches = Launches(rows, auditor, tmp_path / "runs", [LocalDispatcher(Inventory(("cpu0",), "test"))],
+                                instance="r1")
+            unrecorded = rows.create(LaunchRow("l1", "p1", "PLACING", "alice", "local", 1, "/m", Workload(4, 4, 1, 1),
+                                               str(tmp_path / "runs" / "l1"), owner="r1", request_id="try-1")).row
+            recorded = rows.create(LaunchRow("l2", "p1", "PLACING", "alice", "local", 2, "/m", Workload(4, 4, 1, 1),
+                                             str(tmp_path / "runs" / "l2"), owner="r1")).row  # 2 ranks: waits
+            for row in (unrecorded, recorded):
+                (tmp_path / "runs" / row.launch_id).mkdir(parents=True)
+                (tmp_path / "runs" / row.launch_id / "plan.json").write_text('{"plan": {}, "spec": {}}')
+            await launches.audit(recorded, "alice", CREATE_METHOD, "OK", "launch of plans/p1 on 2 local ranks")
+            await launches.recover()
+            failed = rows.get("l1")
+            assert failed is not None and failed.state == "FAILED" and not failed.handle_json, failed
+            assert "no record of it was accepted" in failed.error and "not started" in failed.error, failed.error
+            said = [r.outcome_message for r in store.list_records('launch_id = "l1"')[0]]
+            assert any("PLACING -> FAILED" in m and "no record of it was accepted" in m for m in said), said
+            assert rows.get("l2").state == "PLACING"  # type: ignore[union-attr]
+            assert store.verify().ok
+        finally:
+            writer.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        store.close()
