@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import sqlalchemy as sa
-from cgsvc_worker.checkpoint import make_checkpoint
 
 from cgsvc.audit.auditor import Auditor
 from cgsvc.audit.store import AuditStore
@@ -22,7 +22,7 @@ from cgsvc.launch.devices import Inventory
 from cgsvc.launch.dispatch import LocalDispatcher
 from cgsvc.launch.store import Created, ExperimentStore, LaunchRow, LaunchStore, Workload
 from tests.integration.pg import Proxy
-from tests.integration.test_takeover import running
+from tests.integration.test_takeover import running, two_plans
 
 
 class CutAfterCreate(LaunchStore):
@@ -43,6 +43,21 @@ class CutAfterCreate(LaunchStore):
         return made
 
 
+def with_auditor(store: AuditStore, scenario: Callable[[Auditor], Awaitable[None]]) -> None:
+    """Run `scenario` with an auditor on `store` (its writer stopped, the store closed, after)."""
+    async def main() -> None:
+        writer = AuditWriter(store)
+        try:
+            await scenario(Auditor(store, writer))
+        finally:
+            writer.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+
+
 def test_an_experiment_whose_database_goes_away_as_it_makes_a_launch_finishes_that_launch(
         away: tuple[Proxy, str], tmp_path: Path) -> None:
     """Regression: the experiment failed ("internal error: ... OperationalError") at the first
@@ -51,54 +66,44 @@ def test_an_experiment_whose_database_goes_away_as_it_makes_a_launch_finishes_th
     proxy, through = away
     store = AuditStore(through)
 
-    async def scenario() -> None:
-        writer = AuditWriter(store)
-        try:
-            auditor = Auditor(store, writer)
-            tiny = make_checkpoint(str(tmp_path / "tiny"), "tiny")
-            spec = {"model": {"path": tiny}, "hardware": {"gpu": "cpu"}, "parallelism": {"tp": 1}}
-            plans = Plans(auditor)
-            names = [f"plans/{(await plans.resolve_and_record(spec, Caller('alice'))).plan_id}" for _ in "AB"]
-            rows = CutAfterCreate(store, proxy, outage=2.0)
-            rows.create(running("holder", "r1").replace(devices=("cpu0",)))  # cpu0 is taken: the launch queues
-            launches = Launches(rows, auditor, tmp_path / "runs", [LocalDispatcher(Inventory(("cpu0",), "test"))],
-                                instance="r1")
-            experiments = Experiments(ExperimentStore(store), launches, plans)
-            exp = await experiments.create(names, Workload(4, 4, 1, 1), tiny, 1, "local", Caller("alice"))
-            deadline = asyncio.get_running_loop().time() + 60
-            while True:
-                assert asyncio.get_running_loop().time() < deadline, "the experiment never made its launch"
-                await asyncio.sleep(0.2)
-                try:  # this reader too finds no database for a while
-                    now = await experiments.get(exp.experiment_id)
-                except sa.exc.OperationalError:
-                    continue
-                assert now.state == "RUNNING", now.error
-                if now.runs:
-                    break
-            assert rows.cut.is_set()  # the database did go away between the row and its record
-            made = [r for r in rows.list_rows()[0] if r.launch_id != "holder"]
-            assert len(made) == 1, made  # the retry found the launch the first try stored
-            launch = made[0]
-            assert now.runs[0]["launch"] == f"launches/{launch.launch_id}"
-            assert (launch.request_id, launch.experiment) == (f"experiments/{exp.experiment_id}/runs/1",
-                                                              exp.experiment_id)
-            records = store.list_records(f'launch_id = "{launch.launch_id}" AND method = "{CREATE_METHOD}"')[0]
-            assert len(records) == 1 and records[0].request_id == launch.request_id, records
-            assert f"arm A, repeat 1 of experiments/{exp.experiment_id}" in records[0].outcome_message
-            assert not launches.unfinished  # recorded: placed as soon as cpu0 is free
-            await experiments.cancel(exp.experiment_id, Caller("alice"))
-            await asyncio.wait_for(experiments.tasks[exp.experiment_id], 60)
-            ended = await experiments.get(exp.experiment_id)
-            assert ended.state == "CANCELLED", (ended.state, ended.error)
-            assert store.verify().ok
-        finally:
-            writer.close()
+    async def scenario(auditor: Auditor) -> None:
+        plans = Plans(auditor)
+        tiny, names = await two_plans(plans, tmp_path)
+        rows = CutAfterCreate(store, proxy, outage=2.0)
+        rows.create(running("holder", "r1").replace(devices=("cpu0",)))  # cpu0 is taken: the launch queues
+        launches = Launches(rows, auditor, tmp_path / "runs", [LocalDispatcher(Inventory(("cpu0",), "test"))],
+                            instance="r1")
+        experiments = Experiments(ExperimentStore(store), launches, plans)
+        exp = await experiments.create(names, Workload(4, 4, 1, 1), tiny, 1, "local", Caller("alice"))
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:
+            assert asyncio.get_running_loop().time() < deadline, "the experiment never made its launch"
+            await asyncio.sleep(0.2)
+            try:  # this reader too finds no database for a while
+                now = await experiments.get(exp.experiment_id)
+            except sa.exc.OperationalError:
+                continue
+            assert now.state == "RUNNING", now.error
+            if now.runs:
+                break
+        assert rows.cut.is_set()  # the database did go away between the row and its record
+        made = [r for r in rows.list_rows()[0] if r.launch_id != "holder"]
+        assert len(made) == 1, made  # the retry found the launch the first try stored
+        launch = made[0]
+        assert now.runs[0]["launch"] == f"launches/{launch.launch_id}"
+        assert (launch.request_id, launch.experiment) == (f"experiments/{exp.experiment_id}/runs/1",
+                                                          exp.experiment_id)
+        records = store.list_records(f'launch_id = "{launch.launch_id}" AND method = "{CREATE_METHOD}"')[0]
+        assert len(records) == 1 and records[0].request_id == launch.request_id, records
+        assert f"arm A, repeat 1 of experiments/{exp.experiment_id}" in records[0].outcome_message
+        assert not launches.unfinished  # recorded: placed as soon as cpu0 is free
+        await experiments.cancel(exp.experiment_id, Caller("alice"))
+        await asyncio.wait_for(experiments.tasks[exp.experiment_id], 60)
+        ended = await experiments.get(exp.experiment_id)
+        assert ended.state == "CANCELLED", (ended.state, ended.error)
+        assert store.verify().ok
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        store.close()
+    with_auditor(store, scenario)
 
 
 def test_a_launch_stored_without_its_record_is_not_started_by_a_restart(tmp_path: Path) -> None:
@@ -108,33 +113,25 @@ def test_a_launch_stored_without_its_record_is_not_started_by_a_restart(tmp_path
     record; a launch recorded as accepted still waits for its devices."""
     store = AuditStore(f"sqlite:///{tmp_path / 'cgsvc.db'}")
 
-    async def scenario() -> None:
-        writer = AuditWriter(store)
-        try:
-            auditor = Auditor(store, writer)
-            rows = LaunchStore(store)
-            launches = Launches(rows, auditor, tmp_path / "runs", [LocalDispatcher(Inventory(("cpu0",), "test"))],
-                                instance="r1")
-            unrecorded = rows.create(LaunchRow("l1", "p1", "PLACING", "alice", "local", 1, "/m", Workload(4, 4, 1, 1),
-                                               str(tmp_path / "runs" / "l1"), owner="r1", request_id="try-1")).row
-            recorded = rows.create(LaunchRow("l2", "p1", "PLACING", "alice", "local", 2, "/m", Workload(4, 4, 1, 1),
-                                             str(tmp_path / "runs" / "l2"), owner="r1")).row  # 2 ranks: waits
-            for row in (unrecorded, recorded):
-                (tmp_path / "runs" / row.launch_id).mkdir(parents=True)
-                (tmp_path / "runs" / row.launch_id / "plan.json").write_text('{"plan": {}, "spec": {}}')
-            await launches.audit(recorded, "alice", CREATE_METHOD, "OK", "launch of plans/p1 on 2 local ranks")
-            await launches.recover()
-            failed = rows.get("l1")
-            assert failed is not None and failed.state == "FAILED" and not failed.handle_json, failed
-            assert "no record of it was accepted" in failed.error and "not started" in failed.error, failed.error
-            said = [r.outcome_message for r in store.list_records('launch_id = "l1"')[0]]
-            assert any("PLACING -> FAILED" in m and "no record of it was accepted" in m for m in said), said
-            assert rows.get("l2").state == "PLACING"  # type: ignore[union-attr]
-            assert store.verify().ok
-        finally:
-            writer.close()
+    async def scenario(auditor: Auditor) -> None:
+        rows = LaunchStore(store)
+        launches = Launches(rows, auditor, tmp_path / "runs", [LocalDispatcher(Inventory(("cpu0",), "test"))],
+                            instance="r1")
+        unrecorded = rows.create(LaunchRow("l1", "p1", "PLACING", "alice", "local", 1, "/m", Workload(4, 4, 1, 1),
+                                           str(tmp_path / "runs" / "l1"), owner="r1", request_id="try-1")).row
+        recorded = rows.create(LaunchRow("l2", "p1", "PLACING", "alice", "local", 2, "/m", Workload(4, 4, 1, 1),
+                                         str(tmp_path / "runs" / "l2"), owner="r1")).row  # 2 ranks: waits
+        for row in (unrecorded, recorded):
+            (tmp_path / "runs" / row.launch_id).mkdir(parents=True)
+            (tmp_path / "runs" / row.launch_id / "plan.json").write_text('{"plan": {}, "spec": {}}')
+        await launches.audit(recorded, "alice", CREATE_METHOD, "OK", "launch of plans/p1 on 2 local ranks")
+        await launches.recover()
+        failed = rows.get("l1")
+        assert failed is not None and failed.state == "FAILED" and not failed.handle_json, failed
+        assert "no record of it was accepted" in failed.error and "not started" in failed.error, failed.error
+        said = [r.outcome_message for r in store.list_records('launch_id = "l1"')[0]]
+        assert any("PLACING -> FAILED" in m and "no record of it was accepted" in m for m in said), said
+        assert rows.get("l2").state == "PLACING"  # type: ignore[union-attr]
+        assert store.verify().ok
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        store.close()
+    with_auditor(store, scenario)

@@ -248,6 +248,13 @@ class FailsOnce(ExperimentStore):
         return super().update(row)
 
 
+async def two_plans(plans: Plans, tmp_path: Path) -> tuple[str, list[str]]:
+    """A tiny checkpoint, and two plans of it (arms A and B) resolved by alice."""
+    tiny = make_checkpoint(str(tmp_path / "tiny"), "tiny")
+    spec = {"model": {"path": tiny}, "hardware": {"gpu": "cpu"}, "parallelism": {"tp": 1}}
+    return tiny, [f"plans/{(await plans.resolve_and_record(spec, Caller('alice'))).plan_id}" for _ in "AB"]
+
+
 def test_an_experiment_that_fails_inside_cancels_the_launch_it_started(store: AuditStore, tmp_path: Path) -> None:
     """An internal failure ends the experiment FAILED saying so, and the launch it had just
     started (queued here: its one device is held) is cancelled with a record naming it."""
@@ -255,10 +262,8 @@ def test_an_experiment_that_fails_inside_cancels_the_launch_it_started(store: Au
         writer = AuditWriter(store)
         try:
             auditor = Auditor(store, writer)
-            tiny = make_checkpoint(str(tmp_path / "tiny"), "tiny")
-            spec = {"model": {"path": tiny}, "hardware": {"gpu": "cpu"}, "parallelism": {"tp": 1}}
             plans = Plans(auditor)
-            names = [f"plans/{(await plans.resolve_and_record(spec, Caller('alice'))).plan_id}" for _ in "AB"]
+            tiny, names = await two_plans(plans, tmp_path)
             launch_rows = LaunchStore(store)
             launch_rows.create(running("holder", "r1").replace(devices=("cpu0",)))  # cpu0 is taken
             launches = Launches(launch_rows, auditor, tmp_path / "runs",
