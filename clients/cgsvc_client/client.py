@@ -183,6 +183,8 @@ class Client:
 
     def resolve(self, spec: dict[str, Any], validate_only: bool = False, request_id: str | None = None,
                 policy: str = "") -> Plan:
+        """The domain plan (its modes, sizes and decisions), without the resource fields: a program
+        that launches the plan or finds it again needs its name, and calls resolve_proto."""
         return codec.plan_from_proto(self.resolve_proto(spec, validate_only, request_id, policy))
 
     def list_policies(self) -> plan_service_pb2.ListPoliciesResponse:
