@@ -417,7 +417,10 @@ class Launches:
         self.address = ""  # HOST:PORT its clients reach it at, once it serves (Replica.address)
         self.shared = shared
         self.watched: dict[str, Watched] = {}
-        self.unfinished: set[str] = set()  # launches stored whose accepted record did not commit: not placed
+        # launches stored whose accepted record did not commit: not placed; each waits for its
+        # caller's retry (its request_id) for unfinished_grace seconds, then is ended (_unless_retried)
+        self.unfinished: dict[str, asyncio.Task[None]] = {}
+        self.unfinished_grace = UNFINISHED_GRACE
         self.poll_seconds = 0.1
         self.taken_over = 0  # launches claimed from replicas whose lease lapsed (a metric)
         self.ended: collections.Counter[tuple[str, str]] = collections.Counter()  # (dispatcher, state) ended here
@@ -580,7 +583,8 @@ class Launches:
         # new, or this server's own launch whose first try lost the database after the row was
         # stored and before its record committed: the retry (its request_id) finishes that try
         launch_id, run = created.row.launch_id, RunDir(Path(created.row.run_dir))
-        self.unfinished.discard(launch_id)  # a call at the same time as this one answers it as made
+        if (waiting := self.unfinished.pop(launch_id, None)) is not None:  # a call now answers it as made
+            waiting.cancel()
         engine = f" ({order.engine.text()})" if order.engine != DEFAULT_ENGINE else ""  # the record says what was asked
         again = f", rerun of launches/{order.rerun_of}" if order.rerun_of else ""
         if order.experiment:
@@ -590,9 +594,9 @@ class Launches:
             write_plan(run, order.plan_json, order.spec_json)
             await self.audit_order(created.row, order, caller, f"launch of {order.plan_audit} on "
                                    f"{counted(order.tp, order.dispatcher + ' rank')}{engine}{again}")
-        except BaseException:  # not placed until a retry has recorded it (or a restart adopts it)
+        except Exception:  # not placed until a retry records it; ended if none comes (or at a restart)
             if order.request_id:
-                self.unfinished.add(launch_id)
+                self.unfinished[launch_id] = asyncio.create_task(self._unless_retried(created.row))
             raise
         self.watched[launch_id] = Watched()
         await self.schedule()
@@ -898,6 +902,23 @@ class Launches:
             return None
         return row.replace(owner=self.instance)
 
+    async def _unless_retried(self, row: LaunchRow) -> None:
+        """A launch stored without its accepted record, unplaced, `unfinished_grace` seconds on: a
+        retry of its request_id has not finished it, so it is placed if its record did commit
+        after all (only the answer was lost), and ended FAILED, unstarted, otherwise."""
+        await asyncio.sleep(self.unfinished_grace)
+        accepted = await patiently(lambda: asyncio.to_thread(self._accepted, row.launch_id),
+                                   "settling a launch stored without its record", launch_id=row.launch_id)
+        if self.unfinished.pop(row.launch_id, None) is None:  # a retry finished it meanwhile
+            return
+        if accepted:
+            self.watched.setdefault(row.launch_id, Watched())
+            await self.schedule()
+            return
+        said = f"no retry of request_id {row.request_id!r} came within {self.unfinished_grace:g} s; "
+        await patiently(lambda: self._unaccepted(row, said), "settling a launch stored without its record",
+                        launch_id=row.launch_id)
+
     def _accepted(self, launch_id: str) -> bool:
         """Whether the log holds the accepted CreateLaunch record of this launch."""
         where = f'launch_id = "{launch_id}" AND method = "{CREATE_METHOD}" AND outcome = "OK"'
@@ -1001,6 +1022,11 @@ class Launches:
         for w in self.watched.values():
             if w.task is not None:
                 w.task.cancel()
+        for waiting in self.unfinished.values():  # a restart ends them (_unaccepted)
+            waiting.cancel()
+
+
+UNFINISHED_GRACE = 600.0  # seconds a launch stored without its record waits for its caller's retry
 
 
 async def patiently(step: Callable[[], Awaitable[T]], doing: str, on_wait: Callable[[], None] | None = None,

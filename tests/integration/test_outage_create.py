@@ -10,13 +10,21 @@ import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from cgsvc.audit.auditor import Auditor
-from cgsvc.audit.store import AuditStore
+from cgsvc.audit.store import AuditStore, database_unavailable
 from cgsvc.audit.writer import AuditWriter
 from cgsvc.domain.experiments import Experiments
-from cgsvc.domain.launches import CREATE_METHOD, Launches
+from cgsvc.domain.launches import (
+    CREATE_METHOD,
+    Launches,
+    PlanSource,
+    order_for,
+    patiently,
+    read_checkpoint,
+)
 from cgsvc.domain.plans import Caller, Plans
 from cgsvc.launch.devices import Inventory
 from cgsvc.launch.dispatch import LocalDispatcher
@@ -133,5 +141,46 @@ def test_a_launch_stored_without_its_record_is_not_started_by_a_restart(tmp_path
         assert any("PLACING -> FAILED" in m and "no record of it was accepted" in m for m in said), said
         assert rows.get("l2").state == "PLACING"  # type: ignore[union-attr]
         assert store.verify().ok
+
+    with_auditor(store, scenario)
+
+
+def test_a_launch_stored_without_its_record_and_never_retried_is_ended_after_the_grace(
+        away: tuple[Proxy, str], tmp_path: Path) -> None:
+    """A caller that gives up after its CreateLaunch failed in the outage leaves a launch stored,
+    unrecorded and unplaced: after the grace its retry would have had, it ends FAILED with a
+    record saying why, rather than waiting unplaced until a restart; a late retry finds it so."""
+    proxy, through = away
+    store = AuditStore(through)
+
+    async def scenario(auditor: Auditor) -> None:
+        plans = Plans(auditor)
+        tiny, names = await two_plans(plans, tmp_path)
+        rows = CutAfterCreate(store, proxy, outage=1.0)
+        rows.create(running("holder", "r1").replace(devices=("cpu0",)))
+        launches = Launches(rows, auditor, tmp_path / "runs", [LocalDispatcher(Inventory(("cpu0",), "test"))],
+                            instance="r1")
+        launches.unfinished_grace = 2.0
+        work = Workload(4, 4, 1, 1)
+        plan = PlanSource.stored(await plans.get(names[0].removeprefix("plans/")))
+        order = order_for(plan, read_checkpoint(tiny, work, plans.model_roots), tiny, work, "local", True,
+                          request_id="try-1", request_hash="h1")
+        with pytest.raises(Exception) as failed:  # its record could not be written: the caller hears so
+            await launches.create(order, Caller("alice", request_id="try-1"))
+        assert database_unavailable(failed.value), failed.value
+        listed, _ = await patiently(lambda: asyncio.to_thread(rows.list_rows), "reading")  # the outage lasts 1 s
+        [made] = [r for r in listed if r.launch_id != "holder"]
+        deadline = asyncio.get_running_loop().time() + 60
+        while (now := rows.get(made.launch_id)) is not None and now.state == "PLACING":
+            assert asyncio.get_running_loop().time() < deadline, "the unrecorded launch was never ended"
+            await asyncio.sleep(0.3)
+        assert now is not None and now.state == "FAILED" and not now.handle_json, now
+        assert now.error.startswith("no retry of request_id 'try-1' came within 2 s; no record of it was accepted"), \
+            now.error
+        said = [r.outcome_message for r in store.list_records(f'launch_id = "{made.launch_id}"')[0]]
+        assert len(said) == 1 and said[0].startswith("PLACING -> FAILED: no retry of request_id"), said
+        late, new = await launches.create(order, Caller("alice", request_id="try-1"))
+        assert (late.launch_id, late.state, new) == (made.launch_id, "FAILED", False)
+        assert not launches.unfinished and store.verify().ok
 
     with_auditor(store, scenario)
