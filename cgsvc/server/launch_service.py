@@ -194,8 +194,8 @@ class LaunchService:
 
     async def _earlier(self, who: Caller, request_id: str, digest: str) -> LaunchRow | None:
         row = await asyncio.to_thread(self.store.by_request, who.principal, request_id)
-        if row is None:
-            return None
+        if row is None or (row.launch_id in self.launches.unfinished and row.request_hash == digest):
+            return None  # none; or this server's, stored by a try whose record did not commit: create finishes it
         row = self._same_request(row, request_id, digest)
         await self.launches.audit(row, who.principal, CREATE_METHOD, "OK",
                                   f"replay of request_id {request_id!r}: launches/{row.launch_id}", caller=who)

@@ -29,6 +29,10 @@ from cgsvc.domain.plans import Caller, Plans
 from cgsvc.launch.devices import Inventory
 from cgsvc.launch.dispatch import LocalDispatcher
 from cgsvc.launch.store import Created, ExperimentStore, LaunchRow, LaunchStore, Workload
+from cgsvc.server.auth import Principal
+from cgsvc.server.interceptors import RequestContext
+from cgsvc.server.launch_service import LaunchService
+from cgsvc.v1 import launch_pb2
 from tests.integration.pg import Proxy
 from tests.integration.test_takeover import running, two_plans
 
@@ -171,16 +175,57 @@ def test_a_launch_stored_without_its_record_and_never_retried_is_ended_after_the
         listed, _ = await patiently(lambda: asyncio.to_thread(rows.list_rows), "reading")  # the outage lasts 1 s
         [made] = [r for r in listed if r.launch_id != "holder"]
         deadline = asyncio.get_running_loop().time() + 60
-        while (now := rows.get(made.launch_id)) is not None and now.state == "PLACING":
+        # its end is stored, then recorded (the winner of a race out of PLACING records it): wait for both
+        while not (said := [r.outcome_message for r in store.list_records(f'launch_id = "{made.launch_id}"')[0]]):
             assert asyncio.get_running_loop().time() < deadline, "the unrecorded launch was never ended"
             await asyncio.sleep(0.3)
+        assert len(said) == 1 and said[0].startswith("PLACING -> FAILED: no retry of request_id"), said
+        now = rows.get(made.launch_id)
         assert now is not None and now.state == "FAILED" and not now.handle_json, now
         assert now.error.startswith("no retry of request_id 'try-1' came within 2 s; no record of it was accepted"), \
             now.error
-        said = [r.outcome_message for r in store.list_records(f'launch_id = "{made.launch_id}"')[0]]
-        assert len(said) == 1 and said[0].startswith("PLACING -> FAILED: no retry of request_id"), said
         late, new = await launches.create(order, Caller("alice", request_id="try-1"))
         assert (late.launch_id, late.state, new) == (made.launch_id, "FAILED", False)
         assert not launches.unfinished and store.verify().ok
+
+    with_auditor(store, scenario)
+
+
+def test_a_create_launch_retried_after_the_outage_finishes_the_launch_its_first_try_stored(
+        away: tuple[Proxy, str], tmp_path: Path) -> None:
+    """A client's CreateLaunch failed in the outage after the launch was stored; its retry (the
+    same request_id) is answered with that launch, now recorded as accepted once, not with a
+    "replay" of a launch no record accounts for (which would never have been placed)."""
+    proxy, through = away
+    store = AuditStore(through)
+
+    async def scenario(auditor: Auditor) -> None:
+        plans = Plans(auditor)
+        tiny, names = await two_plans(plans, tmp_path)
+        rows = CutAfterCreate(store, proxy, outage=1.0)
+        rows.create(running("holder", "r1").replace(devices=("cpu0",)))
+        launches = Launches(rows, auditor, tmp_path / "runs", [LocalDispatcher(Inventory(("cpu0",), "test"))],
+                            instance="r1")
+        service = LaunchService(launches, plans)
+        request = launch_pb2.CreateLaunchRequest(
+            plan=names[0], model_path=tiny, workload=launch_pb2.LaunchWorkload(input_len=4, output_len=4, requests=1,
+                                                                                concurrency=1),
+            dispatcher="local", wait_for_resources=True, request_id="try-1")
+        rc = RequestContext(CREATE_METHOD, Principal("alice", ("admin",)), "test", "try-1", "", None)
+        with pytest.raises(Exception) as failed:
+            await service.CreateLaunch(request, rc)
+        assert database_unavailable(failed.value), failed.value
+        listed, _ = await patiently(lambda: asyncio.to_thread(rows.list_rows), "reading")
+        [made] = [r for r in listed if r.launch_id != "holder"]
+        again = await service.CreateLaunch(request, rc)
+        assert again.metadata.name == f"launches/{made.launch_id}" and again.metadata.state == "PLACING", again
+        assert [r.launch_id for r in rows.list_rows()[0] if r.launch_id != "holder"] == [made.launch_id]
+        said = [r.outcome_message for r in store.list_records(
+            f'launch_id = "{made.launch_id}" AND method = "{CREATE_METHOD}"')[0]]
+        assert len(said) == 1 and said[0].startswith("launch of auditRecords/"), said  # accepted, not a replay
+        assert not launches.unfinished  # recorded: placed once cpu0 is free
+        replay = await service.CreateLaunch(request, rc)  # a third try is a replay, as before
+        assert replay.metadata.name == again.metadata.name
+        assert store.verify().ok
 
     with_auditor(store, scenario)
