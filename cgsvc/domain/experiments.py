@@ -32,6 +32,7 @@ from cgsvc.contract import DEFAULT_ENGINE, EngineSettings, ran_alike, ran_as
 from cgsvc.domain import stats
 from cgsvc.domain.labels import LabelChange, change_labels, created_with, label_problems
 from cgsvc.domain.launches import (
+    EXPERIMENT_RUNS,
     TERMINAL,
     Launches,
     LaunchOrder,
@@ -264,11 +265,9 @@ class Experiments:
         return row
 
     async def _launch(self, order: LaunchOrder, caller: Caller) -> LaunchRow:
-        """The launch of one run, made once however often the database goes away meanwhile."""
+        """The launch of one run, made once however often the database goes away meanwhile (its
+        request_id, under EXPERIMENT_RUNS, is one no client's CreateLaunch may take)."""
         launch, _ = await self._patiently(order.experiment, lambda: self.launches.create(order, caller))
-        if launch.experiment != order.experiment:  # the caller's own CreateLaunch took this request_id
-            raise ServiceError("ALREADY_EXISTS", f"request_id {order.request_id!r} already made "
-                                                 f"launches/{launch.launch_id}, which is not this experiment's")
         return launch
 
     async def _follow(self, row: ExperimentRow, launch_id: str) -> tuple[ExperimentRow, LaunchRow]:
@@ -329,7 +328,7 @@ class Experiments:
                         return
                     # one request_id a run: a retry after the database went away finds the launch
                     # the first try made, rather than making a second
-                    asked = f"experiments/{experiment_id}/runs/{len(row.runs) + 1}"
+                    asked = f"{EXPERIMENT_RUNS}{experiment_id}/runs/{len(row.runs) + 1}"
                     order = dataclasses.replace(
                         order_for(plan, ckpt, req["model_path"], workload, req["dispatcher"], True, engine=engine),
                         experiment=experiment_id, experiment_run=f"arm {arm}, repeat {repeat}", labels=row.labels,

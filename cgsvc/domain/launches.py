@@ -1027,6 +1027,7 @@ class Launches:
 
 
 UNFINISHED_GRACE = 600.0  # seconds a launch stored without its record waits for its caller's retry
+EXPERIMENT_RUNS = "experiments/"  # request_ids of experiments' runs' launches; CreateLaunch refuses them
 
 
 async def patiently(step: Callable[[], Awaitable[T]], doing: str, on_wait: Callable[[], None] | None = None,

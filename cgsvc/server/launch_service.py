@@ -22,6 +22,7 @@ from cgsvc.contract import DEFAULT_ENGINE, EngineSettings, RunDir
 from cgsvc.domain.labels import label_problems, read_change
 from cgsvc.domain.launches import (
     CREATE_METHOD,
+    EXPERIMENT_RUNS,
     LOG_CHUNK_BYTES,
     TERMINAL,
     Launches,
@@ -179,6 +180,10 @@ class LaunchService:
         if labels := labels_cell(request.labels):
             parts["labels"] = labels
         digest = request_hash(parts)
+        if request.request_id.startswith(EXPERIMENT_RUNS):
+            raise ServiceError.invalid([FieldViolation(
+                "request_id", f"{request.request_id!r}: ids beginning {EXPERIMENT_RUNS!r} are the service's own (each "
+                              "experiment asks for its runs' launches as experiments/ID/runs/N); any other id")])
         if request.request_id:  # a retry of a request that already made a launch: that launch
             earlier = await self._earlier(who, request.request_id, digest)
             if earlier is not None:

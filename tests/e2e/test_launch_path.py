@@ -55,6 +55,10 @@ def test_a_retried_create_launch_is_one_launch_even_after_a_restart(ckpt: str, t
                 c.create_launch(ckpt, {**SHORT, "requests": 3}, spec=KIMI, request_id="retry-1")
             assert err.value.code == "INVALID_ARGUMENT" and err.value.violations[0].field == "request_id"
             assert first.name.split("/")[1] in err.value.message
+            with pytest.raises(ServiceError) as err:  # the service's own ids for experiments' runs
+                c.create_launch(ckpt, SHORT, spec=KIMI, request_id="experiments/01abc/runs/1")
+            assert err.value.code == "INVALID_ARGUMENT" and err.value.violations[0].field == "request_id"
+            assert "experiments/ID/runs/N" in err.value.violations[0].description, err.value
         srv.stop()
         srv.start()  # the retry arrives at a restarted server
         with Client(srv.address) as c:
