@@ -619,13 +619,16 @@ def test_a_launch_that_generated_no_second_token_reports_no_tpot(srv: ServerProc
     assert row == ["-", f"{tpot['b']:g}", "-", "-"], table
 
 
-def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: ServerProcess, ckpt: str) -> None:
+def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: ServerProcess, ckpt: str,
+                                                                         tmp_path: Path) -> None:
     """The workers' dtype, KV cache budget and CPU decode mode were `cgsvc-worker` flags a launch
     could not pass (auto decided, and a CPU decode substitution named a flag no launch has).
     `launch --dtype --kv-cache-mb --cpu-decode` set them (closed sets in any case, kept in one
     spelling); the launch keeps what was asked, its report says what ran and why, and `launches
     show` and `launches diff` show both."""
-    spec = str(ROOT / "examples" / "kimi-k2.6-gb300-tp4.json")
+    # TP2: each rank compiles its decode sizes (trace), and two ranks do it in half the CPU of four
+    spec = str(tmp_path / "kimi-tp2.json")
+    Path(spec).write_text(json.dumps({**KIMI, "hardware": {"gpu": "GB300", "gpu_count": 2}, "parallelism": {"tp": 2}}))
     workload = ("--input-len", "8", "--output-len", "3", "--requests", "1")
     proc = cli("launch", "--spec", spec, "--model-path", ckpt, *workload, "--dtype", "BFloat16", "--kv-cache-mb", "8",
                "--cpu-decode", "Trace", "--label", "team=infra", "--label", "ticket=inc-42", "--wait", "-o", "json",
@@ -637,7 +640,7 @@ def test_a_launch_runs_the_engine_settings_it_asks_for_and_says_what_ran(srv: Se
     with Client(srv.address) as c:  # the audit log says what was asked, beside the plan
         created = c.get_audit_record(asked["audit_records"][0])
         assert created.method.endswith("CreateLaunch") and created.outcome_message.endswith(
-            "on 4 local ranks (dtype bfloat16, KV cache 8 MiB a rank, CPU decode trace), labels team=infra, "
+            "on 2 local ranks (dtype bfloat16, KV cache 8 MiB a rank, CPU decode trace), labels team=infra, "
             "ticket=inc-42"), created.outcome_message  # the log holds every label a launch had
     report = asked["report"]
     assert (report["dtype"], report["kv_cache_budget_bytes"]) == ("bfloat16", 8 << 20), report
