@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,39 @@ class CutAfterCreate(LaunchStore):
         return made
 
 
+@dataclass
+class Queued:
+    """Two plans of a tiny checkpoint, and launches on one device (cpu0) that a holder occupies, so
+    that a launch made waits for it (nothing starts); its store cuts the database after the first
+    launch row it stores."""
+
+    plans: Plans
+    tiny: str
+    names: list[str]
+    rows: CutAfterCreate
+    launches: Launches
+
+
+async def queued(auditor: Auditor, store: AuditStore, proxy: Proxy, tmp_path: Path, outage: float) -> Queued:
+    plans = Plans(auditor)
+    tiny, names = await two_plans(plans, tmp_path)
+    rows = CutAfterCreate(store, proxy, outage)
+    rows.create(running("holder", "r1").replace(devices=("cpu0",)))
+    launches = Launches(rows, auditor, tmp_path / "runs", [LocalDispatcher(Inventory(("cpu0",), "test"))],
+                        instance="r1")
+    return Queued(plans, tiny, names, rows, launches)
+
+
+async def made_in_the_outage(q: Queued, create: Callable[[], Awaitable[object]]) -> LaunchRow:
+    """create(), which fails as the database goes away after storing the launch; the launch stored."""
+    with pytest.raises(Exception) as failed:  # its record could not be written: the caller hears so
+        await create()
+    assert database_unavailable(failed.value), failed.value
+    listed, _ = await patiently(lambda: asyncio.to_thread(q.rows.list_rows), "reading")  # until the database is back
+    [made] = [r for r in listed if r.launch_id != "holder"]
+    return made
+
+
 def with_auditor(store: AuditStore, scenario: Callable[[Auditor], Awaitable[None]]) -> None:
     """Run `scenario` with an auditor on `store` (its writer stopped, the store closed, after)."""
     async def main() -> None:
@@ -79,14 +113,10 @@ def test_an_experiment_whose_database_goes_away_as_it_makes_a_launch_finishes_th
     store = AuditStore(through)
 
     async def scenario(auditor: Auditor) -> None:
-        plans = Plans(auditor)
-        tiny, names = await two_plans(plans, tmp_path)
-        rows = CutAfterCreate(store, proxy, outage=2.0)
-        rows.create(running("holder", "r1").replace(devices=("cpu0",)))  # cpu0 is taken: the launch queues
-        launches = Launches(rows, auditor, tmp_path / "runs", [LocalDispatcher(Inventory(("cpu0",), "test"))],
-                            instance="r1")
-        experiments = Experiments(ExperimentStore(store), launches, plans)
-        exp = await experiments.create(names, Workload(4, 4, 1, 1), tiny, 1, "local", Caller("alice"))
+        q = await queued(auditor, store, proxy, tmp_path, outage=2.0)
+        rows, launches = q.rows, q.launches
+        experiments = Experiments(ExperimentStore(store), launches, q.plans)
+        exp = await experiments.create(q.names, Workload(4, 4, 1, 1), q.tiny, 1, "local", Caller("alice"))
         deadline = asyncio.get_running_loop().time() + 60
         while True:
             assert asyncio.get_running_loop().time() < deadline, "the experiment never made its launch"
@@ -158,22 +188,14 @@ def test_a_launch_stored_without_its_record_and_never_retried_is_ended_after_the
     store = AuditStore(through)
 
     async def scenario(auditor: Auditor) -> None:
-        plans = Plans(auditor)
-        tiny, names = await two_plans(plans, tmp_path)
-        rows = CutAfterCreate(store, proxy, outage=1.0)
-        rows.create(running("holder", "r1").replace(devices=("cpu0",)))
-        launches = Launches(rows, auditor, tmp_path / "runs", [LocalDispatcher(Inventory(("cpu0",), "test"))],
-                            instance="r1")
+        q = await queued(auditor, store, proxy, tmp_path, outage=1.0)
+        rows, launches = q.rows, q.launches
         launches.unfinished_grace = 2.0
         work = Workload(4, 4, 1, 1)
-        plan = PlanSource.stored(await plans.get(names[0].removeprefix("plans/")))
-        order = order_for(plan, read_checkpoint(tiny, work, plans.model_roots), tiny, work, "local", True,
+        plan = PlanSource.stored(await q.plans.get(q.names[0].removeprefix("plans/")))
+        order = order_for(plan, read_checkpoint(q.tiny, work, q.plans.model_roots), q.tiny, work, "local", True,
                           request_id="try-1", request_hash="h1")
-        with pytest.raises(Exception) as failed:  # its record could not be written: the caller hears so
-            await launches.create(order, Caller("alice", request_id="try-1"))
-        assert database_unavailable(failed.value), failed.value
-        listed, _ = await patiently(lambda: asyncio.to_thread(rows.list_rows), "reading")  # the outage lasts 1 s
-        [made] = [r for r in listed if r.launch_id != "holder"]
+        made = await made_in_the_outage(q, lambda: launches.create(order, Caller("alice", request_id="try-1")))
         deadline = asyncio.get_running_loop().time() + 60
         # its end is stored, then recorded (the winner of a race out of PLACING records it): wait for both
         while not (said := [r.outcome_message for r in store.list_records(f'launch_id = "{made.launch_id}"')[0]]):
@@ -200,23 +222,15 @@ def test_a_create_launch_retried_after_the_outage_finishes_the_launch_its_first_
     store = AuditStore(through)
 
     async def scenario(auditor: Auditor) -> None:
-        plans = Plans(auditor)
-        tiny, names = await two_plans(plans, tmp_path)
-        rows = CutAfterCreate(store, proxy, outage=1.0)
-        rows.create(running("holder", "r1").replace(devices=("cpu0",)))
-        launches = Launches(rows, auditor, tmp_path / "runs", [LocalDispatcher(Inventory(("cpu0",), "test"))],
-                            instance="r1")
-        service = LaunchService(launches, plans)
+        q = await queued(auditor, store, proxy, tmp_path, outage=1.0)
+        rows, launches = q.rows, q.launches
+        service = LaunchService(launches, q.plans)
         request = launch_pb2.CreateLaunchRequest(
-            plan=names[0], model_path=tiny, workload=launch_pb2.LaunchWorkload(input_len=4, output_len=4, requests=1,
-                                                                                concurrency=1),
+            plan=q.names[0], model_path=q.tiny,
+            workload=launch_pb2.LaunchWorkload(input_len=4, output_len=4, requests=1, concurrency=1),
             dispatcher="local", wait_for_resources=True, request_id="try-1")
         rc = RequestContext(CREATE_METHOD, Principal("alice", ("admin",)), "test", "try-1", "", None)
-        with pytest.raises(Exception) as failed:
-            await service.CreateLaunch(request, rc)
-        assert database_unavailable(failed.value), failed.value
-        listed, _ = await patiently(lambda: asyncio.to_thread(rows.list_rows), "reading")
-        [made] = [r for r in listed if r.launch_id != "holder"]
+        made = await made_in_the_outage(q, lambda: service.CreateLaunch(request, rc))
         again = await service.CreateLaunch(request, rc)
         assert again.metadata.name == f"launches/{made.launch_id}" and again.metadata.state == "PLACING", again
         assert [r.launch_id for r in rows.list_rows()[0] if r.launch_id != "holder"] == [made.launch_id]
