@@ -421,6 +421,8 @@ class Launches:
         # caller's retry (its request_id) for unfinished_grace seconds, then is ended (_unless_retried)
         self.unfinished: dict[str, asyncio.Task[None]] = {}
         self.unfinished_grace = UNFINISHED_GRACE
+        # ... by what became of them (a metric): UNRECORDED_OUTCOMES
+        self.unrecorded: collections.Counter[str] = collections.Counter()
         self.poll_seconds = 0.1
         self.taken_over = 0  # launches claimed from replicas whose lease lapsed (a metric)
         self.ended: collections.Counter[tuple[str, str]] = collections.Counter()  # (dispatcher, state) ended here
@@ -585,6 +587,7 @@ class Launches:
         launch_id, run = created.row.launch_id, RunDir(Path(created.row.run_dir))
         if (waiting := self.unfinished.pop(launch_id, None)) is not None:  # a call now answers it as made
             waiting.cancel()
+        finishing = not created.new
         engine = f" ({order.engine.text()})" if order.engine != DEFAULT_ENGINE else ""  # the record says what was asked
         again = f", rerun of launches/{order.rerun_of}" if order.rerun_of else ""
         if order.experiment:
@@ -598,6 +601,8 @@ class Launches:
             if order.request_id:
                 self.unfinished[launch_id] = asyncio.create_task(self._unless_retried(created.row))
             raise
+        if finishing:
+            self.unrecorded["finished"] += 1
         self.watched[launch_id] = Watched()
         await self.schedule()
         got = await asyncio.to_thread(self.store.get, launch_id)
@@ -912,6 +917,7 @@ class Launches:
         if self.unfinished.pop(row.launch_id, None) is None:  # a retry finished it meanwhile
             return
         if accepted:
+            self.unrecorded["placed"] += 1
             self.watched.setdefault(row.launch_id, Watched())
             await self.schedule()
             return
@@ -929,7 +935,9 @@ class Launches:
         its accepted record committed: no group runs that the log does not account for."""
         why = (f"{said}no record of it was accepted (the server that stored it stopped, or lost its database, before "
                "recording it): not started; ask again, with a new request_id")
-        await self.transition_if_still(row, "FAILED", why, error=why)
+        if await self.transition_if_still(row, "FAILED", why, error=why) is None:
+            return []  # moved on meanwhile (cancelled, or another replica's now)
+        self.unrecorded["failed"] += 1
         return [f"failed launches/{row.launch_id}: stored, never recorded as accepted"]
 
     async def _adopt(self, row: LaunchRow, why: str, owner: str, host: str = HOST) -> list[str]:
@@ -1027,6 +1035,9 @@ class Launches:
 
 
 UNFINISHED_GRACE = 600.0  # seconds a launch stored without its record waits for its caller's retry
+# what became of a launch stored without its accepted record: a retry recorded it; its record had
+# committed after all (only the answer was lost); ended FAILED, unstarted
+UNRECORDED_OUTCOMES = ("finished", "placed", "failed")
 EXPERIMENT_RUNS = "experiments/"  # request_ids of experiments' runs' launches; CreateLaunch refuses them
 
 

@@ -14,7 +14,7 @@ from prometheus_client.gc_collector import GCCollector
 from cgsvc.audit.store import reported_cells
 from cgsvc.contract import PLAN_FIELDS
 from cgsvc.domain.experiments import Experiments
-from cgsvc.domain.launches import ACTIVE, TERMINAL, Launches
+from cgsvc.domain.launches import ACTIVE, TERMINAL, UNRECORDED_OUTCOMES, Launches
 from cgsvc.launch.store import EXPERIMENT_STATES, LaunchRow
 
 REGISTRY = CollectorRegistry()
@@ -114,6 +114,16 @@ class LaunchCollector:
                 active.add_metric([name, state], now[(name, state)])
             for state in TERMINAL:
                 ended.add_metric([name, state], launches.ended[(name, state)])
+        unrecorded = CounterMetricFamily(
+            "cgsvc_launches_unrecorded", "Launches this replica stored whose accepted record did not commit (the "
+            "database went away between the two), by what became of them (since it started): finished by the "
+            "caller's retry, placed (the record had committed after all), or failed (ended unstarted)",
+            labels=["outcome"])
+        for outcome in UNRECORDED_OUTCOMES:
+            unrecorded.add_metric([outcome], launches.unrecorded[outcome])
+        waiting = GaugeMetricFamily("cgsvc_launches_awaiting_record", "Launches stored without their accepted "
+                                    "record, not placed, waiting for their caller's retry", len(launches.unfinished))
+        yield from (unrecorded, waiting)
         held = GaugeMetricFamily("cgsvc_devices", "Each dispatcher's devices, busy (held by an active launch) or free",
                                  labels=["dispatcher", "status"])
         for name, (busy, slots) in devices.items():

@@ -33,6 +33,7 @@ from cgsvc.launch.store import Created, ExperimentStore, LaunchRow, LaunchStore,
 from cgsvc.server.auth import Principal
 from cgsvc.server.interceptors import RequestContext
 from cgsvc.server.launch_service import LaunchService
+from cgsvc.server.metrics import LaunchCollector
 from cgsvc.v1 import launch_pb2
 from tests.integration.pg import Proxy
 from tests.integration.test_takeover import running, two_plans
@@ -89,6 +90,21 @@ async def made_in_the_outage(q: Queued, create: Callable[[], Awaitable[object]])
     return made
 
 
+def unrecorded_series(launches: Launches) -> dict[str, float]:
+    """The metrics a scrape of this replica gives of launches stored without their record."""
+    collector = LaunchCollector()
+    collector.launches, collector.experiments = launches, Experiments(ExperimentStore(launches.store.audit), launches,
+                                                                      Plans(launches.auditor))
+    found = {}
+    for family in collector.collect():
+        for sample in family.samples:
+            if sample.name == "cgsvc_launches_unrecorded_total":
+                found[sample.labels["outcome"]] = sample.value
+            elif sample.name == "cgsvc_launches_awaiting_record":
+                found["awaiting"] = sample.value
+    return found
+
+
 def with_auditor(store: AuditStore, scenario: Callable[[Auditor], Awaitable[None]]) -> None:
     """Run `scenario` with an auditor on `store` (its writer stopped, the store closed, after)."""
     async def main() -> None:
@@ -138,7 +154,7 @@ def test_an_experiment_whose_database_goes_away_as_it_makes_a_launch_finishes_th
         records = store.list_records(f'launch_id = "{launch.launch_id}" AND method = "{CREATE_METHOD}"')[0]
         assert len(records) == 1 and records[0].request_id == launch.request_id, records
         assert f"arm A, repeat 1 of experiments/{exp.experiment_id}" in records[0].outcome_message
-        assert not launches.unfinished  # recorded: placed as soon as cpu0 is free
+        assert not launches.unfinished and launches.unrecorded == {"finished": 1}  # placed once cpu0 is free
         await experiments.cancel(exp.experiment_id, Caller("alice"))
         await asyncio.wait_for(experiments.tasks[exp.experiment_id], 60)
         ended = await experiments.get(exp.experiment_id)
@@ -173,7 +189,7 @@ def test_a_launch_stored_without_its_record_is_not_started_by_a_restart(tmp_path
         assert "no record of it was accepted" in failed.error and "not started" in failed.error, failed.error
         said = [r.outcome_message for r in store.list_records('launch_id = "l1"')[0]]
         assert any("PLACING -> FAILED" in m and "no record of it was accepted" in m for m in said), said
-        assert rows.get("l2").state == "PLACING"  # type: ignore[union-attr]
+        assert rows.get("l2").state == "PLACING" and launches.unrecorded == {"failed": 1}  # type: ignore[union-attr]
         assert store.verify().ok
 
     with_auditor(store, scenario)
@@ -208,7 +224,8 @@ def test_a_launch_stored_without_its_record_and_never_retried_is_ended_after_the
             now.error
         late, new = await launches.create(order, Caller("alice", request_id="try-1"))
         assert (late.launch_id, late.state, new) == (made.launch_id, "FAILED", False)
-        assert not launches.unfinished and store.verify().ok
+        assert not launches.unfinished and launches.unrecorded == {"failed": 1} and store.verify().ok
+        assert unrecorded_series(launches) == {"finished": 0, "placed": 0, "failed": 1, "awaiting": 0}
 
     with_auditor(store, scenario)
 
@@ -237,7 +254,7 @@ def test_a_create_launch_retried_after_the_outage_finishes_the_launch_its_first_
         said = [r.outcome_message for r in store.list_records(
             f'launch_id = "{made.launch_id}" AND method = "{CREATE_METHOD}"')[0]]
         assert len(said) == 1 and said[0].startswith("launch of auditRecords/"), said  # accepted, not a replay
-        assert not launches.unfinished  # recorded: placed once cpu0 is free
+        assert not launches.unfinished and launches.unrecorded == {"finished": 1}  # placed once cpu0 is free
         replay = await service.CreateLaunch(request, rc)  # a third try is a replay, as before
         assert replay.metadata.name == again.metadata.name
         assert store.verify().ok
